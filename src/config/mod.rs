@@ -1,0 +1,533 @@
+//! The configuration file: read, checked as a whole (every problem with its path), and turned
+//! into typed values that the rest of polestar uses without further checks.
+//!
+//! Secrets are read from their files here and kept in [`Secret`], whose `Debug` hides them.
+
+pub mod duration;
+mod walk;
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde_yaml::Value;
+
+use crate::topology::label_for;
+use walk::{Problems, Section};
+
+pub const DEFAULT_PATH: &str = "/etc/polestar/polestar.yaml";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: not valid YAML: {message}")]
+    Yaml { path: PathBuf, message: String },
+    #[error("{path}: {} problem(s):\n  {}", problems.len(), problems.join("\n  "))]
+    Invalid { path: PathBuf, problems: Vec<String> },
+}
+
+impl ConfigError {
+    /// Each problem on its own line, prefixed with the file.
+    pub fn problems(&self) -> Vec<String> {
+        match self {
+            Self::Invalid { path, problems } => {
+                problems.iter().map(|p| format!("{}: {p}", path.display())).collect()
+            }
+            other => vec![other.to_string()],
+        }
+    }
+}
+
+/// A secret read from a file; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// `host:port` where host is an IP address or a DNS name (resolved at connect time).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HostPort {
+    pub host: String,
+    pub port: u16,
+}
+
+impl HostPort {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if let Ok(addr) = text.parse::<SocketAddr>() {
+            return Ok(Self { host: addr.ip().to_string(), port: addr.port() });
+        }
+        let bad = || format!("{text:?} is not host:port");
+        let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        let valid = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_';
+        if host.is_empty() || !host.chars().all(valid) || port == 0 {
+            return Err(bad());
+        }
+        Ok(Self { host: host.to_string(), port })
+    }
+}
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.host.parse::<IpAddr>() {
+            Ok(IpAddr::V6(ip)) => write!(f, "[{ip}]:{}", self.port),
+            _ => write!(f, "{}:{}", self.host, self.port),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tls {
+    pub enabled: bool,
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+/// Credentials (and TLS) for one kind of Redis endpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Auth {
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    pub tls: Tls,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sentinels {
+    pub addresses: Vec<HostPort>,
+    pub auth: Auth,
+}
+
+/// Where the truth comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    Sentinels(Sentinels),
+    /// Another polestar's HTTP API, followed through its event stream.
+    Upstream(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MasterConfig {
+    pub name: String,
+    pub label: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dns {
+    pub listen: Vec<SocketAddr>,
+    /// Lower case, with the trailing dot.
+    pub zone: String,
+    pub ttl: Duration,
+    pub nameservers: Vec<String>,
+    pub transfer_allow: Vec<IpNet>,
+    pub notify: Vec<SocketAddr>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Http {
+    pub listen: SocketAddr,
+    /// Without it the POST endpoints answer 403.
+    pub admin_token: Option<Secret>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Spare {
+    pub names: Vec<String>,
+    pub users: Vec<String>,
+    pub cidrs: Vec<IpNet>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Drain {
+    pub enabled: bool,
+    pub grace: Duration,
+    pub interval: Duration,
+    pub window: Duration,
+    pub rate: u32,
+    pub spare: Spare,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sweep {
+    pub local_ports: Vec<u16>,
+    pub remote: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub source: Source,
+    /// `None`: every master the Sentinels monitor.
+    pub masters: Option<Vec<MasterConfig>>,
+    pub nodes: Auth,
+    pub dns: Option<Dns>,
+    pub http: Option<Http>,
+    pub drain: Drain,
+    pub sweep: Option<Sweep>,
+}
+
+pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Self::parse(&text, base).map_err(|e| match e {
+            ParseError::Yaml(message) => ConfigError::Yaml { path: path.to_owned(), message },
+            ParseError::Invalid(problems) => {
+                ConfigError::Invalid { path: path.to_owned(), problems }
+            }
+        })
+    }
+
+    /// Parses YAML text; relative secret files are read relative to `base`.
+    pub fn parse(text: &str, base: &Path) -> Result<Self, ParseError> {
+        let value: Value =
+            serde_yaml::from_str(text).map_err(|e| ParseError::Yaml(e.to_string()))?;
+        let mut problems = Problems::default();
+        let config = build(value, base, &mut problems);
+        match config {
+            Some(c) if problems.0.is_empty() => Ok(c),
+            _ => Err(ParseError::Invalid(problems.0)),
+        }
+    }
+
+    /// The sentinel settings, when the truth comes from Sentinels.
+    pub fn sentinels(&self) -> Option<&Sentinels> {
+        match &self.source {
+            Source::Sentinels(s) => Some(s),
+            Source::Upstream(_) => None,
+        }
+    }
+
+    /// The label a master is served under: configured, or derived from its name.
+    pub fn label_of(&self, master: &str) -> String {
+        self.masters
+            .iter()
+            .flatten()
+            .find(|m| m.name == master)
+            .map(|m| m.label.clone())
+            .unwrap_or_else(|| label_for(master))
+    }
+
+    /// The one-line summary `polestar check` prints.
+    pub fn summary(&self) -> String {
+        let source = match &self.source {
+            Source::Sentinels(s) => format!("{} sentinel(s)", s.addresses.len()),
+            Source::Upstream(url) => format!("upstream {url}"),
+        };
+        let masters = match &self.masters {
+            Some(m) => format!("{} master(s)", m.len()),
+            None => "every monitored master".to_string(),
+        };
+        let dns = match &self.dns {
+            Some(d) => format!("DNS {} on {}", d.zone, join(&d.listen)),
+            None => "no DNS".to_string(),
+        };
+        let http = match &self.http {
+            Some(h) => format!("HTTP on {}", h.listen),
+            None => "no HTTP".to_string(),
+        };
+        format!("ok: {source}, {masters}, {dns}, {http}")
+    }
+}
+
+fn join<T: fmt::Display>(items: &[T]) -> String {
+    items.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
+
+#[derive(Debug)]
+pub enum ParseError {
+    Yaml(String),
+    Invalid(Vec<String>),
+}
+
+fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
+    let mut top = Section::new("", value, p);
+    let sentinels = top.raw("sentinels").map(|v| sentinels(v, base, p));
+    let upstream = top.take_with("upstream", p, parse_upstream);
+    let masters = top.raw("masters").map(|v| masters(v, p));
+    let nodes = top.raw("nodes").map(|v| auth(Section::new("nodes", v, p), base, p, false));
+    let dns = top.raw("dns").map(|v| dns(v, p));
+    let http = top.raw("http").map(|v| http(v, base, p));
+    let ttl = dns.as_ref().and_then(|d| d.as_ref().map(|d| d.ttl)).unwrap_or(DEFAULT_TTL);
+    let drain = drain(top.raw("drain").unwrap_or(Value::Null), ttl, p);
+    let sweep = top.raw("sweep").map(|v| sweep(v, p));
+    top.finish(p);
+
+    let source = match (sentinels, upstream) {
+        (Some(s), None) => Source::Sentinels(s?),
+        (None, Some(u)) => Source::Upstream(u),
+        (Some(_), Some(_)) => {
+            p.push("upstream", "give either `sentinels` or `upstream`, not both");
+            return None;
+        }
+        (None, None) => {
+            p.push("sentinels", "missing: give the Sentinel addresses (or `upstream`)");
+            return None;
+        }
+    };
+    Some(Config {
+        source,
+        masters: masters.flatten(),
+        nodes: nodes.unwrap_or_default(),
+        dns: dns.flatten(),
+        http: http.flatten(),
+        drain: drain?,
+        sweep: sweep.flatten(),
+    })
+}
+
+fn sentinels(value: Value, base: &Path, p: &mut Problems) -> Option<Sentinels> {
+    let mut s = Section::new("sentinels", value, p);
+    let path = s.path("addresses");
+    let addresses = s.take_list("addresses", p, |a: String| HostPort::parse(&a));
+    let auth = auth(s, base, p, true);
+    match addresses {
+        Some(a) if !a.is_empty() => Some(Sentinels { addresses: a, auth }),
+        Some(_) => {
+            p.push(&path, "must list at least one Sentinel");
+            None
+        }
+        None => {
+            p.push(&path, "missing");
+            None
+        }
+    }
+}
+
+/// `username`, `password_file` and `tls` of a section; `finish`es the section.
+fn auth(mut s: Section, base: &Path, p: &mut Problems, tls_allowed: bool) -> Auth {
+    let username = s.take::<String>("username", p);
+    let password_path = s.path("password_file");
+    let password = s
+        .take::<PathBuf>("password_file", p)
+        .and_then(|f| read_secret(&base.join(f)).map_err(|e| p.push(&password_path, e)).ok());
+    let tls = if tls_allowed || s.has("tls") {
+        s.raw("tls").map(|v| tls(Section::new(&s.path("tls"), v, p), base, p)).unwrap_or_default()
+    } else {
+        Tls::default()
+    };
+    s.finish(p);
+    Auth { username, password, tls }
+}
+
+fn tls(mut s: Section, base: &Path, p: &mut Problems) -> Tls {
+    let enabled = s.take("enabled", p).unwrap_or(false);
+    let mut file = |key: &str, p: &mut Problems| {
+        let path = s.path(key);
+        s.take::<PathBuf>(key, p).map(|f| base.join(f)).filter(|f| {
+            let exists = f.is_file();
+            if !exists {
+                p.push(&path, format!("{} does not exist", f.display()));
+            }
+            exists
+        })
+    };
+    let ca_file = file("ca_file", p);
+    let cert_file = file("cert_file", p);
+    let key_file = file("key_file", p);
+    if cert_file.is_some() != key_file.is_some() {
+        p.push(&s.path("cert_file"), "cert_file and key_file go together");
+    }
+    s.finish(p);
+    Tls { enabled, ca_file, cert_file, key_file }
+}
+
+/// Reads a secret file: the first line, trimmed; an empty secret is an error.
+pub fn read_secret(path: &Path) -> Result<Secret, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let secret = text.lines().next().unwrap_or("").trim();
+    if secret.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(Secret::new(secret))
+}
+
+fn parse_upstream(url: String) -> Result<String, String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{url:?} must be an http:// URL of another polestar's API"))?;
+    let authority = rest.split('/').next().unwrap_or("");
+    HostPort::parse(authority).map_err(|_| format!("{url:?} must be http://host:port"))?;
+    Ok(url.trim_end_matches('/').to_string())
+}
+
+fn masters(value: Value, p: &mut Problems) -> Option<Vec<MasterConfig>> {
+    let Value::Sequence(items) = value else {
+        p.push("masters", "expected a list of {name, dns_name}");
+        return None;
+    };
+    let mut out: Vec<MasterConfig> = Vec::new();
+    for (i, item) in items.into_iter().enumerate() {
+        let mut s = Section::new(&format!("masters[{i}]"), item, p);
+        let name = s.take::<String>("name", p);
+        let label_path = s.path("dns_name");
+        let label = s.take_with("dns_name", p, |l: String| check_label(&l));
+        if name.is_none() {
+            p.push(&s.path("name"), "missing");
+        }
+        s.finish(p);
+        let Some(name) = name else { continue };
+        let label = label.unwrap_or_else(|| label_for(&name));
+        if out.iter().any(|m| m.name == name) {
+            p.push(&format!("masters[{i}].name"), format!("{name:?} is listed twice"));
+        } else if let Some(other) = out.iter().find(|m| m.label == label) {
+            p.push(&label_path, format!("label {label:?} is already used by {:?}", other.name));
+        }
+        out.push(MasterConfig { name, label });
+    }
+    Some(out)
+}
+
+fn check_label(label: &str) -> Result<String, String> {
+    let ok = !label.is_empty()
+        && label.len() <= 63
+        && label.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !label.starts_with('-')
+        && !label.ends_with('-');
+    if ok {
+        Ok(label.to_string())
+    } else {
+        Err(format!("{label:?} is not a DNS label (a-z, 0-9 and inner '-', at most 63)"))
+    }
+}
+
+fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
+    let mut s = Section::new("dns", value, p);
+    let listen = s.take_list("listen", p, |a: String| parse_addr(&a));
+    let zone = s.take_with("zone", p, |z: String| parse_zone(&z));
+    let ttl_path = s.path("ttl");
+    let ttl = s.take_with("ttl", p, |t: String| duration::parse(&t)).unwrap_or(DEFAULT_TTL);
+    let nameservers = s.take_list("nameservers", p, |n: String| parse_zone(&n));
+    let transfer_allow = s.take_list("transfer_allow", p, |c: String| parse_cidr(&c));
+    let notify = s.take_list("notify", p, |a: String| parse_addr(&a));
+    let (listen_path, zone_path) = (s.path("listen"), s.path("zone"));
+    s.finish(p);
+    if ttl.is_zero() || ttl.subsec_nanos() != 0 {
+        p.push(&ttl_path, "must be a whole number of seconds, at least 1s");
+    }
+    let listen = listen.filter(|l| !l.is_empty());
+    if listen.is_none() {
+        p.push(&listen_path, "missing: give at least one address to serve DNS on");
+    }
+    if zone.is_none() {
+        p.push(&zone_path, "missing");
+    }
+    Some(Dns {
+        listen: listen?,
+        zone: zone?,
+        ttl,
+        nameservers: nameservers.unwrap_or_default(),
+        transfer_allow: transfer_allow.unwrap_or_default(),
+        notify: notify.unwrap_or_default(),
+    })
+}
+
+fn parse_addr(text: &str) -> Result<SocketAddr, String> {
+    text.parse().map_err(|_| format!("{text:?} is not ip:port"))
+}
+
+fn parse_cidr(text: &str) -> Result<IpNet, String> {
+    text.parse::<IpNet>()
+        .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("{text:?} is not an address or CIDR"))
+}
+
+fn parse_zone(text: &str) -> Result<String, String> {
+    let name = text.trim().to_ascii_lowercase();
+    let name = if name.ends_with('.') { name } else { format!("{name}.") };
+    let labels: Vec<&str> = name.trim_end_matches('.').split('.').collect();
+    let valid = |l: &&str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    if name.len() > 254 || !labels.iter().all(valid) {
+        return Err(format!("{text:?} is not a domain name"));
+    }
+    Ok(name)
+}
+
+fn http(value: Value, base: &Path, p: &mut Problems) -> Option<Http> {
+    let mut s = Section::new("http", value, p);
+    let listen_path = s.path("listen");
+    let listen = s.take_with("listen", p, |a: String| parse_addr(&a));
+    let token_path = s.path("admin_token_file");
+    let admin_token = s
+        .take::<PathBuf>("admin_token_file", p)
+        .and_then(|f| read_secret(&base.join(f)).map_err(|e| p.push(&token_path, e)).ok());
+    s.finish(p);
+    if listen.is_none() {
+        p.push(&listen_path, "missing");
+    }
+    Some(Http { listen: listen?, admin_token })
+}
+
+fn drain(value: Value, ttl: Duration, p: &mut Problems) -> Option<Drain> {
+    let mut s = Section::new("drain", value, p);
+    let enabled = s.take("enabled", p).unwrap_or(true);
+    let positive = |d: String| {
+        let d = duration::parse(&d)?;
+        if d.is_zero() { Err("must be > 0".to_string()) } else { Ok(d) }
+    };
+    let grace = s.take_with("grace", p, positive).unwrap_or(ttl + Duration::from_millis(500));
+    let interval = s.take_with("interval", p, positive).unwrap_or(Duration::from_millis(250));
+    let window = s.take_with("window", p, positive).unwrap_or(Duration::from_secs(30));
+    let rate_path = s.path("rate");
+    let rate = s.take::<i64>("rate", p).unwrap_or(2000);
+    let spare = s.raw("spare").map(|v| spare(v, p)).unwrap_or_default();
+    s.finish(p);
+    if rate <= 0 || rate > u32::MAX as i64 {
+        p.push(&rate_path, "must be > 0");
+    }
+    Some(Drain {
+        enabled,
+        grace,
+        interval,
+        window,
+        rate: rate.clamp(1, u32::MAX as i64) as u32,
+        spare,
+    })
+}
+
+fn spare(value: Value, p: &mut Problems) -> Spare {
+    let mut s = Section::new("drain.spare", value, p);
+    let names = s.take("names", p).unwrap_or_default();
+    let users = s.take("users", p).unwrap_or_default();
+    let cidrs = s.take_list("cidrs", p, |c: String| parse_cidr(&c)).unwrap_or_default();
+    s.finish(p);
+    Spare { names, users, cidrs }
+}
+
+fn sweep(value: Value, p: &mut Problems) -> Option<Sweep> {
+    let mut s = Section::new("sweep", value, p);
+    let ports_path = s.path("local_ports");
+    let local_ports: Vec<u16> = s.take("local_ports", p).unwrap_or_default();
+    let remote = s.take("remote", p).unwrap_or(false);
+    s.finish(p);
+    if local_ports.contains(&0) {
+        p.push(&ports_path, "0 is not a port");
+    }
+    Some(Sweep { local_ports, remote })
+}
+
+#[cfg(test)]
+mod tests;
