@@ -4,3 +4,5 @@
 pub mod config;
 pub mod events;
 pub mod topology;
+pub mod control;
+pub mod metrics;

@@ -1,0 +1,47 @@
+//! Metric names (one place, as constants) and the Prometheus recorder.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+pub const SENTINEL_UP: &str = "polestar_sentinel_up";
+pub const MASTER_EPOCH: &str = "polestar_master_epoch";
+pub const MASTER_STATE: &str = "polestar_master_state";
+pub const PRIMARY_CHANGES: &str = "polestar_primary_changes_total";
+pub const PUBLISH_LATENCY: &str = "polestar_publish_latency_seconds";
+pub const DRAIN_KILLED: &str = "polestar_drain_killed_total";
+pub const DNS_QUERIES: &str = "polestar_dns_queries_total";
+pub const HTTP_REQUESTS: &str = "polestar_http_requests_total";
+
+/// Installs the process-wide recorder (once; later calls get a recorder that is not global,
+/// which only happens in tests that start several daemons in one process).
+pub fn install() -> PrometheusHandle {
+    let buckets = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+    let builder = PrometheusBuilder::new();
+    let builder = builder
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(PUBLISH_LATENCY.into()),
+            &buckets,
+        )
+        .unwrap_or_else(|_| PrometheusBuilder::new());
+    let recorder = builder.build_recorder();
+    let handle = recorder.handle();
+    if metrics::set_global_recorder(recorder).is_ok() {
+        describe();
+    }
+    handle
+}
+
+fn describe() {
+    describe_gauge!(SENTINEL_UP, "1 while polestar is connected to this Sentinel");
+    describe_gauge!(MASTER_EPOCH, "Config epoch of the published primary");
+    describe_gauge!(MASTER_STATE, "1 for the master's current state (ok, failover, stale, unknown)");
+    describe_counter!(PRIMARY_CHANGES, "Published primary changes");
+    describe_histogram!(
+        PUBLISH_LATENCY,
+        Unit::Seconds,
+        "From a Sentinel event reaching polestar to the new primary being published"
+    );
+    describe_counter!(DRAIN_KILLED, "Client connections killed on old primaries");
+    describe_counter!(DNS_QUERIES, "DNS queries answered, by response code");
+    describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status code");
+}
