@@ -6,3 +6,4 @@ pub mod events;
 pub mod topology;
 pub mod control;
 pub mod metrics;
+pub mod daemon;
