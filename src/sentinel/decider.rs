@@ -10,15 +10,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use redis::Value;
 use serde_json::json;
 use tokio::sync::mpsc;
-use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
-use super::conn::{Endpoint, connect};
+use super::conn::Endpoint;
 use super::link::Link;
-use super::message::{PeerRecord, role};
+use super::message::PeerRecord;
+use super::nodes::Nodes;
 use super::{LinkId, MasterReport, Observation, Report};
 use crate::config::{Auth, Config, HostPort};
 use crate::events::EventLog;
@@ -83,7 +82,8 @@ pub struct Decider {
     wanted: Option<Vec<(String, String)>>,
     links: Vec<LinkState>,
     sentinel_auth: Auth,
-    node_auth: Auth,
+    /// Connections to data nodes for role checks, shared with the check tasks.
+    nodes: Arc<Nodes>,
     writer: TopologyWriter,
     events: Arc<EventLog>,
     version: u64,
@@ -115,7 +115,7 @@ impl Decider {
             wanted,
             links: Vec::new(),
             sentinel_auth: sentinels.as_ref().map(|s| s.auth.clone()).unwrap_or_default(),
-            node_auth: config.nodes.clone(),
+            nodes: Arc::new(Nodes::new(config.nodes.clone())),
             writer,
             events,
             version: 0,
@@ -343,11 +343,11 @@ impl Decider {
             return;
         }
         if entry.checking.insert(candidate.clone()) {
-            let endpoint =
-                Endpoint::new(candidate.node.ip.to_string(), candidate.node.port, &self.node_auth);
-            let (tx, master) = (self.checks_tx.clone(), master.to_string());
+            let (tx, master, nodes) =
+                (self.checks_tx.clone(), master.to_string(), self.nodes.clone());
             tokio::spawn(async move {
-                let is_master = role_is_master(&endpoint).await;
+                let role = nodes.role(candidate.node.addr(), ROLE_DEADLINE).await;
+                let is_master = role.as_deref() == Some("master");
                 let _ = tx.send(Checked { master, candidate, is_master, via, at });
             });
         }
@@ -480,14 +480,4 @@ fn record_gauges(master: &Master) {
         metrics::gauge!(m::MASTER_STATE, "master" => name.clone(), "state" => state.as_str())
             .set(value);
     }
-}
-
-/// Whether the node answers `ROLE` with `master` within the deadline.
-async fn role_is_master(endpoint: &Endpoint) -> bool {
-    let check = async {
-        let mut conn = connect(endpoint, None).await.ok()?;
-        let reply: Value = redis::cmd("ROLE").query_async(&mut conn).await.ok()?;
-        role(&reply)
-    };
-    matches!(timeout(ROLE_DEADLINE, check).await, Ok(Some(r)) if r == "master")
 }

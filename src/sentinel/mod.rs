@@ -12,6 +12,7 @@ mod conn;
 mod decider;
 mod link;
 pub mod message;
+mod nodes;
 
 use std::sync::Arc;
 use std::time::Instant;
