@@ -481,3 +481,140 @@ fn record_gauges(master: &Master) {
             .set(value);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::path::Path;
+
+    use super::*;
+
+    /// A decider whose three configured Sentinels are unreachable ports: links exist (and fail
+    /// quietly); observations are injected by hand.
+    fn decider() -> (Decider, crate::topology::TopologyReader) {
+        let text = "sentinels: {addresses: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:3']}\n\
+                    masters: [{name: m}]";
+        let config = Config::parse(text, Path::new("/")).expect("valid test config");
+        let (writer, reader) = crate::topology::channel();
+        let events = Arc::new(EventLog::new());
+        (Decider::new(&config, writer, events, CancellationToken::new()), reader)
+    }
+
+    fn node(port: u16) -> Node {
+        Node { ip: IpAddr::V4(Ipv4Addr::LOCALHOST), port, hostname: None }
+    }
+
+    fn report(link: LinkId, port: u16, epoch: u64) -> Observation {
+        let master = MasterReport {
+            name: "m".into(),
+            primary: node(port),
+            epoch,
+            failover_in_progress: false,
+            replicas: Vec::new(),
+        };
+        Observation::Report(Report { link, masters: vec![master], peers: Vec::new() })
+    }
+
+    fn up(d: &mut Decider, link: LinkId) {
+        d.observe(Observation::Up { link, myid: Some(format!("id{link}")) });
+    }
+
+    fn primary(d: &mut Decider) -> Option<(u16, u64)> {
+        d.publish_snapshot();
+        let snapshot = d.writer.borrow().clone();
+        let m = snapshot.master("m")?;
+        Some((m.primary.as_ref()?.port, m.epoch?))
+    }
+
+    #[tokio::test]
+    async fn a_majority_of_configured_sentinels_publishes() {
+        let (mut d, _r) = decider();
+        for l in 0..3 {
+            up(&mut d, l);
+        }
+        d.observe(report(0, 7001, 3));
+        assert_eq!(primary(&mut d), None, "one Sentinel of three is not a majority");
+        d.observe(report(1, 7001, 3));
+        assert_eq!(primary(&mut d), Some((7001, 3)));
+    }
+
+    #[tokio::test]
+    async fn a_lower_epoch_is_never_published() {
+        let (mut d, _r) = decider();
+        for l in 0..3 {
+            up(&mut d, l);
+            d.observe(report(l, 7002, 5));
+        }
+        assert_eq!(primary(&mut d), Some((7002, 5)));
+        for l in 0..3 {
+            d.observe(report(l, 7001, 4));
+        }
+        assert_eq!(primary(&mut d), Some((7002, 5)), "all three report an older epoch");
+        d.observe(Observation::Promoted {
+            link: 0,
+            master: "m".into(),
+            node: node(7001),
+            epoch: 5,
+            at: Instant::now(),
+        });
+        assert_eq!(primary(&mut d), Some((7002, 5)), "an equal epoch is not higher");
+    }
+
+    #[tokio::test]
+    async fn a_promotion_needs_the_node_to_confirm() {
+        let (mut d, _r) = decider();
+        for l in 0..3 {
+            up(&mut d, l);
+            d.observe(report(l, 7001, 1));
+        }
+        // Nothing listens on port 9: the role check fails and nothing is published.
+        let at = Instant::now();
+        d.observe(Observation::Promoted {
+            link: 0,
+            master: "m".into(),
+            node: node(9),
+            epoch: 2,
+            at,
+        });
+        let checked = d.checks_rx.recv().await.expect("the check reports back");
+        assert!(!checked.is_master);
+        d.checked(checked);
+        assert_eq!(primary(&mut d), Some((7001, 1)));
+        // A confirmed check of a higher epoch is published.
+        let candidate = Candidate { node: node(7003), epoch: 2 };
+        d.checked(Checked { master: "m".into(), candidate, is_master: true, via: "test", at });
+        assert_eq!(primary(&mut d), Some((7003, 2)));
+    }
+
+    #[tokio::test]
+    async fn losing_every_sentinel_is_stale_and_keeps_the_primary() {
+        let (mut d, r) = decider();
+        for l in 0..3 {
+            up(&mut d, l);
+            d.observe(report(l, 7001, 1));
+        }
+        d.publish_snapshot();
+        assert_eq!(r.borrow().master("m").map(|m| m.state), Some(MasterState::Ok));
+        for l in 0..3 {
+            d.observe(Observation::Down { link: l, reason: "test".into() });
+        }
+        d.publish_snapshot();
+        let snapshot = r.borrow().clone();
+        let m = snapshot.master("m").expect("configured master stays");
+        assert_eq!(m.state, MasterState::Stale);
+        assert_eq!(m.primary.as_ref().map(|p| p.port), Some(7001));
+        assert!(!snapshot.source_reachable);
+    }
+
+    #[tokio::test]
+    async fn reports_of_down_sentinels_do_not_count() {
+        let (mut d, _r) = decider();
+        up(&mut d, 0);
+        up(&mut d, 1);
+        d.observe(report(0, 7001, 1));
+        d.observe(Observation::Down { link: 0, reason: "test".into() });
+        d.observe(report(0, 7001, 1));
+        d.observe(report(1, 7001, 1));
+        assert_eq!(primary(&mut d), None, "link 0 is down: its report is ignored");
+    }
+}
