@@ -1,0 +1,225 @@
+//! One data node as the drain side talks to it: a kept-open connection named
+//! [`CONNECTION_NAME`](super::spare::CONNECTION_NAME) (so that no drain, ours or another
+//! polestar's, kills it), and the handful of commands fencing and draining need, each with a
+//! deadline. Any failure drops the connection; the next call builds a new one. A node that is
+//! down, hung (SIGSTOP: the kernel still accepts, nothing answers) or partitioned costs at most
+//! one deadline per call and never blocks anything but the caller.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{Cmd, FromRedisValue, Pipeline, RedisError, Value};
+use tokio::time::{Instant, timeout};
+
+use super::clients::{ClientList, parse_list};
+use super::spare::CONNECTION_NAME;
+use crate::config::Auth;
+use crate::sentinel::message::role;
+use crate::sentinel::{Endpoint, connect};
+use crate::topology::Node;
+
+/// TCP, TLS, HELLO and naming together.
+const CONNECT_DEADLINE: Duration = Duration::from_secs(1);
+/// ROLE, PAUSE, KILL: cheap commands that a healthy node answers in microseconds.
+const COMMAND_DEADLINE: Duration = Duration::from_secs(1);
+/// `CLIENT LIST` of a node with tens of thousands of clients is a few megabytes.
+const LIST_DEADLINE: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("cannot connect to {node}: {source}")]
+    Connect { node: SocketAddr, source: RedisError },
+    #[error("{node} did not answer {command} within {}ms", after.as_millis())]
+    Timeout { node: SocketAddr, command: &'static str, after: Duration },
+    #[error("{node}: {command} failed: {source}")]
+    Command { node: SocketAddr, command: &'static str, source: RedisError },
+}
+
+/// What `ROLE` says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    Master,
+    Replica,
+    /// `sentinel`, or a reply polestar does not understand.
+    Other(String),
+}
+
+/// `CLIENT LIST` with the moment it was answered and the id of the connection that asked.
+#[derive(Debug)]
+pub struct Listing {
+    pub list: ClientList,
+    pub at: Instant,
+    pub own_id: u64,
+}
+
+#[derive(Clone)]
+struct Open {
+    conn: MultiplexedConnection,
+    /// Our own client id on the node, never killed.
+    id: u64,
+}
+
+pub struct NodeLink {
+    addr: SocketAddr,
+    endpoint: Endpoint,
+    open: Mutex<Option<Open>>,
+}
+
+impl NodeLink {
+    pub fn new(node: &Node, auth: &Auth) -> Self {
+        // With TLS the certificate names the host; without it the address is all we need.
+        let host = match (&node.hostname, auth.tls.enabled) {
+            (Some(name), true) => name.clone(),
+            _ => node.ip.to_string(),
+        };
+        Self {
+            addr: node.addr(),
+            endpoint: Endpoint::new(host, node.port, auth),
+            open: Mutex::default(),
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub async fn role(&self) -> Result<Role, NodeError> {
+        let reply: Value = self.query("ROLE", redis::cmd("ROLE"), COMMAND_DEADLINE).await?;
+        Ok(match role(&reply).as_deref() {
+            Some("master") => Role::Master,
+            Some("slave") | Some("replica") => Role::Replica,
+            other => Role::Other(other.unwrap_or("unreadable").to_string()),
+        })
+    }
+
+    /// `CLIENT PAUSE <for> WRITE`: writes (and PUBLISH, EVAL...) wait, reads go on.
+    pub async fn pause(&self, duration: Duration) -> Result<(), NodeError> {
+        let mut cmd = redis::cmd("CLIENT");
+        cmd.arg("PAUSE").arg(duration.as_millis().max(1) as u64).arg("WRITE");
+        self.query::<Value>("CLIENT PAUSE", cmd, COMMAND_DEADLINE).await.map(drop)
+    }
+
+    pub async fn unpause(&self) -> Result<(), NodeError> {
+        let mut cmd = redis::cmd("CLIENT");
+        cmd.arg("UNPAUSE");
+        self.query::<Value>("CLIENT UNPAUSE", cmd, COMMAND_DEADLINE).await.map(drop)
+    }
+
+    pub async fn clients(&self) -> Result<Listing, NodeError> {
+        let mut open = self.connection().await?;
+        let mut cmd = redis::cmd("CLIENT");
+        cmd.arg("LIST");
+        let reply = timeout(LIST_DEADLINE, cmd.query_async::<String>(&mut open.conn)).await;
+        let text = self.settle("CLIENT LIST", LIST_DEADLINE, reply)?;
+        Ok(Listing { list: parse_list(&text), at: Instant::now(), own_id: open.id })
+    }
+
+    /// Kills the clients with these ids in one pipeline; returns how many existed.
+    pub async fn kill(&self, ids: &[u64]) -> Result<usize, NodeError> {
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.cmd("CLIENT").arg("KILL").arg("ID").arg(*id);
+        }
+        let replies: Vec<Value> = self.pipeline("CLIENT KILL", pipe).await?;
+        Ok(replies.iter().map(killed).sum())
+    }
+
+    /// Kills these clients and lifts the pause in one transaction, so that no write held by
+    /// the pause runs on a node that still claims master: its client is gone first.
+    pub async fn kill_and_unpause(&self, ids: &[u64]) -> Result<usize, NodeError> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for id in ids {
+            pipe.cmd("CLIENT").arg("KILL").arg("ID").arg(*id);
+        }
+        pipe.cmd("CLIENT").arg("UNPAUSE").ignore();
+        let replies: Vec<Value> = self.pipeline("MULTI CLIENT KILL UNPAUSE", pipe).await?;
+        Ok(replies.iter().map(killed).sum())
+    }
+
+    async fn query<T: FromRedisValue>(
+        &self,
+        command: &'static str,
+        cmd: Cmd,
+        deadline: Duration,
+    ) -> Result<T, NodeError> {
+        let mut open = self.connection().await?;
+        let reply = timeout(deadline, cmd.query_async::<T>(&mut open.conn)).await;
+        self.settle(command, deadline, reply)
+    }
+
+    async fn pipeline<T: FromRedisValue>(
+        &self,
+        command: &'static str,
+        pipe: Pipeline,
+    ) -> Result<T, NodeError> {
+        let mut open = self.connection().await?;
+        let reply = timeout(COMMAND_DEADLINE, pipe.query_async::<T>(&mut open.conn)).await;
+        self.settle(command, COMMAND_DEADLINE, reply)
+    }
+
+    /// Turns a reply under a deadline into a result, dropping the connection on any failure.
+    fn settle<T>(
+        &self,
+        command: &'static str,
+        after: Duration,
+        reply: Result<Result<T, RedisError>, tokio::time::error::Elapsed>,
+    ) -> Result<T, NodeError> {
+        let node = self.addr;
+        let result = match reply {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(source)) => NodeError::Command { node, command, source },
+            Err(_) => NodeError::Timeout { node, command, after },
+        };
+        self.forget();
+        Err(result)
+    }
+
+    async fn connection(&self) -> Result<Open, NodeError> {
+        if let Some(open) = self.lock().clone() {
+            return Ok(open);
+        }
+        let opened = timeout(CONNECT_DEADLINE, self.connect()).await;
+        let open = opened.map_err(|_| NodeError::Timeout {
+            node: self.addr,
+            command: "connect",
+            after: CONNECT_DEADLINE,
+        })??;
+        *self.lock() = Some(open.clone());
+        Ok(open)
+    }
+
+    async fn connect(&self) -> Result<Open, NodeError> {
+        let node = self.addr;
+        let mut conn = connect(&self.endpoint, None)
+            .await
+            .map_err(|source| NodeError::Connect { node, source })?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("CLIENT").arg("SETNAME").arg(CONNECTION_NAME).ignore();
+        pipe.cmd("CLIENT").arg("ID");
+        let (id,): (u64,) = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|source| NodeError::Command { node, command: "CLIENT ID", source })?;
+        Ok(Open { conn, id })
+    }
+
+    fn forget(&self) {
+        *self.lock() = None;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Open>> {
+        // Held only to clone or replace the slot; a poisoned slot is still a valid value.
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// `CLIENT KILL ID` answers how many clients it closed (0 when the client had already gone).
+fn killed(reply: &Value) -> usize {
+    match reply {
+        Value::Int(n) => usize::try_from(*n).unwrap_or(0),
+        _ => 0,
+    }
+}
