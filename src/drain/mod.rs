@@ -159,7 +159,7 @@ impl Coordinator {
                 self.flipped(episodes, shutdown, &master, old, &new, Instant::from_std(at));
             }
             Signal::Aborted { master } => {
-                stop_where(episodes, &master, Stop::Aborted, |o| o.drain.is_none());
+                stop_where(episodes, &master, Stop::Aborted, |_, o| o.drain.is_none());
             }
             Signal::Returning { master, node } => {
                 self.returning(episodes, shutdown, &master, &node)
@@ -178,8 +178,9 @@ impl Coordinator {
     ) {
         stop_node(episodes, master, new.addr(), Stop::Primary);
         let Some(old) = old.filter(|o| o.addr() != new.addr()) else { return };
-        let others = |o: &Orders| o.drain.is_none();
-        stop_where_except(episodes, master, old.addr(), Stop::Superseded, others);
+        // A fence set at a promotion of another node than the one that turned out to be old.
+        let others = |node, o: &Orders| o.drain.is_none() && node != old.addr();
+        stop_where(episodes, master, Stop::Superseded, others);
         let order = DrainOrder { at, reason: Reason::Flip, only_if_master: false };
         self.drain_order(episodes, shutdown, master, &old, order);
     }
@@ -262,33 +263,26 @@ fn update(tx: &watch::Sender<Orders>, change: &impl Fn(&mut Orders)) -> bool {
 }
 
 fn stop_node(episodes: &Episodes, master: &str, node: SocketAddr, stop: Stop) {
-    if let Some(tx) = episodes.get(&(master.to_string(), node)) {
-        update(tx, &|o: &mut Orders| o.stop = Some(stop));
-    }
+    stop_where(episodes, master, stop, |n, _| n == node);
 }
 
-fn stop_where(episodes: &Episodes, master: &str, stop: Stop, pick: impl Fn(&Orders) -> bool) {
-    for ((m, _), tx) in episodes.iter().filter(|((m, _), _)| m == master) {
-        if pick(&tx.borrow()) {
-            tracing::debug!(master = %m, ?stop, "stopping episode");
+/// Stops the episodes of `master` that `pick` chooses and that no earlier word stopped.
+fn stop_where(
+    episodes: &Episodes,
+    master: &str,
+    stop: Stop,
+    pick: impl Fn(SocketAddr, &Orders) -> bool,
+) {
+    for ((_, node), tx) in episodes.iter().filter(|((m, _), _)| m == master) {
+        let chosen = {
+            let orders = tx.borrow();
+            orders.stop.is_none() && pick(*node, &orders)
+        };
+        if chosen {
+            tracing::debug!(master, %node, ?stop, "stopping episode");
             update(tx, &|o: &mut Orders| o.stop = Some(stop));
         }
     }
-}
-
-fn stop_where_except(
-    episodes: &Episodes,
-    master: &str,
-    except: SocketAddr,
-    stop: Stop,
-    pick: impl Fn(&Orders) -> bool,
-) {
-    let others: Episodes = episodes
-        .iter()
-        .filter(|((m, n), _)| m == master && *n != except)
-        .map(|(k, tx)| (k.clone(), tx.clone()))
-        .collect();
-    stop_where(&others, master, stop, pick);
 }
 
 /// Drains a node by hand (`POST /v1/masters/{name}/drain`). Cheap to clone.

@@ -1,0 +1,592 @@
+//! Fence and drain against real `redis-server` processes (issue 4): each test starts its own
+//! servers on free loopback ports, drives the `Coordinator` with the signals the Sentinel side
+//! sends, and watches real client connections close (or stay).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use polestar::config::{self, Auth};
+use polestar::drain::{Coordinator, DrainError, DrainHandle, Signal};
+use polestar::events::{Event, EventLog};
+use polestar::topology::{self, Master, MasterState, Node, Replica, SentinelCounts, Snapshot};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+use tokio_util::sync::CancellationToken;
+
+// ---------------------------------------------------------------------------------------------
+// A redis-server process, killed on drop.
+
+struct Server {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    async fn start(extra: &[&str]) -> Server {
+        for _ in 0..5 {
+            if let Some(server) = Self::try_start(extra).await {
+                return server;
+            }
+        }
+        panic!("cannot start redis-server");
+    }
+
+    async fn try_start(extra: &[&str]) -> Option<Server> {
+        let port = free_port();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .args(["--appendonly", "no", "--maxclients", "15000", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .arg("--logfile")
+            .arg(dir.path().join("redis.log"))
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        let server = Server { child, port, _dir: dir };
+        server.ready().await.then_some(server)
+    }
+
+    async fn ready(&self) -> bool {
+        for _ in 0..100 {
+            if let Ok(mut c) = TcpStream::connect(self.addr()).await
+                && command(&mut c, &["PING"]).await.as_deref() == Some("+PONG\r\n")
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        false
+    }
+
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    fn node(&self) -> Node {
+        Node { ip: self.addr().ip(), port: self.port, hostname: None }
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, signal).expect("signal redis-server");
+    }
+
+    /// A one-off command on a fresh connection; the reply's first chunk.
+    async fn ask(&self, args: &[&str]) -> String {
+        let mut c = TcpStream::connect(self.addr()).await.expect("connect");
+        command(&mut c, args).await.unwrap_or_default()
+    }
+
+    async fn info(&self, section: &str) -> String {
+        self.ask(&["INFO", section]).await
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    listener.local_addr().expect("bound").port()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw RESP clients: what a persistent application connection looks like to the node.
+
+fn encode(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend(format!("${}\r\n{a}\r\n", a.len()).into_bytes());
+    }
+    out
+}
+
+/// Sends a command and returns the first chunk of the reply (None on EOF, error or 2 s).
+async fn command(c: &mut TcpStream, args: &[&str]) -> Option<String> {
+    c.write_all(&encode(args)).await.ok()?;
+    read_some(c, Duration::from_secs(2)).await
+}
+
+async fn read_some(c: &mut TcpStream, within: Duration) -> Option<String> {
+    let mut buf = vec![0u8; 64 * 1024];
+    match timeout(within, c.read(&mut buf)).await {
+        Ok(Ok(n)) if n > 0 => Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
+        _ => None,
+    }
+}
+
+/// Reads until the node closes the connection; the moment it did, or None after `limit`.
+async fn closed(mut c: TcpStream, limit: Duration) -> Option<Instant> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(deadline, c.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(Instant::now()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Idle,
+    Writer,
+    Blocked,
+    Subscriber,
+}
+
+/// Connects a client of `kind` and returns a task that ends when the node closes it.
+async fn client(addr: SocketAddr, kind: Kind, n: usize) -> JoinHandle<Option<Instant>> {
+    let mut c = TcpStream::connect(addr).await.expect("connect client");
+    let limit = Duration::from_secs(20);
+    match kind {
+        Kind::Idle => {
+            command(&mut c, &["PING"]).await.expect("PONG");
+            tokio::spawn(closed(c, limit))
+        }
+        Kind::Blocked => {
+            c.write_all(&encode(&["BLPOP", &format!("list-{n}"), "0"])).await.expect("BLPOP");
+            tokio::spawn(closed(c, limit))
+        }
+        Kind::Subscriber => {
+            command(&mut c, &["SUBSCRIBE", "news"]).await.expect("subscribed");
+            tokio::spawn(closed(c, limit))
+        }
+        Kind::Writer => {
+            command(&mut c, &["INCR", "counter"]).await.expect("first INCR");
+            tokio::spawn(write_until_closed(c, limit))
+        }
+    }
+}
+
+/// Pipelines INCRs (10 at a time) until the connection is closed.
+async fn write_until_closed(mut c: TcpStream, limit: Duration) -> Option<Instant> {
+    let started = Instant::now();
+    let batch: Vec<u8> = (0..10).flat_map(|_| encode(&["INCR", "counter"])).collect();
+    while started.elapsed() < limit {
+        if c.write_all(&batch).await.is_err() {
+            return Some(Instant::now());
+        }
+        if read_some(&mut c, limit).await.is_none() {
+            return Some(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+async fn named(addr: SocketAddr, name: &str) -> TcpStream {
+    let mut c = TcpStream::connect(addr).await.expect("connect");
+    assert_eq!(command(&mut c, &["CLIENT", "SETNAME", name]).await.as_deref(), Some("+OK\r\n"));
+    c
+}
+
+async fn clients(addr: SocketAddr, mix: &[(Kind, usize)]) -> Vec<JoinHandle<Option<Instant>>> {
+    let mut out = Vec::new();
+    for (kind, count) in mix {
+        for n in 0..*count {
+            out.push(client(addr, *kind, n).await);
+        }
+    }
+    out
+}
+
+/// Waits for every client to be closed; the close moments, or the number still open.
+async fn all_closed(tasks: Vec<JoinHandle<Option<Instant>>>) -> Result<Vec<Instant>, usize> {
+    let mut times = Vec::new();
+    let mut open = 0;
+    for t in tasks {
+        match t.await.expect("client task") {
+            Some(at) => times.push(at),
+            None => open += 1,
+        }
+    }
+    if open == 0 { Ok(times) } else { Err(open) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The drain side under test.
+
+struct Harness {
+    signals: mpsc::UnboundedSender<Signal>,
+    events: Arc<EventLog>,
+    handle: DrainHandle,
+    topology: topology::TopologyWriter,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+fn settings(grace_ms: u64, interval_ms: u64, window_ms: u64, rate: u32) -> config::Drain {
+    config::Drain {
+        enabled: true,
+        grace: Duration::from_millis(grace_ms),
+        interval: Duration::from_millis(interval_ms),
+        window: Duration::from_millis(window_ms),
+        rate,
+        spare: config::Spare::default(),
+    }
+}
+
+fn harness(cfg: config::Drain) -> Harness {
+    let events = Arc::new(EventLog::new());
+    let (topology, reader) = topology::channel();
+    let coordinator = Coordinator::new(cfg, Auth::default(), events.clone(), reader);
+    let handle = coordinator.handle();
+    let (signals, rx) = mpsc::unbounded_channel();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(coordinator.run(rx, shutdown.clone()));
+    Harness { signals, events, handle, topology, shutdown }
+}
+
+impl Harness {
+    fn send(&self, signal: Signal) {
+        self.signals.send(signal).expect("coordinator running");
+    }
+
+    fn flip(&self, master: &str, old: &Server, new: Node) {
+        let old = Some(old.node());
+        let at = Instant::now();
+        self.send(Signal::Flipped { master: master.into(), old, new, epoch: 2, at });
+    }
+
+    /// Publishes `primary` (and `replicas`) for `master`, as the decider would.
+    fn publish(&self, master: &str, primary: Node, replicas: &[Node]) {
+        let replicas = replicas
+            .iter()
+            .map(|n| Replica { ip: n.ip, port: n.port, hostname: None, healthy: true })
+            .collect();
+        let m = Master {
+            name: master.into(),
+            label: master.into(),
+            primary: Some(primary),
+            epoch: Some(2),
+            since: Some(SystemTime::now()),
+            state: MasterState::Ok,
+            replicas,
+            sentinels: SentinelCounts::default(),
+        };
+        let masters = BTreeMap::from([(master.to_string(), Arc::new(m))]);
+        let snapshot = Snapshot { version: 1, masters, source_reachable: true };
+        self.topology.send_replace(Arc::new(snapshot));
+    }
+
+    async fn event(&self, kind: &str, pred: impl Fn(&Event) -> bool) -> Option<Event> {
+        for _ in 0..100 {
+            if let Some(e) = self.events.since(None).into_iter().find(|e| e.kind == kind && pred(e))
+            {
+                return Some(e);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
+    fn count(&self, kind: &str) -> usize {
+        self.events.since(None).iter().filter(|e| e.kind == kind).count()
+    }
+}
+
+fn field<'a>(e: &'a Event, key: &str) -> &'a serde_json::Value {
+    e.data.get(key).unwrap_or(&serde_json::Value::Null)
+}
+
+fn spare_names(cfg: &mut config::Drain, names: &[&str]) {
+    cfg.spare.names = names.iter().map(|s| s.to_string()).collect();
+}
+
+async fn replica_of(primary: &Server) -> Server {
+    let replica = Server::start(&["--replicaof", "127.0.0.1", &primary.port.to_string()]).await;
+    for _ in 0..100 {
+        if replica.info("replication").await.contains("master_link_status:up") {
+            return replica;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("replica never linked");
+}
+
+fn other_node() -> Node {
+    Node { ip: [127, 0, 0, 1].into(), port: free_port(), hostname: None }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flip_kills_every_client_but_the_spared_and_the_replication_link() {
+    let old = Server::start(&[]).await;
+    let replica = replica_of(&old).await;
+    let mix = [(Kind::Idle, 100), (Kind::Writer, 40), (Kind::Blocked, 30), (Kind::Subscriber, 29)];
+    let tasks = clients(old.addr(), &mix).await;
+    let mut keep = named(old.addr(), "keepme").await;
+    let mut cfg = settings(1500, 250, 30_000, 2000);
+    spare_names(&mut cfg, &["keepme"]);
+    let h = harness(cfg);
+
+    let flipped = Instant::now();
+    h.flip("m", &old, replica.node());
+
+    let times = timeout(Duration::from_secs(10), all_closed(tasks)).await.expect("in time");
+    let times = times.unwrap_or_else(|open| panic!("{open} clients still connected"));
+    let slowest = times.iter().map(|t| t.duration_since(flipped)).max().unwrap_or_default();
+    eprintln!("199 clients killed within {slowest:?} of the flip");
+    assert!(slowest < Duration::from_secs(2), "took {slowest:?}");
+    assert_eq!(command(&mut keep, &["PING"]).await.as_deref(), Some("+PONG\r\n"));
+    assert!(old.info("replication").await.contains("connected_slaves:1"));
+    assert!(replica.info("replication").await.contains("master_link_status:up"));
+
+    let drain = h.event("drain", |e| field(e, "reason") == "flip").await.expect("drain event");
+    assert_eq!(field(&drain, "killed"), 199);
+    assert_eq!(field(&drain, "spared_by")["name"], 1);
+    assert_eq!(field(&drain, "spared_by")["replication"], 1);
+    assert_eq!(field(&drain, "spared_by")["own"], 1);
+    assert!(field(&drain, "duration_ms").is_u64());
+    assert!(h.event("fence", |_| true).await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_holds_writes_and_abort_lifts_it() {
+    let old = Server::start(&[]).await;
+    let h = harness(settings(1500, 100, 30_000, 2000));
+    let mut writer = TcpStream::connect(old.addr()).await.expect("connect");
+    assert!(command(&mut writer, &["PING"]).await.is_some());
+
+    h.send(Signal::Promoting { master: "m".into(), old: old.node(), at: Instant::now() });
+    h.event("fence", |_| true).await.expect("fence event");
+    writer.write_all(&encode(&["SET", "k", "v"])).await.expect("send SET");
+    assert_eq!(read_some(&mut writer, Duration::from_millis(800)).await, None, "write not held");
+    assert_eq!(old.ask(&["GET", "k"]).await, "$-1\r\n", "a held write ran");
+
+    h.send(Signal::Aborted { master: "m".into() });
+    let reply = read_some(&mut writer, Duration::from_secs(2)).await;
+    assert_eq!(reply.as_deref(), Some("+OK\r\n"));
+    let unfence = h.event("unfence", |_| true).await.expect("unfence event");
+    assert_eq!(field(&unfence, "reason"), "aborted");
+    assert_eq!(old.ask(&["GET", "k"]).await, "$1\r\nv\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_writes_never_run_on_the_old_primary() {
+    let old = Server::start(&[]).await;
+    let h = harness(settings(500, 100, 2500, 2000));
+    let mut writer = TcpStream::connect(old.addr()).await.expect("connect");
+    assert!(command(&mut writer, &["PING"]).await.is_some());
+    h.send(Signal::Promoting { master: "m".into(), old: old.node(), at: Instant::now() });
+    h.event("fence", |_| true).await.expect("fence event");
+    writer.write_all(&encode(&["SET", "k", "lost"])).await.expect("send SET");
+    assert_eq!(read_some(&mut writer, Duration::from_millis(300)).await, None);
+
+    h.flip("m", &old, other_node());
+    assert!(closed(writer, Duration::from_secs(2)).await.is_some(), "writer not killed");
+    // A client with a stale cache after the grace: its write is held, then killed with the
+    // unpause at the end of the window, and never runs.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let mut late = TcpStream::connect(old.addr()).await.expect("connect");
+    late.write_all(&encode(&["SET", "k", "late"])).await.expect("send SET");
+    let unfence = h.event("unfence", |_| true).await.expect("unfence event");
+    assert_eq!(field(&unfence, "reason"), "window");
+    assert!(closed(late, Duration::from_secs(2)).await.is_some(), "late writer not killed");
+    assert_eq!(old.ask(&["GET", "k"]).await, "$-1\r\n", "a held write ran");
+    assert_eq!(old.ask(&["SET", "k2", "x"]).await, "+OK\r\n", "still paused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_back_inside_the_grace_is_killed_again_one_after_is_left_alone() {
+    let old = Server::start(&[]).await;
+    let h = harness(settings(1500, 100, 30_000, 2000));
+    let flipped = Instant::now();
+    h.flip("m", &old, other_node());
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut stale = TcpStream::connect(old.addr()).await.expect("connect");
+    assert!(command(&mut stale, &["PING"]).await.is_some());
+    let killed = closed(stale, Duration::from_secs(2)).await.expect("stale client killed");
+    assert!(killed.duration_since(flipped) < Duration::from_millis(1500 + 300));
+
+    tokio::time::sleep_until((flipped + Duration::from_millis(1800)).into()).await;
+    let mut intended = TcpStream::connect(old.addr()).await.expect("connect");
+    assert!(command(&mut intended, &["PING"]).await.is_some());
+    assert_eq!(closed(intended, Duration::from_millis(1500)).await, None, "intended client killed");
+    assert!(h.count("drain") >= 2, "the sweep that killed the stale client was not recorded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_is_paced_by_rate() {
+    let old = Server::start(&[]).await;
+    let tasks = clients(old.addr(), &[(Kind::Idle, 300)]).await;
+    let h = harness(settings(1500, 250, 30_000, 100));
+    let flipped = Instant::now();
+    h.flip("m", &old, other_node());
+    let times = all_closed(tasks).await.unwrap_or_else(|open| panic!("{open} still open"));
+    let first = times.iter().min().map(|t| t.duration_since(flipped)).unwrap_or_default();
+    let last = times.iter().max().map(|t| t.duration_since(flipped)).unwrap_or_default();
+    eprintln!("300 clients at rate 100: first killed after {first:?}, last after {last:?}");
+    assert!(first < Duration::from_millis(500), "first kill after {first:?}");
+    assert!(last > Duration::from_secs(2) && last < Duration::from_secs(6), "last after {last:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_old_primary_delays_no_other_master_and_is_retried() {
+    let hung = Server::start(&[]).await;
+    let hung_clients = clients(hung.addr(), &[(Kind::Idle, 5)]).await;
+    let live = Server::start(&[]).await;
+    let live_clients = clients(live.addr(), &[(Kind::Idle, 50), (Kind::Blocked, 10)]).await;
+    let closed_port = Node { ip: [127, 0, 0, 1].into(), port: free_port(), hostname: None };
+    let h = harness(settings(500, 100, 30_000, 2000));
+
+    hung.signal(nix::sys::signal::Signal::SIGSTOP);
+    let flipped = Instant::now();
+    h.flip("hung", &hung, other_node());
+    let at = Instant::now();
+    h.send(Signal::Flipped {
+        master: "gone".into(),
+        old: Some(closed_port),
+        new: other_node(),
+        epoch: 3,
+        at,
+    });
+    h.flip("live", &live, other_node());
+
+    let times = all_closed(live_clients).await.unwrap_or_else(|open| panic!("{open} still open"));
+    let last = times.iter().max().map(|t| t.duration_since(flipped)).unwrap_or_default();
+    eprintln!("live master drained {last:?} after the flips, beside a hung and a closed node");
+    assert!(last < Duration::from_millis(500), "the live master waited {last:?}");
+    let master = |name: &'static str| move |e: &Event| e.master.as_deref() == Some(name);
+    assert!(h.event("node_unreachable", master("gone")).await.is_some());
+    assert!(h.event("node_unreachable", master("hung")).await.is_some());
+
+    // Back within the window: its clients (connected before the cutoff) are killed.
+    hung.signal(nix::sys::signal::Signal::SIGCONT);
+    let times = all_closed(hung_clients).await.unwrap_or_else(|open| panic!("{open} still open"));
+    assert_eq!(times.len(), 5);
+    assert!(h.event("drain", master("hung")).await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returning_node_that_still_claims_master_is_fenced_and_drained() {
+    let primary = Server::start(&[]).await;
+    let returning = Server::start(&[]).await;
+    let replica = replica_of(&primary).await;
+    let on_returning = clients(returning.addr(), &[(Kind::Idle, 20), (Kind::Writer, 5)]).await;
+    let on_primary = clients(primary.addr(), &[(Kind::Idle, 5)]).await;
+    let on_replica = clients(replica.addr(), &[(Kind::Idle, 5)]).await;
+    let h = harness(settings(1000, 100, 30_000, 2000));
+    h.publish("m", primary.node(), &[replica.node(), returning.node()]);
+
+    for node in [primary.node(), replica.node(), returning.node()] {
+        h.send(Signal::Returning { master: "m".into(), node });
+    }
+    let times = all_closed(on_returning).await.unwrap_or_else(|open| panic!("{open} still open"));
+    assert_eq!(times.len(), 25);
+    let fence = h.event("fence", |_| true).await.expect("fence event");
+    assert_eq!(field(&fence, "node").as_str(), Some(returning.addr().to_string().as_str()));
+    let mut late = TcpStream::connect(returning.addr()).await.expect("connect");
+    late.write_all(&encode(&["SET", "k", "v"])).await.expect("send SET");
+    assert_eq!(read_some(&mut late, Duration::from_millis(500)).await, None, "write not held");
+
+    // The published primary and a true replica are left alone.
+    for task in on_primary.into_iter().chain(on_replica) {
+        assert!(!task.is_finished(), "a client of the primary or the replica was closed");
+    }
+    assert_eq!(h.count("fence"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_drain_reports_what_it_did() {
+    let node = Server::start(&[]).await;
+    let tasks = clients(node.addr(), &[(Kind::Idle, 10), (Kind::Subscriber, 2)]).await;
+    let _keep = named(node.addr(), "keepme").await;
+    let mut cfg = settings(1500, 250, 30_000, 2000);
+    spare_names(&mut cfg, &["keep*"]);
+    let h = harness(cfg);
+    h.publish("m", node.node(), &[]);
+
+    let report = h.handle.drain_now("m", node.addr()).await.expect("drained");
+    assert_eq!(report.killed, 12);
+    assert_eq!(report.spared_by.get("name"), Some(&1));
+    assert_eq!(all_closed(tasks).await.map(|t| t.len()), Ok(12));
+    let event = h.event("drain", |e| field(e, "reason") == "manual").await.expect("event");
+    assert_eq!(field(&event, "killed"), 12);
+
+    let unknown = h.handle.drain_now("nope", node.addr()).await;
+    assert!(matches!(unknown, Err(DrainError::UnknownMaster(_))), "{unknown:?}");
+    let stranger = h.handle.drain_now("m", other_node().addr()).await;
+    assert!(matches!(stranger, Err(DrainError::UnknownNode { .. })), "{stranger:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_published_again_is_unfenced_at_once() {
+    let a = Server::start(&[]).await;
+    let h = harness(settings(1500, 100, 30_000, 2000));
+    h.send(Signal::Promoting { master: "m".into(), old: a.node(), at: Instant::now() });
+    h.event("fence", |_| true).await.expect("fence event");
+    let at = Instant::now();
+    h.send(Signal::Flipped {
+        master: "m".into(),
+        old: Some(other_node()),
+        new: a.node(),
+        epoch: 3,
+        at,
+    });
+    let unfence = h.event("unfence", |_| true).await.expect("unfence event");
+    assert_eq!(field(&unfence, "reason"), "primary");
+    assert_eq!(a.ask(&["SET", "k", "v"]).await, "+OK\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disabled_draining_touches_nothing() {
+    let old = Server::start(&[]).await;
+    let tasks = clients(old.addr(), &[(Kind::Idle, 5)]).await;
+    let mut cfg = settings(500, 100, 30_000, 2000);
+    cfg.enabled = false;
+    let h = harness(cfg);
+    h.publish("m", old.node(), &[]);
+    h.send(Signal::Promoting { master: "m".into(), old: old.node(), at: Instant::now() });
+    h.flip("m", &old, other_node());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(old.ask(&["SET", "k", "v"]).await, "+OK\r\n");
+    assert!(tasks.iter().all(|t| !t.is_finished()));
+    assert!(matches!(h.handle.drain_now("m", old.addr()).await, Err(DrainError::Disabled)));
+    assert!(h.events.since(None).is_empty());
+}
+
+/// The figure issue 4 asks for: 10,000 clients at the default rate (2000/s). Run with
+/// `cargo test --test drain -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "opens 10,000 connections; a measurement, not a check"]
+async fn ten_thousand_clients_at_the_default_rate() {
+    let old = Server::start(&[]).await;
+    let mut tasks = Vec::new();
+    for _ in 0..10_000 {
+        let c = TcpStream::connect(old.addr()).await.expect("connect");
+        tasks.push(tokio::spawn(closed(c, Duration::from_secs(60))));
+    }
+    let listed = old.ask(&["CLIENT", "INFO"]).await;
+    assert!(!listed.is_empty());
+    let h = harness(settings(1500, 250, 30_000, 2000));
+    let flipped = Instant::now();
+    h.flip("m", &old, other_node());
+    let times = all_closed(tasks).await.unwrap_or_else(|open| panic!("{open} still open"));
+    let last = times.iter().max().map(|t| t.duration_since(flipped)).unwrap_or_default();
+    eprintln!("10,000 clients at rate 2000: last killed {last:?} after the flip");
+}
