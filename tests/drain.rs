@@ -361,7 +361,8 @@ async fn flip_kills_every_client_but_the_spared_and_the_replication_link() {
     assert_eq!(field(&drain, "spared_by")["replication"], 1);
     assert_eq!(field(&drain, "spared_by")["own"], 1);
     assert!(field(&drain, "duration_ms").is_u64());
-    assert!(h.event("fence", |_| true).await.is_some());
+    let fence = h.event("fence", |_| true).await.expect("fence event");
+    assert!(fence.id < drain.id, "drained before fencing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -386,9 +387,22 @@ async fn fence_holds_writes_and_abort_lifts_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_that_is_never_published_is_unfenced_after_the_grace() {
+    let old = Server::start(&[]).await;
+    let h = harness(settings(500, 100, 30_000, 2000));
+    let promoted = Instant::now();
+    h.send(Signal::Promoting { master: "m".into(), old: old.node(), at: promoted });
+    h.event("fence", |_| true).await.expect("fence event");
+    let unfence = h.event("unfence", |_| true).await.expect("unfence event");
+    assert_eq!(field(&unfence, "reason"), "unpublished");
+    assert!(promoted.elapsed() < Duration::from_millis(500 + 500));
+    assert_eq!(old.ask(&["SET", "k", "v"]).await, "+OK\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_writes_never_run_on_the_old_primary() {
     let old = Server::start(&[]).await;
-    let h = harness(settings(500, 100, 2500, 2000));
+    let h = harness(settings(500, 100, 30_000, 2000));
     let mut writer = TcpStream::connect(old.addr()).await.expect("connect");
     assert!(command(&mut writer, &["PING"]).await.is_some());
     h.send(Signal::Promoting { master: "m".into(), old: old.node(), at: Instant::now() });
@@ -396,16 +410,20 @@ async fn held_writes_never_run_on_the_old_primary() {
     writer.write_all(&encode(&["SET", "k", "lost"])).await.expect("send SET");
     assert_eq!(read_some(&mut writer, Duration::from_millis(300)).await, None);
 
+    let flipped = Instant::now();
     h.flip("m", &old, other_node());
     assert!(closed(writer, Duration::from_secs(2)).await.is_some(), "writer not killed");
-    // A client with a stale cache after the grace: its write is held, then killed with the
-    // unpause at the end of the window, and never runs.
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let mut late = TcpStream::connect(old.addr()).await.expect("connect");
-    late.write_all(&encode(&["SET", "k", "late"])).await.expect("send SET");
+    // A client with a stale cache inside the grace: its write is held, then it is killed.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut stale = TcpStream::connect(old.addr()).await.expect("connect");
+    stale.write_all(&encode(&["SET", "k", "stale"])).await.expect("send SET");
+    assert!(closed(stale, Duration::from_secs(2)).await.is_some(), "stale writer not killed");
+
+    // The fence ends at the cutoff (the node still claims master) and no held write ran.
     let unfence = h.event("unfence", |_| true).await.expect("unfence event");
-    assert_eq!(field(&unfence, "reason"), "window");
-    assert!(closed(late, Duration::from_secs(2)).await.is_some(), "late writer not killed");
+    assert_eq!(field(&unfence, "reason"), "cutoff");
+    let lifted = flipped.elapsed();
+    assert!(lifted < Duration::from_millis(500 + 700), "lifted {lifted:?} after the flip");
     assert_eq!(old.ask(&["GET", "k"]).await, "$-1\r\n", "a held write ran");
     assert_eq!(old.ask(&["SET", "k2", "x"]).await, "+OK\r\n", "still paused");
 }
@@ -428,6 +446,7 @@ async fn a_client_back_inside_the_grace_is_killed_again_one_after_is_left_alone(
     assert!(command(&mut intended, &["PING"]).await.is_some());
     assert_eq!(closed(intended, Duration::from_millis(1500)).await, None, "intended client killed");
     assert!(h.count("drain") >= 2, "the sweep that killed the stale client was not recorded");
+    assert_eq!(old.ask(&["SET", "k", "v"]).await, "+OK\r\n", "still paused after the grace");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -490,7 +509,7 @@ async fn a_returning_node_that_still_claims_master_is_fenced_and_drained() {
     let on_returning = clients(returning.addr(), &[(Kind::Idle, 20), (Kind::Writer, 5)]).await;
     let on_primary = clients(primary.addr(), &[(Kind::Idle, 5)]).await;
     let on_replica = clients(replica.addr(), &[(Kind::Idle, 5)]).await;
-    let h = harness(settings(1000, 100, 30_000, 2000));
+    let h = harness(settings(2000, 100, 30_000, 2000));
     h.publish("m", primary.node(), &[replica.node(), returning.node()]);
 
     for node in [primary.node(), replica.node(), returning.node()] {

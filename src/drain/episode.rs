@@ -2,11 +2,21 @@
 //! its window: the fence loop and the drain loop, run side by side in one task per node so that
 //! a slow or dead node delays nothing but itself.
 //!
-//! The fence loop runs every `interval`: while the node answers `ROLE` master it is paused for
-//! [`pause_length`] (longer than the gap between renewals, so the pause never lapses between
-//! two of them, short enough to lapse on its own soon after a polestar crash); when it answers
-//! replica the pause is lifted. It stops on the coordinator's word (abort, node published
-//! again), when the node is a replica and the drain loop is done, or at the end of the window.
+//! The fence loop runs every `interval` until the fence ends (`fence_until`: the cutoff of the
+//! drain order, or `grace` after a promotion that was not published): while the node answers
+//! `ROLE` master it is paused for [`pause_length`] (longer than the gap between renewals, so
+//! the pause never lapses between two of them, short enough to lapse on its own soon after a
+//! polestar crash); when it answers replica the pause is lifted. At the end of the fence, once
+//! the drain loop has finished its sweeps, a node that still claims master has its remaining
+//! clients killed in the same transaction that lifts the pause, so no held write ever runs on
+//! it. The coordinator can end it sooner (abort, node published again).
+//!
+//! Why the fence does not last until Sentinel demotes the node: a paused node also holds
+//! Sentinel's hello `PUBLISH` and every command Sentinel pipelines behind it on that link,
+//! including the `REPLICAOF` that demotes it. Measured with Redis 7.0: after a planned
+//! failover the old primary became a replica 11.5 s later without a pause, and was still a
+//! master 52 s later with a pause renewed every 250 ms (Sentinel flapping it `+sdown`). Ending
+//! the fence at the cutoff keeps the pause shorter than a typical `down-after-milliseconds`.
 //!
 //! The drain loop runs once per drain order (a flip, a returning node): a first pass at once,
 //! then a sweep every `interval` and one exactly at the cutoff (`order.at + grace`). Every pass
@@ -41,6 +51,8 @@ pub struct Orders {
     pub closed: bool,
     /// The end of the window: nothing is fenced or swept after it.
     pub until: Instant,
+    /// No pause is set or renewed after this (the cutoff of the drain order).
+    pub fence_until: Instant,
     pub drain: Option<DrainOrder>,
     /// Lift the pause and end now.
     pub stop: Option<Stop>,
@@ -92,7 +104,13 @@ pub struct Episode {
     unreachable: AtomicBool,
     /// The drain order the drain loop last took up.
     handled: Mutex<Option<DrainOrder>>,
+    /// Becomes true after the first fence attempt, whatever its outcome: the first drain pass
+    /// waits for it, so that a client killed at the flip reconnects to a paused node.
+    fence_tried: watch::Sender<bool>,
 }
+
+/// How long the first drain pass waits for the first fence attempt (a connect and a command).
+const FENCE_FIRST: Duration = Duration::from_secs(2);
 
 impl Episode {
     pub fn new(shared: Arc<Shared>, master: String, node: &Node) -> Self {
@@ -105,6 +123,7 @@ impl Episode {
             drained: AtomicBool::new(true),
             unreachable: AtomicBool::new(false),
             handled: Mutex::new(None),
+            fence_tried: watch::Sender::new(false),
         }
     }
 
@@ -139,24 +158,42 @@ impl Episode {
                 changed = orders.changed() => if changed.is_err() { return 0 },
             }
             let current = orders.borrow_and_update().clone();
-            next = Instant::now() + interval;
+            let now = Instant::now();
+            next = now + interval;
             if let Some(stop) = current.stop {
                 self.lift(stop.as_str()).await;
                 return current.generation;
             }
-            if Instant::now() >= current.until {
+            if now >= current.until {
                 self.expire(&current).await;
                 return current.generation;
             }
-            let role = self.fence_once().await;
-            if role == Some(Role::Replica) && self.drained.load(Ordering::SeqCst) {
+            let drained = self.drained.load(Ordering::SeqCst);
+            if now >= current.fence_until && drained {
+                self.release(&current).await;
                 return current.generation;
+            }
+            if now < current.fence_until || self.paused.load(Ordering::SeqCst) {
+                // Past the fence's end a pause is still renewed until the sweeps are done.
+                let role = self.fence_once().await;
+                if role == Some(Role::Replica) && drained {
+                    return current.generation;
+                }
+            }
+            if now < current.fence_until {
+                next = next.min(current.fence_until);
             }
         }
     }
 
     /// One `ROLE` check and the pause or unpause it calls for.
     async fn fence_once(&self) -> Option<Role> {
+        let role = self.check_and_fence().await;
+        self.fence_tried.send_replace(true);
+        role
+    }
+
+    async fn check_and_fence(&self) -> Option<Role> {
         let role = match self.link.role().await {
             Ok(role) => role,
             Err(e) => return self.unreachable(e, "fence"),
@@ -201,9 +238,27 @@ impl Episode {
         self.shared.events.push("unfence", Some(&self.master), data);
     }
 
-    /// The end of the window. A node that still claims master after a flip has its clients
+    /// The end of the fence. A node that still claims master after a flip has its clients
     /// killed in the same transaction that lifts the pause, so the writes the pause held never
     /// run on it.
+    async fn release(&self, orders: &Orders) {
+        if !self.paused.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        self.unpause_finally(orders).await;
+        let reason = if orders.drain.is_some() { "cutoff" } else { "unpublished" };
+        self.unfenced(reason);
+    }
+
+    async fn unpause_finally(&self, orders: &Orders) {
+        if orders.drain.is_some() && self.link.role().await.ok() == Some(Role::Master) {
+            self.kill_and_unpause().await;
+        } else if let Err(e) = self.link.unpause().await {
+            tracing::warn!(master = %self.master, node = %self.node(), error = %e, "cannot lift the pause; it lapses by itself");
+        }
+    }
+
+    /// The end of the window: the node never answered long enough to be drained.
     async fn expire(&self, orders: &Orders) {
         if !self.drained.load(Ordering::SeqCst) {
             let window = self.shared.cfg.window.as_millis() as u64;
@@ -214,11 +269,7 @@ impl Episode {
         if !self.paused.swap(false, Ordering::SeqCst) {
             return;
         }
-        if orders.drain.is_some() && self.link.role().await.ok() == Some(Role::Master) {
-            self.kill_and_unpause().await;
-        } else if let Err(e) = self.link.unpause().await {
-            tracing::warn!(master = %self.master, node = %self.node(), error = %e, "cannot lift the pause; it lapses by itself");
-        }
+        self.unpause_finally(orders).await;
         self.unfenced("window");
     }
 
@@ -230,9 +281,9 @@ impl Episode {
         };
         match result.await {
             Ok(killed) => {
-                tracing::info!(master = %self.master, node = %self.node(), killed, "window over: killed the clients the pause held");
+                tracing::info!(master = %self.master, node = %self.node(), killed, "fence over: killed the clients the pause held, then lifted it");
                 metrics::counter!(crate::metrics::DRAIN_KILLED, "master" => self.master.clone(), "method" => "client_kill").increment(killed as u64);
-                let data = json!({ "node": self.node(), "reason": Reason::Window.as_str(), "killed": killed });
+                let data = json!({ "node": self.node(), "reason": Reason::Unfence.as_str(), "killed": killed });
                 self.shared.events.push("drain", Some(&self.master), data);
             }
             Err(e) => {
@@ -297,6 +348,10 @@ impl Episode {
                 Ok(_) => return Some(false),
                 Err(e) => return self.unreachable(e, "drain"),
             }
+        }
+        if first && Instant::now() < cutoff {
+            let mut tried = self.fence_tried.subscribe();
+            let _ = tokio::time::timeout(FENCE_FIRST, tried.wait_for(|t| *t)).await;
         }
         let reason = if first { order.reason } else { Reason::Sweep };
         let pacer = self.shared.pacers.of(self.node());

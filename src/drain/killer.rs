@@ -37,8 +37,8 @@ pub enum Reason {
     Returning,
     /// `POST /v1/masters/{name}/drain`.
     Manual,
-    /// The end of the window, together with lifting the pause.
-    Window,
+    /// The end of the fence, in the same transaction that lifts the pause.
+    Unfence,
 }
 
 impl Reason {
@@ -48,7 +48,7 @@ impl Reason {
             Self::Sweep => "sweep",
             Self::Returning => "returning",
             Self::Manual => "manual",
-            Self::Window => "window",
+            Self::Unfence => "unfence",
         }
     }
 }

@@ -22,15 +22,22 @@
 //!   client present then connected before the cutoff, so may hold a stale answer, and is
 //!   killed. After the cutoff new connections to O are intended (replica reads) and left alone.
 //! - The pause is lifted once O answers `ROLE` as a replica, on **Aborted**, when O becomes
-//!   the published primary again, or at the end of `window`. Paused writes never run on O:
-//!   their clients are killed first (at the window's end in the same transaction as the unpause).
+//!   the published primary again, or at the cutoff once the sweeps are done (a promotion that
+//!   is not published within `grace` is not fenced longer either). Paused writes never run on
+//!   O: their clients are killed first (at the cutoff in the same transaction as the unpause).
+//! - An unreachable O is retried every `interval` until `window` after the flip; the first pass
+//!   that reaches it after the cutoff kills the clients that may have connected before it.
 //! - **Returning**: a node that comes back still claiming master while another is published
 //!   is fenced and drained at once, with its own grace and window.
 //!
-//! The paused node also holds Sentinel's hello `PUBLISH`, and with it the commands Sentinel
-//! pipelines behind it on that link; Sentinel may see O as down until the pause ends. That is
-//! the price of losing no write: O is not the primary any more, and it is released as soon as
-//! it answers as a replica or the window ends.
+//! Why the fence ends at the cutoff and not when Sentinel demotes O (as SPEC step 4 has it): a
+//! paused node holds Sentinel's hello `PUBLISH` and every command pipelined behind it,
+//! including the `REPLICAOF` that demotes it, so a pause renewed until demotion is never lifted
+//! (measured; see [`episode`]). Connections made to O after the cutoff are intended replica
+//! reads, so O needs no fence any more by then.
+//!
+//! On shutdown episodes are dropped without unpausing: a pause lapses by itself within
+//! [`episode::pause_length`], and lifting it early would only let held writes run sooner.
 
 pub mod clients;
 mod episode;
@@ -152,8 +159,13 @@ impl Coordinator {
         tracing::debug!(?signal, "drain signal");
         match signal {
             Signal::Promoting { master, old, at } => {
-                let until = Instant::from_std(at) + self.shared.cfg.window;
-                self.order(episodes, shutdown, &master, &old, |o| o.until = o.until.max(until));
+                let at = Instant::from_std(at);
+                let (until, fence_until) =
+                    (at + self.shared.cfg.window, at + self.shared.cfg.grace);
+                self.order(episodes, shutdown, &master, &old, |o| {
+                    o.until = o.until.max(until);
+                    o.fence_until = o.fence_until.max(fence_until);
+                });
             }
             Signal::Flipped { master, old, new, at, .. } => {
                 self.flipped(episodes, shutdown, &master, old, &new, Instant::from_std(at));
@@ -212,8 +224,10 @@ impl Coordinator {
         order: DrainOrder,
     ) {
         let until = order.at + self.shared.cfg.window;
+        let fence_until = order.at + self.shared.cfg.grace;
         self.order(episodes, shutdown, master, node, |o| {
             o.until = o.until.max(until);
+            o.fence_until = o.fence_until.max(fence_until);
             o.drain = Some(order);
         });
     }
@@ -233,8 +247,15 @@ impl Coordinator {
         {
             return;
         }
-        let mut orders =
-            Orders { generation: 0, closed: false, until: Instant::now(), drain: None, stop: None };
+        let now = Instant::now();
+        let mut orders = Orders {
+            generation: 0,
+            closed: false,
+            until: now,
+            fence_until: now,
+            drain: None,
+            stop: None,
+        };
         change(&mut orders);
         let (tx, _) = watch::channel(orders);
         let episode = Episode::new(self.shared.clone(), master.to_string(), node);
