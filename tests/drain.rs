@@ -368,13 +368,14 @@ async fn flip_kills_every_client_but_the_spared_and_the_replication_link() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fence_holds_writes_and_abort_lifts_it() {
     let old = Server::start(&[]).await;
-    let h = harness(settings(1500, 100, 30_000, 2000));
+    let h = harness(settings(300, 100, 30_000, 2000));
     let mut writer = TcpStream::connect(old.addr()).await.expect("connect");
     assert!(command(&mut writer, &["PING"]).await.is_some());
 
     h.send(Signal::Promoting { master: "m".into(), old: old.node(), at: Instant::now() });
     h.event("fence", |_| true).await.expect("fence event");
     writer.write_all(&encode(&["SET", "k", "v"])).await.expect("send SET");
+    // Held past the grace: a slow promotion keeps the fence until the flip or the abort.
     assert_eq!(read_some(&mut writer, Duration::from_millis(800)).await, None, "write not held");
     assert_eq!(old.ask(&["GET", "k"]).await, "$-1\r\n", "a held write ran");
 
@@ -384,18 +385,34 @@ async fn fence_holds_writes_and_abort_lifts_it() {
     let unfence = h.event("unfence", |_| true).await.expect("unfence event");
     assert_eq!(field(&unfence, "reason"), "aborted");
     assert_eq!(old.ask(&["GET", "k"]).await, "$1\r\nv\r\n");
+
+    // A later promotion of the same node fences it again.
+    h.send(Signal::Promoting { master: "m".into(), old: old.node(), at: Instant::now() });
+    for _ in 0..40 {
+        if h.count("fence") == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(h.count("fence"), 2, "not fenced again");
+    writer.write_all(&encode(&["SET", "k", "w"])).await.expect("send SET");
+    assert_eq!(read_some(&mut writer, Duration::from_millis(500)).await, None, "write not held");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_promotion_that_is_never_published_is_unfenced_after_the_grace() {
+async fn a_promotion_that_is_never_published_is_unfenced_at_the_end_of_the_window() {
     let old = Server::start(&[]).await;
-    let h = harness(settings(500, 100, 30_000, 2000));
+    let h = harness(settings(200, 100, 1500, 2000));
     let promoted = Instant::now();
     h.send(Signal::Promoting { master: "m".into(), old: old.node(), at: promoted });
     h.event("fence", |_| true).await.expect("fence event");
     let unfence = h.event("unfence", |_| true).await.expect("unfence event");
     assert_eq!(field(&unfence, "reason"), "unpublished");
-    assert!(promoted.elapsed() < Duration::from_millis(500 + 500));
+    let lifted = promoted.elapsed();
+    assert!(
+        lifted > Duration::from_millis(1400) && lifted < Duration::from_millis(2200),
+        "{lifted:?}"
+    );
     assert_eq!(old.ask(&["SET", "k", "v"]).await, "+OK\r\n");
 }
 
@@ -608,4 +625,209 @@ async fn ten_thousand_clients_at_the_default_rate() {
     let times = all_closed(tasks).await.unwrap_or_else(|open| panic!("{open} still open"));
     let last = times.iter().max().map(|t| t.duration_since(flipped)).unwrap_or_default();
     eprintln!("10,000 clients at rate 2000: last killed {last:?} after the flip");
+}
+
+// ---------------------------------------------------------------------------------------------
+// With a real Sentinel: a planned failover driven by Sentinel's own events, as the decider
+// would relay them (Promoting at +selected-slave, Flipped at +promoted-slave).
+
+struct Sentinel {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn sentinel_for(master: &Server) -> Sentinel {
+    let port = free_port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let conf = dir.path().join("sentinel.conf");
+    let text = format!(
+        "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mm 127.0.0.1 {} 1\n\
+         sentinel down-after-milliseconds mm 2000\nsentinel failover-timeout mm 10000\n",
+        dir.path().display(),
+        master.port
+    );
+    std::fs::write(&conf, text).expect("write sentinel.conf");
+    let child = Command::new("redis-sentinel")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-sentinel is installed");
+    Sentinel { child, port, _dir: dir }
+}
+
+async fn sentinel_ask(port: u16, args: &[&str]) -> String {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    match TcpStream::connect(addr).await {
+        Ok(mut c) => command(&mut c, args).await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
+/// Where "DNS" sends clients: updated at the flip, read at every reconnect.
+type Route = Arc<std::sync::Mutex<SocketAddr>>;
+
+fn route_of(route: &Route) -> SocketAddr {
+    *route.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[derive(Debug, Default)]
+struct WriterLog {
+    acked: u64,
+    /// The first acknowledged write on each node.
+    first_ok: Vec<(SocketAddr, Instant)>,
+}
+
+/// A Lettuce-like writer: one connection, no timeout, INCR after INCR; on an error or a
+/// closed connection it reconnects to wherever the route points now.
+async fn incr_writer(route: Route, stop: CancellationToken) -> WriterLog {
+    let mut log = WriterLog::default();
+    while !stop.is_cancelled() {
+        let addr = route_of(&route);
+        let Ok(Ok(mut c)) = timeout(Duration::from_millis(500), TcpStream::connect(addr)).await
+        else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        while !stop.is_cancelled() {
+            let reply = command_no_timeout(&mut c, &["INCR", "counter"]).await;
+            match reply.as_deref() {
+                Some(r) if r.starts_with(':') => {
+                    log.acked += 1;
+                    if !log.first_ok.iter().any(|(a, _)| *a == addr) {
+                        log.first_ok.push((addr, Instant::now()));
+                    }
+                }
+                _ => break,
+            }
+        }
+    }
+    log
+}
+
+async fn command_no_timeout(c: &mut TcpStream, args: &[&str]) -> Option<String> {
+    c.write_all(&encode(args)).await.ok()?;
+    read_some(c, Duration::from_secs(60)).await
+}
+
+/// A client blocked in BLPOP that re-blocks wherever the route points after losing its
+/// connection; returns when it re-issued BLPOP on `target`.
+async fn blpop_client(
+    route: Route,
+    target: SocketAddr,
+    stop: CancellationToken,
+) -> Option<Instant> {
+    while !stop.is_cancelled() {
+        let addr = route_of(&route);
+        let Ok(mut c) = TcpStream::connect(addr).await else { continue };
+        if c.write_all(&encode(&["BLPOP", "jobs", "0"])).await.is_err() {
+            continue;
+        }
+        if addr == target {
+            return Some(Instant::now());
+        }
+        let _ = closed(c, Duration::from_secs(60)).await;
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_sentinel_failover_loses_no_acknowledged_write() {
+    use futures::StreamExt;
+    let old = Server::start(&[]).await;
+    let new = replica_of(&old).await;
+    let sentinel = sentinel_for(&old).await;
+    let h = harness(settings(1500, 250, 60_000, 2000));
+    let route: Route = Arc::new(std::sync::Mutex::new(old.addr()));
+    let stop = CancellationToken::new();
+    let writer = tokio::spawn(incr_writer(route.clone(), stop.clone()));
+    let blpop = tokio::spawn(blpop_client(route.clone(), new.addr(), stop.clone()));
+
+    // Sentinel's events, relayed as the decider would.
+    let url = format!("redis://127.0.0.1:{}/", sentinel.port);
+    let mut pubsub = loop {
+        if let Ok(c) = redis::Client::open(url.as_str()).expect("url").get_async_pubsub().await {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    pubsub.psubscribe("*").await.expect("psubscribe");
+    let mut failover_ok = false;
+    for _ in 0..100 {
+        let reply = sentinel_ask(sentinel.port, &["SENTINEL", "FAILOVER", "mm"]).await;
+        if reply.starts_with("+OK") {
+            failover_ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(failover_ok, "Sentinel never accepted the failover");
+    let mut messages = pubsub.on_message();
+    let mut flipped = None;
+    while flipped.is_none() {
+        let msg = timeout(Duration::from_secs(15), messages.next()).await;
+        let msg = msg.expect("Sentinel events in time").expect("event stream open");
+        let at = Instant::now();
+        let payload: String = msg.get_payload().unwrap_or_default();
+        let ms = SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        eprintln!("{} sentinel {} {payload}", ms.as_millis(), msg.get_channel_name());
+        match msg.get_channel_name() {
+            "+selected-slave" | "+failover-state-send-slaveof-noone" => {
+                h.send(Signal::Promoting { master: "mm".into(), old: old.node(), at });
+            }
+            "+promoted-slave" => {
+                *route.lock().unwrap_or_else(|p| p.into_inner()) = new.addr();
+                h.send(Signal::Flipped {
+                    master: "mm".into(),
+                    old: Some(old.node()),
+                    new: new.node(),
+                    epoch: 1,
+                    at,
+                });
+                flipped = Some(at);
+            }
+            _ => {}
+        }
+    }
+    let flipped = flipped.expect("flipped");
+
+    // Sentinel demotes the old primary on its usual schedule: the fence does not hold it up.
+    let mut demoted = None;
+    for _ in 0..300 {
+        if old.ask(&["ROLE"]).await.contains("slave") {
+            demoted = Some(flipped.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    let log = writer.await.expect("writer");
+    let blpop_back = blpop.await.expect("blpop client");
+    let counter = new.ask(&["GET", "counter"]).await;
+    let counter: u64 = counter.lines().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let recovered = log.first_ok.iter().find(|(a, _)| *a == new.addr()).map(|(_, t)| *t);
+    let recovered = recovered.map(|t| t.saturating_duration_since(flipped));
+    let blpop_back = blpop_back.map(|t| t.saturating_duration_since(flipped));
+    eprintln!(
+        "planned failover: writer back on the new primary {recovered:?} after the flip, BLPOP \
+         client {blpop_back:?}; {} writes acknowledged, counter {counter}, lost {}; old primary \
+         demoted {demoted:?} after the flip",
+        log.acked,
+        log.acked.saturating_sub(counter)
+    );
+    for e in h.events.since(None) {
+        eprintln!("{} {} {:?}", e.time_ms, e.kind, e.data);
+    }
+    assert!(counter >= log.acked, "lost {} acknowledged writes", log.acked - counter);
+    assert!(recovered.is_some_and(|r| r < Duration::from_secs(1)), "writer: {recovered:?}");
+    assert!(blpop_back.is_some_and(|r| r < Duration::from_secs(1)), "BLPOP: {blpop_back:?}");
+    assert!(demoted.is_some(), "the old primary was never demoted");
 }

@@ -3,7 +3,7 @@
 //! a slow or dead node delays nothing but itself.
 //!
 //! The fence loop runs every `interval` until the fence ends (`fence_until`: the cutoff of the
-//! drain order, or `grace` after a promotion that was not published): while the node answers
+//! drain order, or the end of the window for a promotion that is never published): while the node answers
 //! `ROLE` master it is paused for [`pause_length`] (longer than the gap between renewals, so
 //! the pause never lapses between two of them, short enough to lapse on its own soon after a
 //! polestar crash); when it answers replica the pause is lifted. At the end of the fence, once
@@ -246,8 +246,7 @@ impl Episode {
             return;
         }
         self.unpause_finally(orders).await;
-        let reason = if orders.drain.is_some() { "cutoff" } else { "unpublished" };
-        self.unfenced(reason);
+        self.unfenced("cutoff");
     }
 
     async fn unpause_finally(&self, orders: &Orders) {
@@ -270,7 +269,7 @@ impl Episode {
             return;
         }
         self.unpause_finally(orders).await;
-        self.unfenced("window");
+        self.unfenced(if orders.drain.is_some() { "window" } else { "unpublished" });
     }
 
     async fn kill_and_unpause(&self) {

@@ -23,7 +23,7 @@
 //!   killed. After the cutoff new connections to O are intended (replica reads) and left alone.
 //! - The pause is lifted once O answers `ROLE` as a replica, on **Aborted**, when O becomes
 //!   the published primary again, or at the cutoff once the sweeps are done (a promotion that
-//!   is not published within `grace` is not fenced longer either). Paused writes never run on
+//!   is never published nor aborted: at the end of the window). Paused writes never run on
 //!   O: their clients are killed first (at the cutoff in the same transaction as the unpause).
 //! - An unreachable O is retried every `interval` until `window` after the flip; the first pass
 //!   that reaches it after the cutoff kills the clients that may have connected before it.
@@ -159,12 +159,13 @@ impl Coordinator {
         tracing::debug!(?signal, "drain signal");
         match signal {
             Signal::Promoting { master, old, at } => {
-                let at = Instant::from_std(at);
-                let (until, fence_until) =
-                    (at + self.shared.cfg.window, at + self.shared.cfg.grace);
+                // Fenced until the flip (or the abort): from now on O's writes are lost.
+                let until = Instant::from_std(at) + self.shared.cfg.window;
                 self.order(episodes, shutdown, &master, &old, |o| {
                     o.until = o.until.max(until);
-                    o.fence_until = o.fence_until.max(fence_until);
+                    if o.drain.is_none() {
+                        o.fence_until = o.until;
+                    }
                 });
             }
             Signal::Flipped { master, old, new, at, .. } => {
@@ -224,15 +225,15 @@ impl Coordinator {
         order: DrainOrder,
     ) {
         let until = order.at + self.shared.cfg.window;
-        let fence_until = order.at + self.shared.cfg.grace;
         self.order(episodes, shutdown, master, node, |o| {
             o.until = o.until.max(until);
-            o.fence_until = o.fence_until.max(fence_until);
+            o.fence_until = order.at + self.shared.cfg.grace;
             o.drain = Some(order);
         });
     }
 
     /// Changes the orders of the episode for (`master`, `node`), starting one if none runs.
+    /// New orders cancel an earlier stop the episode may not have acted on yet.
     fn order(
         &self,
         episodes: &mut Episodes,
@@ -242,6 +243,10 @@ impl Coordinator {
         change: impl Fn(&mut Orders),
     ) {
         let key = (master.to_string(), node.addr());
+        let change = |o: &mut Orders| {
+            o.stop = None;
+            change(o);
+        };
         if let Some(tx) = episodes.get(&key)
             && update(tx, &change)
         {
