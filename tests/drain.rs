@@ -761,7 +761,9 @@ async fn a_planned_sentinel_failover_loses_no_acknowledged_write() {
     };
     pubsub.psubscribe("*").await.expect("psubscribe");
     let mut failover_ok = false;
+    let mut commanded = Instant::now();
     for _ in 0..100 {
+        commanded = Instant::now();
         let reply = sentinel_ask(sentinel.port, &["SENTINEL", "FAILOVER", "mm"]).await;
         if reply.starts_with("+OK") {
             failover_ok = true;
@@ -817,9 +819,10 @@ async fn a_planned_sentinel_failover_loses_no_acknowledged_write() {
     let recovered = recovered.map(|t| t.saturating_duration_since(flipped));
     let blpop_back = blpop_back.map(|t| t.saturating_duration_since(flipped));
     eprintln!(
-        "planned failover: writer back on the new primary {recovered:?} after the flip, BLPOP \
-         client {blpop_back:?}; {} writes acknowledged, counter {counter}, lost {}; old primary \
-         demoted {demoted:?} after the flip",
+        "planned failover: flip {:?} after SENTINEL FAILOVER; writer back on the new primary \
+         {recovered:?} after the flip, BLPOP client {blpop_back:?}; {} writes acknowledged, \
+         counter {counter}, lost {}; old primary demoted {demoted:?} after the flip",
+        flipped.duration_since(commanded),
         log.acked,
         log.acked.saturating_sub(counter)
     );
