@@ -40,20 +40,19 @@
 //! [`episode::pause_length`], and lifting it early would only let held writes run sooner.
 
 pub mod clients;
+mod coordinator;
 mod episode;
+mod handle;
 pub mod killer;
 pub mod node;
 mod pace;
 pub mod spare;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, watch};
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-
+pub use coordinator::Coordinator;
+pub use handle::DrainHandle;
 pub use killer::{DrainReport, Reason};
 pub use node::NodeError;
 pub use spare::{CONNECTION_NAME, SpareReason};
@@ -61,9 +60,6 @@ pub use spare::{CONNECTION_NAME, SpareReason};
 use crate::config;
 use crate::events::EventLog;
 use crate::topology::{Node, TopologyReader};
-use episode::{DrainOrder, Episode, Orders, Stop};
-use killer::{Scope, drain, record};
-use node::NodeLink;
 use pace::Pacers;
 use spare::Rules;
 
@@ -105,250 +101,4 @@ pub(crate) struct Shared {
     events: Arc<EventLog>,
     pacers: Pacers,
     topology: TopologyReader,
-}
-
-pub struct Coordinator {
-    shared: Arc<Shared>,
-}
-
-/// A running episode: the coordinator holds the sender, the episode a clone of it and the
-/// receivers. The episode marks the orders `closed` when it ends.
-type Episodes = HashMap<(String, SocketAddr), watch::Sender<Orders>>;
-
-impl Coordinator {
-    pub fn new(
-        cfg: config::Drain,
-        nodes_auth: config::Auth,
-        events: Arc<EventLog>,
-        topology: TopologyReader,
-    ) -> Self {
-        let rules = Rules::new(&cfg.spare);
-        let pacers = Pacers::new(cfg.rate);
-        Self { shared: Arc::new(Shared { cfg, rules, auth: nodes_auth, events, pacers, topology }) }
-    }
-
-    pub fn handle(&self) -> DrainHandle {
-        DrainHandle { shared: self.shared.clone() }
-    }
-
-    /// Runs until shutdown. Signals are applied in order and never wait for a node; when the
-    /// sending side goes away, running episodes still finish their windows.
-    pub async fn run(
-        self,
-        mut signals: mpsc::UnboundedReceiver<Signal>,
-        shutdown: CancellationToken,
-    ) {
-        let mut episodes = Episodes::new();
-        loop {
-            let signal = tokio::select! {
-                () = shutdown.cancelled() => break,
-                signal = signals.recv() => signal,
-            };
-            let Some(signal) = signal else {
-                shutdown.cancelled().await;
-                break;
-            };
-            if self.shared.cfg.enabled {
-                episodes.retain(|_, tx| !tx.borrow().closed);
-                self.apply(signal, &mut episodes, &shutdown);
-            }
-        }
-    }
-
-    fn apply(&self, signal: Signal, episodes: &mut Episodes, shutdown: &CancellationToken) {
-        tracing::debug!(?signal, "drain signal");
-        match signal {
-            Signal::Promoting { master, old, at } => {
-                // Fenced until the flip (or the abort): from now on O's writes are lost.
-                let until = Instant::from_std(at) + self.shared.cfg.window;
-                self.order(episodes, shutdown, &master, &old, |o| {
-                    o.until = o.until.max(until);
-                    if o.drain.is_none() {
-                        o.fence_until = o.until;
-                    }
-                });
-            }
-            Signal::Flipped { master, old, new, at, .. } => {
-                self.flipped(episodes, shutdown, &master, old, &new, Instant::from_std(at));
-            }
-            Signal::Aborted { master } => {
-                stop_where(episodes, &master, Stop::Aborted, |_, o| o.drain.is_none());
-            }
-            Signal::Returning { master, node } => {
-                self.returning(episodes, shutdown, &master, &node)
-            }
-        }
-    }
-
-    fn flipped(
-        &self,
-        episodes: &mut Episodes,
-        shutdown: &CancellationToken,
-        master: &str,
-        old: Option<Node>,
-        new: &Node,
-        at: Instant,
-    ) {
-        stop_node(episodes, master, new.addr(), Stop::Primary);
-        let Some(old) = old.filter(|o| o.addr() != new.addr()) else { return };
-        // A fence set at a promotion of another node than the one that turned out to be old.
-        let others = |node, o: &Orders| o.drain.is_none() && node != old.addr();
-        stop_where(episodes, master, Stop::Superseded, others);
-        let order = DrainOrder { at, reason: Reason::Flip, only_if_master: false };
-        self.drain_order(episodes, shutdown, master, &old, order);
-    }
-
-    fn returning(
-        &self,
-        episodes: &mut Episodes,
-        shutdown: &CancellationToken,
-        master: &str,
-        node: &Node,
-    ) {
-        let published =
-            self.shared.topology.borrow().master(master).and_then(|m| m.primary.clone());
-        if published.is_none_or(|p| p.addr() == node.addr()) {
-            tracing::debug!(master, %node, "returning node is the published primary (or none is): nothing to do");
-            return;
-        }
-        let order =
-            DrainOrder { at: Instant::now(), reason: Reason::Returning, only_if_master: true };
-        self.drain_order(episodes, shutdown, master, node, order);
-    }
-
-    fn drain_order(
-        &self,
-        episodes: &mut Episodes,
-        shutdown: &CancellationToken,
-        master: &str,
-        node: &Node,
-        order: DrainOrder,
-    ) {
-        let until = order.at + self.shared.cfg.window;
-        self.order(episodes, shutdown, master, node, |o| {
-            o.until = o.until.max(until);
-            o.fence_until = order.at + self.shared.cfg.grace;
-            o.drain = Some(order);
-        });
-    }
-
-    /// Changes the orders of the episode for (`master`, `node`), starting one if none runs.
-    /// New orders cancel an earlier stop the episode may not have acted on yet.
-    fn order(
-        &self,
-        episodes: &mut Episodes,
-        shutdown: &CancellationToken,
-        master: &str,
-        node: &Node,
-        change: impl Fn(&mut Orders),
-    ) {
-        let key = (master.to_string(), node.addr());
-        let change = |o: &mut Orders| {
-            o.stop = None;
-            change(o);
-        };
-        if let Some(tx) = episodes.get(&key)
-            && update(tx, &change)
-        {
-            return;
-        }
-        let now = Instant::now();
-        let mut orders = Orders {
-            generation: 0,
-            closed: false,
-            until: now,
-            fence_until: now,
-            drain: None,
-            stop: None,
-        };
-        change(&mut orders);
-        let (tx, _) = watch::channel(orders);
-        let episode = Episode::new(self.shared.clone(), master.to_string(), node);
-        let stop = shutdown.child_token();
-        let running = tx.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = stop.cancelled() => {}
-                () = episode.run(running) => {}
-            }
-        });
-        episodes.insert(key, tx);
-    }
-}
-
-/// Applies `change` unless the episode has closed; false when it has (start a new one).
-fn update(tx: &watch::Sender<Orders>, change: &impl Fn(&mut Orders)) -> bool {
-    tx.send_if_modified(|o| {
-        if o.closed {
-            return false;
-        }
-        change(o);
-        o.generation += 1;
-        true
-    })
-}
-
-fn stop_node(episodes: &Episodes, master: &str, node: SocketAddr, stop: Stop) {
-    stop_where(episodes, master, stop, |n, _| n == node);
-}
-
-/// Stops the episodes of `master` that `pick` chooses and that no earlier word stopped.
-fn stop_where(
-    episodes: &Episodes,
-    master: &str,
-    stop: Stop,
-    pick: impl Fn(SocketAddr, &Orders) -> bool,
-) {
-    for ((_, node), tx) in episodes.iter().filter(|((m, _), _)| m == master) {
-        let chosen = {
-            let orders = tx.borrow();
-            orders.stop.is_none() && pick(*node, &orders)
-        };
-        if chosen {
-            tracing::debug!(master, %node, ?stop, "stopping episode");
-            update(tx, &|o: &mut Orders| o.stop = Some(stop));
-        }
-    }
-}
-
-/// Drains a node by hand (`POST /v1/masters/{name}/drain`). Cheap to clone.
-#[derive(Clone)]
-pub struct DrainHandle {
-    shared: Arc<Shared>,
-}
-
-impl DrainHandle {
-    /// Kills every client of `node` that is not spared, at the configured rate, and reports.
-    /// `node` must be the primary or a replica of `master` in the published topology.
-    pub async fn drain_now(
-        &self,
-        master: &str,
-        node: SocketAddr,
-    ) -> Result<DrainReport, DrainError> {
-        if !self.shared.cfg.enabled {
-            return Err(DrainError::Disabled);
-        }
-        let node = self.known_node(master, node)?;
-        let link = NodeLink::new(&node, &self.shared.auth);
-        let pacer = self.shared.pacers.of(node.addr());
-        let report = drain(&link, &self.shared.rules, &pacer, Scope::All, Reason::Manual).await?;
-        record(&self.shared.events, master, &report, true);
-        Ok(report)
-    }
-
-    fn known_node(&self, master: &str, addr: SocketAddr) -> Result<Node, DrainError> {
-        let snapshot = self.shared.topology.borrow();
-        let m =
-            snapshot.master(master).ok_or_else(|| DrainError::UnknownMaster(master.to_string()))?;
-        let primary = m.primary.iter().cloned();
-        let replicas = m.replicas.iter().map(|r| Node {
-            ip: r.ip,
-            port: r.port,
-            hostname: r.hostname.clone(),
-        });
-        let mut known = primary.chain(replicas);
-        known
-            .find(|n| n.addr() == addr)
-            .ok_or_else(|| DrainError::UnknownNode { master: master.to_string(), node: addr })
-    }
 }
