@@ -194,6 +194,9 @@ impl Decider {
                     e.failover.insert(link);
                 }
             }
+            Observation::NodeBack { master, node, .. } => {
+                tracing::debug!(%master, %node, "node back");
+            }
             Observation::Promoted { link, master, node, epoch, at } => {
                 if let Some(e) = self.masters.get_mut(&master) {
                     e.failover.insert(link);

@@ -179,6 +179,12 @@ impl Link {
                 self.send(Observation::Failover { link, master, in_progress: false });
                 return Ok(true);
             }
+            Event::NodeBack { master, node } => {
+                if let Some(node) = resolve(&node).await {
+                    self.send(Observation::NodeBack { link, master, node });
+                }
+                return Ok(true);
+            }
             Event::Switched { .. } | Event::Changed { .. } | Event::Topology => return Ok(true),
         }
         Ok(false)

@@ -56,6 +56,12 @@ pub enum Observation {
         replica: Addr,
         at: Instant,
     },
+    /// A replica of `master` came back or changed role; it may be a returning old primary.
+    NodeBack {
+        link: LinkId,
+        master: String,
+        node: Node,
+    },
     /// The leader's `+promoted-slave`, with the failover's epoch.
     Promoted {
         link: LinkId,
