@@ -276,8 +276,11 @@ impl Decider {
         entry.label = label;
         let candidate = Candidate { node: report.primary, epoch: report.epoch };
         entry.reports.insert(link, candidate.clone());
+        // Reconciliation is authoritative for the flag: it also clears a lost +failover-end.
         if report.failover_in_progress {
             entry.failover.insert(link);
+        } else {
+            entry.failover.remove(&link);
         }
         let current = entry.published.as_ref().map(|p| p.candidate.epoch);
         if current.is_none_or(|e| report.epoch >= e) {
