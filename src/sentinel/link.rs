@@ -290,11 +290,13 @@ pub async fn resolve(addr: &Addr) -> Option<Node> {
     }
     let lookup = tokio::net::lookup_host((addr.host.as_str(), addr.port));
     match timeout(RESOLVE_DEADLINE, lookup).await {
-        Ok(Ok(mut addrs)) => addrs.next().map(|sa| Node {
-            ip: sa.ip(),
-            port: addr.port,
-            hostname: Some(addr.host.clone()),
-        }),
+        Ok(Ok(addrs)) => {
+            // IPv4 first where the name has both, so every polestar answers the same.
+            let mut ips: Vec<IpAddr> = addrs.map(|sa| sa.ip()).collect();
+            ips.sort_by_key(|ip| ip.is_ipv6());
+            let ip = *ips.first()?;
+            Some(Node { ip, port: addr.port, hostname: Some(addr.host.clone()) })
+        }
         _ => {
             tracing::warn!(host = %addr.host, "cannot resolve the hostname Sentinel reported");
             None
