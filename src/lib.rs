@@ -7,4 +7,5 @@ pub mod daemon;
 pub mod events;
 pub mod lab;
 pub mod metrics;
+pub mod sentinel;
 pub mod topology;

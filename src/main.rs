@@ -1,1 +1,138 @@
-fn main() {}
+//! The `polestar` command: parses the command line, sets up logging and calls the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+use polestar::config::{self, Config};
+
+#[derive(Parser)]
+#[command(
+    name = "polestar",
+    version,
+    about = "Serves the current Redis/Valkey primary of Sentinel-managed masters by DNS and HTTP"
+)]
+struct Cli {
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Human, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon.
+    Run {
+        #[arg(short, long, default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Validate the configuration: exit 0, or 2 with every problem listed.
+    Check {
+        #[arg(short, long, default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Run { config } => run(&config),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("POLESTAR_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn check(path: &std::path::Path) -> ExitCode {
+    match Config::load(path) {
+        Ok(config) => {
+            println!("{}: {}", path.display(), config.summary());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            for problem in e.problems() {
+                eprintln!("{problem}");
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(path: &std::path::Path) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            for problem in e.problems() {
+                eprintln!("{problem}");
+            }
+            return ExitCode::from(2);
+        }
+    };
+    runtime(async move {
+        let shutdown = CancellationToken::new();
+        tokio::spawn(signals(shutdown.clone()));
+        polestar::daemon::run(config, shutdown).await
+    })
+}
+
+/// Runs `work` on a multi-threaded runtime; an error is printed with its causes, exit 1.
+fn runtime(work: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(work);
+    rt.shutdown_timeout(Duration::from_secs(2));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// SIGTERM and SIGINT stop gracefully; SIGHUP is acknowledged (reload comes with operation
+/// support) rather than killing the process.
+async fn signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => tracing::warn!("SIGHUP: reloading is not supported yet; restart to apply changes"),
+        }
+    }
+    tracing::info!("shutting down");
+    shutdown.cancel();
+}

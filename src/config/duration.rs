@@ -23,7 +23,7 @@ pub fn parse(text: &str) -> Result<Duration, String> {
 /// The short form `parse` accepts, for messages and summaries.
 pub fn format(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 == 0 { format!("{}s", ms / 1000) } else { format!("{ms}ms") }
+    if ms.is_multiple_of(1000) { format!("{}s", ms / 1000) } else { format!("{ms}ms") }
 }
 
 #[cfg(test)]

@@ -1,0 +1,305 @@
+//! One Sentinel, watched over one connection: `PSUBSCRIBE *` for its events, a `PING` with a
+//! deadline every second, and a full reconciliation (`SENTINEL MASTERS` and friends) at start,
+//! periodically and whenever an event says something changed.
+//!
+//! A link never gives up: any error ends the session, the decider is told the Sentinel is
+//! down, and the link reconnects to the same address with backoff, forever (or, for a
+//! discovered Sentinel, until the decider stops it).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::mpsc;
+use tokio::time::{MissedTickBehavior, interval, sleep, timeout};
+use tokio_util::sync::CancellationToken;
+
+use super::conn::{Endpoint, connect};
+use super::message::{
+    Addr, Event, MasterRecord, PeerRecord, ReplicaRecord, master_addr, records, text,
+};
+use super::{LinkId, MasterReport, Observation, Report};
+use crate::topology::{Node, Replica};
+
+const PING_EVERY: Duration = Duration::from_secs(1);
+const PING_DEADLINE: Duration = Duration::from_millis(1500);
+const RECONCILE_EVERY: Duration = Duration::from_secs(1);
+const RESOLVE_DEADLINE: Duration = Duration::from_secs(1);
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+enum LinkError {
+    #[error("{0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("no answer to PING within {0:?}")]
+    PingTimeout(Duration),
+    #[error("connection closed")]
+    Closed,
+}
+
+pub struct Link {
+    pub id: LinkId,
+    pub endpoint: Endpoint,
+    /// Only these masters are reported (`None`: all).
+    pub masters: Option<Vec<String>>,
+    /// The decider; closing it ends the link.
+    pub tx: mpsc::UnboundedSender<Observation>,
+    pub stop: CancellationToken,
+}
+
+impl Link {
+    /// Watches the Sentinel until `stop` is cancelled.
+    pub async fn run(self) {
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            let started = Instant::now();
+            let result = tokio::select! {
+                r = self.session() => r,
+                _ = self.stop.cancelled() => return,
+            };
+            let reason = match result {
+                Ok(()) => return,
+                Err(e) => e.to_string(),
+            };
+            if self.tx.send(Observation::Down { link: self.id, reason }).is_err() {
+                return;
+            }
+            if started.elapsed() > BACKOFF_MAX * 5 {
+                backoff = BACKOFF_MIN;
+            }
+            tokio::select! {
+                _ = sleep(backoff) => {}
+                _ = self.stop.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    async fn session(&self) -> Result<(), LinkError> {
+        let (push_tx, mut push_rx) = mpsc::unbounded_channel();
+        let mut conn = connect(&self.endpoint, Some(push_tx)).await?;
+        let myid: Value = redis::cmd("SENTINEL").arg("MYID").query_async(&mut conn).await?;
+        // Subscribe before the first reconciliation so that no change falls in between.
+        conn.psubscribe("*").await?;
+        self.send(Observation::Up { link: self.id, myid: text(&myid) });
+        let mut state = Session::default();
+        self.send(Observation::Report(
+            reconcile(self.id, self.masters.clone(), conn.clone()).await?,
+        ));
+        let mut ping = interval(PING_EVERY);
+        let mut every = interval(RECONCILE_EVERY);
+        for timer in [&mut ping, &mut every] {
+            timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        }
+        // A reconciliation runs beside the event loop on a clone of the connection, so that
+        // a `+promoted-slave` arriving meanwhile is passed on at once.
+        let mut running: Option<Reconciling> = None;
+        let mut due = false;
+        loop {
+            tokio::select! {
+                biased;
+                push = push_rx.recv() => {
+                    let push = push.ok_or(LinkError::Closed)?;
+                    due |= self.on_push(push, &mut state, &mut conn).await?;
+                }
+                report = async { running.as_mut().expect("guarded by the condition").await }, if running.is_some() => {
+                    running = None;
+                    self.send(Observation::Report(report?));
+                }
+                _ = ping.tick() => ping_once(&mut conn).await?,
+                _ = every.tick() => due = true,
+            }
+            if due && running.is_none() {
+                running = Some(Box::pin(reconcile(self.id, self.masters.clone(), conn.clone())));
+                due = false;
+                every.reset();
+            }
+        }
+    }
+
+    fn send(&self, observation: Observation) {
+        // The decider only goes away at shutdown, when this link is being stopped anyway.
+        let _ = self.tx.send(observation);
+    }
+
+    /// Handles one pushed message; returns whether a reconciliation is due.
+    async fn on_push(
+        &self,
+        push: PushInfo,
+        state: &mut Session,
+        conn: &mut MultiplexedConnection,
+    ) -> Result<bool, LinkError> {
+        let at = Instant::now();
+        let (channel, payload) = match (push.kind, push.data.as_slice()) {
+            (PushKind::Disconnection, _) => return Err(LinkError::Closed),
+            (PushKind::PMessage, [_, channel, payload]) => (text(channel), text(payload)),
+            _ => return Ok(false),
+        };
+        let (Some(channel), Some(payload)) = (channel, payload) else { return Ok(false) };
+        let Some(event) = Event::parse(&channel, &payload) else { return Ok(false) };
+        tracing::debug!(sentinel = %self.endpoint.name(), %channel, %payload, "sentinel event");
+        self.on_event(event, at, state, conn).await
+    }
+
+    async fn on_event(
+        &self,
+        event: Event,
+        at: Instant,
+        state: &mut Session,
+        conn: &mut MultiplexedConnection,
+    ) -> Result<bool, LinkError> {
+        let link = self.id;
+        match event {
+            Event::NewEpoch(epoch) => state.last_epoch = Some(epoch),
+            Event::FailoverStarted { master } => {
+                if let Some(epoch) = state.last_epoch {
+                    state.failover_epoch.insert(master.clone(), epoch);
+                }
+                self.send(Observation::Failover { link, master, in_progress: true });
+            }
+            Event::Promoting { master, replica } => {
+                self.send(Observation::Promoting { link, master, replica, at });
+            }
+            Event::Promoted { master, primary } => {
+                let epoch = match state.failover_epoch.remove(&master) {
+                    Some(e) => e,
+                    None => config_epoch(conn, &master).await?,
+                };
+                if let Some(node) = resolve(&primary).await {
+                    self.send(Observation::Promoted { link, master, node, epoch, at });
+                }
+            }
+            Event::FailoverEnded { master, .. } => {
+                state.failover_epoch.remove(&master);
+                self.send(Observation::Failover { link, master, in_progress: false });
+                return Ok(true);
+            }
+            Event::NodeBack { master, node } => {
+                if let Some(node) = resolve(&node).await {
+                    self.send(Observation::NodeBack { link, master, node });
+                }
+                return Ok(true);
+            }
+            Event::Switched { .. } | Event::Changed { .. } | Event::Topology => return Ok(true),
+        }
+        Ok(false)
+    }
+}
+
+/// A full picture of what this Sentinel knows: masters, their primaries, replicas and peers.
+async fn reconcile(
+    link: LinkId,
+    only: Option<Vec<String>>,
+    mut conn: MultiplexedConnection,
+) -> Result<Report, LinkError> {
+    let conn = &mut conn;
+    let masters: Value = redis::cmd("SENTINEL").arg("MASTERS").query_async(conn).await?;
+    let masters: Vec<MasterRecord> = records(&masters)
+        .iter()
+        .filter_map(MasterRecord::from_record)
+        .filter(|m| only.as_ref().is_none_or(|names| names.contains(&m.name)))
+        .collect();
+    let mut pipe = redis::pipe();
+    for m in &masters {
+        pipe.cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(&m.name);
+        pipe.cmd("SENTINEL").arg("REPLICAS").arg(&m.name);
+        pipe.cmd("SENTINEL").arg("SENTINELS").arg(&m.name);
+    }
+    let replies: Vec<Value> =
+        if masters.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
+    let mut report = Report { link, masters: Vec::new(), peers: Vec::new() };
+    for (m, r) in masters.iter().zip(replies.chunks(3)) {
+        let [addr, replicas, peers] = r else { continue };
+        report.peers.extend(records(peers).iter().filter_map(PeerRecord::from_record));
+        if let Some(master) = master_report(m, addr, replicas).await {
+            report.masters.push(master);
+        }
+    }
+    Ok(report)
+}
+
+/// A reconciliation in flight.
+type Reconciling = Pin<Box<dyn Future<Output = Result<Report, LinkError>> + Send>>;
+
+/// Per-session memory of the failover epochs announced on this connection.
+#[derive(Default)]
+struct Session {
+    last_epoch: Option<u64>,
+    /// Bound at `+try-failover`, which Sentinel announces right after the `+new-epoch` of the
+    /// failover; read at `+promoted-slave`.
+    failover_epoch: HashMap<String, u64>,
+}
+
+async fn ping_once(conn: &mut MultiplexedConnection) -> Result<(), LinkError> {
+    let ping = redis::cmd("PING");
+    match timeout(PING_DEADLINE, ping.query_async::<Value>(conn)).await {
+        Ok(r) => r.map(drop).map_err(LinkError::from),
+        Err(_) => Err(LinkError::PingTimeout(PING_DEADLINE)),
+    }
+}
+
+/// The config epoch this Sentinel holds for `master` (`SENTINEL MASTER <name>`).
+async fn config_epoch(conn: &mut MultiplexedConnection, master: &str) -> Result<u64, LinkError> {
+    let reply: Value = redis::cmd("SENTINEL").arg("MASTER").arg(master).query_async(conn).await?;
+    let epoch = super::message::record(&reply)
+        .and_then(|r| r.get("config-epoch").and_then(|e| e.parse().ok()));
+    epoch.ok_or_else(|| {
+        LinkError::Redis(redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "no config-epoch in SENTINEL MASTER reply",
+        )))
+    })
+}
+
+async fn master_report(m: &MasterRecord, addr: &Value, replicas: &Value) -> Option<MasterReport> {
+    // The address comes from get-master-addr-by-name, read after the epoch: during a failover
+    // it already names the promoted replica, never the old primary with the new epoch.
+    let primary = master_addr(addr).unwrap_or_else(|| m.addr.clone());
+    let primary = resolve(&primary).await?;
+    let mut nodes = Vec::new();
+    for r in records(replicas).iter().filter_map(ReplicaRecord::from_record) {
+        if let Some(n) = resolve(&r.addr).await {
+            nodes.push(Replica {
+                ip: n.ip,
+                port: n.port,
+                hostname: n.hostname,
+                healthy: r.healthy,
+            });
+        }
+    }
+    nodes.sort_by_key(|r| (r.ip, r.port));
+    Some(MasterReport {
+        name: m.name.clone(),
+        primary,
+        epoch: m.epoch,
+        failover_in_progress: m.failover_in_progress,
+        replicas: nodes,
+    })
+}
+
+/// An address as clients will use it: IPs as they are, hostnames (`announce-hostnames`)
+/// resolved, keeping the name.
+pub async fn resolve(addr: &Addr) -> Option<Node> {
+    if let Ok(ip) = addr.host.parse::<IpAddr>() {
+        return Some(Node { ip, port: addr.port, hostname: None });
+    }
+    let lookup = tokio::net::lookup_host((addr.host.as_str(), addr.port));
+    match timeout(RESOLVE_DEADLINE, lookup).await {
+        Ok(Ok(addrs)) => {
+            // IPv4 first where the name has both, so every polestar answers the same.
+            let mut ips: Vec<IpAddr> = addrs.map(|sa| sa.ip()).collect();
+            ips.sort_by_key(|ip| ip.is_ipv6());
+            let ip = *ips.first()?;
+            Some(Node { ip, port: addr.port, hostname: Some(addr.host.clone()) })
+        }
+        _ => {
+            tracing::warn!(host = %addr.host, "cannot resolve the hostname Sentinel reported");
+            None
+        }
+    }
+}

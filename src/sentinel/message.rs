@@ -1,0 +1,357 @@
+//! Sentinel's wire text turned into typed values: pub/sub events and the replies of
+//! `SENTINEL MASTERS`, `REPLICAS`, `SENTINELS` and `get-master-addr-by-name`.
+//!
+//! Nothing here trusts the peer: an odd reply is a `None` or an error, never a panic.
+
+use std::collections::HashMap;
+
+use redis::Value;
+
+/// `<host> <port>` as Sentinel reports an instance (an IP, or a hostname with
+/// `announce-hostnames yes`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Addr {
+    pub host: String,
+    pub port: u16,
+}
+
+impl Addr {
+    fn parse(host: &str, port: &str) -> Option<Self> {
+        let port = port.parse().ok().filter(|p| *p != 0)?;
+        (!host.is_empty()).then(|| Self { host: host.to_string(), port })
+    }
+}
+
+/// The events polestar acts on, from the channel name and payload of a `PSUBSCRIBE *` message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// `+new-epoch <epoch>` (also the epoch of `+vote-for-leader <runid> <epoch>`).
+    NewEpoch(u64),
+    /// This Sentinel started or leads a failover (`+try-failover`, `+elected-leader`).
+    FailoverStarted { master: String },
+    /// The leader chose the replica and is promoting it (`+selected-slave`,
+    /// `+failover-state-send-slaveof-noone`): time to fence the old primary.
+    Promoting { master: String, replica: Addr },
+    /// `+promoted-slave`: the chosen replica confirmed it is a master.
+    Promoted { master: String, primary: Addr },
+    /// `+switch-master <name> <old-ip> <old-port> <new-ip> <new-port>`.
+    Switched { master: String, old: Addr, new: Addr },
+    /// The failover is over, finished or aborted.
+    FailoverEnded { master: String, aborted: bool },
+    /// A node of the master is back or changed role (`-sdown`, `+convert-to-slave`,
+    /// `+role-change`, `+reboot` of a replica): an old primary may be returning.
+    NodeBack { master: String, node: Addr },
+    /// Anything else about a master that a reconciliation should look at.
+    Changed { master: String },
+    /// Something about this Sentinel as a whole (`+monitor`, `-monitor`, `+sentinel`, ...).
+    Topology,
+}
+
+/// `<type> <name> <ip> <port> [@ <master-name> <master-ip> <master-port>]`
+#[derive(Debug, PartialEq, Eq)]
+struct Instance<'a> {
+    kind: &'a str,
+    addr: Option<Addr>,
+    /// The master this instance belongs to (itself for a master).
+    master: &'a str,
+}
+
+fn instance(payload: &str) -> Option<Instance<'_>> {
+    let words: Vec<&str> = payload.split_whitespace().collect();
+    let (kind, name) = (*words.first()?, *words.get(1)?);
+    let addr = Addr::parse(words.get(2)?, words.get(3)?);
+    let master = match (kind, words.get(4)) {
+        ("master", _) => name,
+        (_, Some(&"@")) => words.get(5)?,
+        _ => return None,
+    };
+    Some(Instance { kind, addr, master })
+}
+
+impl Event {
+    /// Parses one event; `None` for channels polestar does not act on or malformed payloads.
+    pub fn parse(channel: &str, payload: &str) -> Option<Self> {
+        match channel {
+            "+new-epoch" => payload.trim().parse().ok().map(Event::NewEpoch),
+            "+vote-for-leader" => {
+                payload.split_whitespace().nth(1)?.parse().ok().map(Event::NewEpoch)
+            }
+            "+switch-master" => switched(payload),
+            "+monitor" | "-monitor" | "+sentinel" | "+reset-master" => Some(Event::Topology),
+            _ => instance_event(channel, instance(payload)?),
+        }
+    }
+}
+
+fn instance_event(channel: &str, i: Instance<'_>) -> Option<Event> {
+    let master = i.master.to_string();
+    let event = match channel {
+        "+try-failover" | "+elected-leader" => Event::FailoverStarted { master },
+        "+selected-slave" | "+failover-state-send-slaveof-noone" if i.kind == "slave" => {
+            Event::Promoting { master, replica: i.addr? }
+        }
+        "+promoted-slave" if i.kind == "slave" => Event::Promoted { master, primary: i.addr? },
+        "+failover-end" | "+failover-end-for-timeout" => {
+            Event::FailoverEnded { master, aborted: false }
+        }
+        c if c.starts_with("-failover-abort") => Event::FailoverEnded { master, aborted: true },
+        "-sdown" | "+convert-to-slave" | "+role-change" | "+reboot" if i.kind == "slave" => {
+            Event::NodeBack { master, node: i.addr? }
+        }
+        "+sdown"
+        | "-sdown"
+        | "+odown"
+        | "-odown"
+        | "+role-change"
+        | "+config-update-from"
+        | "+convert-to-slave"
+        | "+slave"
+        | "+failover-state-reconf-slaves"
+        | "+slave-reconf-done"
+        | "-role-change"
+        | "+reboot" => Event::Changed { master },
+        _ => return None,
+    };
+    Some(event)
+}
+
+fn switched(payload: &str) -> Option<Event> {
+    let w: Vec<&str> = payload.split_whitespace().collect();
+    let [name, old_host, old_port, new_host, new_port] = w.as_slice() else { return None };
+    Some(Event::Switched {
+        master: name.to_string(),
+        old: Addr::parse(old_host, old_port)?,
+        new: Addr::parse(new_host, new_port)?,
+    })
+}
+
+/// The text of a reply element, whatever RESP type carried it.
+pub fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        Value::Okay => Some("OK".into()),
+        _ => None,
+    }
+}
+
+/// One instance record of `SENTINEL MASTERS/REPLICAS/SENTINELS`: a RESP3 map or a RESP2 flat
+/// list of alternating keys and values.
+pub fn record(value: &Value) -> Option<HashMap<String, String>> {
+    let pairs: Vec<(&Value, &Value)> = match value {
+        Value::Map(m) => m.iter().map(|(k, v)| (k, v)).collect(),
+        Value::Array(a) if a.len() % 2 == 0 => a.chunks(2).map(|c| (&c[0], &c[1])).collect(),
+        _ => return None,
+    };
+    pairs.into_iter().map(|(k, v)| Some((text(k)?, text(v).unwrap_or_default()))).collect()
+}
+
+/// A list of records; records that do not parse are skipped.
+pub fn records(value: &Value) -> Vec<HashMap<String, String>> {
+    match value {
+        Value::Array(items) | Value::Set(items) => items.iter().filter_map(record).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// One master as a Sentinel describes it (`SENTINEL MASTERS`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MasterRecord {
+    pub name: String,
+    pub addr: Addr,
+    pub epoch: u64,
+    pub failover_in_progress: bool,
+}
+
+impl MasterRecord {
+    pub fn from_record(r: &HashMap<String, String>) -> Option<Self> {
+        let flags = r.get("flags")?;
+        Some(Self {
+            name: r.get("name")?.clone(),
+            addr: Addr::parse(r.get("ip")?, r.get("port")?)?,
+            epoch: r.get("config-epoch")?.parse().ok()?,
+            failover_in_progress: flags.split(',').any(|f| f == "failover_in_progress"),
+        })
+    }
+}
+
+/// One replica as a Sentinel describes it (`SENTINEL REPLICAS <name>`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaRecord {
+    pub addr: Addr,
+    pub healthy: bool,
+}
+
+impl ReplicaRecord {
+    pub fn from_record(r: &HashMap<String, String>) -> Option<Self> {
+        let flags = r.get("flags")?;
+        let down = flags.split(',').any(|f| matches!(f, "s_down" | "o_down" | "disconnected"));
+        let linked = r.get("master-link-status").is_none_or(|s| s == "ok");
+        Some(Self { addr: Addr::parse(r.get("ip")?, r.get("port")?)?, healthy: !down && linked })
+    }
+}
+
+/// Another Sentinel of the same master (`SENTINEL SENTINELS <name>`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerRecord {
+    pub addr: Addr,
+    pub runid: String,
+}
+
+impl PeerRecord {
+    pub fn from_record(r: &HashMap<String, String>) -> Option<Self> {
+        Some(Self {
+            addr: Addr::parse(r.get("ip")?, r.get("port")?)?,
+            runid: r.get("runid")?.clone(),
+        })
+    }
+}
+
+/// The reply of `SENTINEL get-master-addr-by-name`: `[ip, port]` or nil.
+pub fn master_addr(value: &Value) -> Option<Addr> {
+    match value {
+        Value::Array(a) if a.len() == 2 => Addr::parse(&text(&a[0])?, &text(&a[1])?),
+        _ => None,
+    }
+}
+
+/// The role a node reports in `ROLE`.
+pub fn role(value: &Value) -> Option<String> {
+    match value {
+        Value::Array(a) => text(a.first()?),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(host: &str, port: u16) -> Addr {
+        Addr { host: host.into(), port }
+    }
+
+    #[test]
+    fn promotion_events() {
+        let p = "slave 127.0.0.1:7002 127.0.0.1 7002 @ mymaster 127.0.0.1 7001";
+        assert_eq!(
+            Event::parse("+promoted-slave", p),
+            Some(Event::Promoted { master: "mymaster".into(), primary: addr("127.0.0.1", 7002) })
+        );
+        assert_eq!(
+            Event::parse("+selected-slave", p),
+            Some(Event::Promoting { master: "mymaster".into(), replica: addr("127.0.0.1", 7002) })
+        );
+        assert_eq!(Event::parse("+new-epoch", "7"), Some(Event::NewEpoch(7)));
+        assert_eq!(Event::parse("+vote-for-leader", "6a4e12b3c 8"), Some(Event::NewEpoch(8)));
+    }
+
+    #[test]
+    fn master_events() {
+        let m = "master mymaster 127.0.0.1 7001";
+        assert_eq!(
+            Event::parse("+elected-leader", m),
+            Some(Event::FailoverStarted { master: "mymaster".into() })
+        );
+        assert_eq!(
+            Event::parse("-failover-abort-no-good-slave", m),
+            Some(Event::FailoverEnded { master: "mymaster".into(), aborted: true })
+        );
+        assert_eq!(
+            Event::parse("+switch-master", "mymaster 127.0.0.1 7001 127.0.0.1 7002"),
+            Some(Event::Switched {
+                master: "mymaster".into(),
+                old: addr("127.0.0.1", 7001),
+                new: addr("127.0.0.1", 7002),
+            })
+        );
+        assert_eq!(
+            Event::parse("+sdown", "slave h2.internal:7002 h2.internal 7002 @ m h1.internal 7001"),
+            Some(Event::Changed { master: "m".into() })
+        );
+        assert_eq!(
+            Event::parse(
+                "+convert-to-slave",
+                "slave 10.0.0.1:7001 10.0.0.1 7001 @ m 10.0.0.2 7002"
+            ),
+            Some(Event::NodeBack { master: "m".into(), node: addr("10.0.0.1", 7001) })
+        );
+    }
+
+    #[test]
+    fn odd_events_are_ignored_not_fatal() {
+        for (channel, payload) in [
+            ("+promoted-slave", ""),
+            ("+promoted-slave", "slave x"),
+            ("+promoted-slave", "slave a b c @"),
+            ("+promoted-slave", "slave a h 99999 @ m h 1"),
+            ("+switch-master", "m 1 2 3"),
+            ("+new-epoch", "seven"),
+            ("__sentinel__:hello", "127.0.0.1,26379,abc,1,m,127.0.0.1,7001,0"),
+            ("+sdown", "\u{0}\u{ffff}"),
+        ] {
+            assert!(
+                !matches!(Event::parse(channel, payload), Some(Event::Promoted { .. })),
+                "{channel} {payload}"
+            );
+        }
+        assert_eq!(Event::parse("+switch-master", "m 1 2 3"), None);
+    }
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn records_in_resp2_and_resp3() {
+        let fields = [
+            ("name", "m"),
+            ("ip", "10.0.0.1"),
+            ("port", "6379"),
+            ("flags", "master,failover_in_progress"),
+            ("config-epoch", "4"),
+        ];
+        let resp2 = Value::Array(fields.iter().flat_map(|(k, v)| [bulk(k), bulk(v)]).collect());
+        let resp3 = Value::Map(fields.iter().map(|(k, v)| (bulk(k), bulk(v))).collect());
+        let want = MasterRecord {
+            name: "m".into(),
+            addr: addr("10.0.0.1", 6379),
+            epoch: 4,
+            failover_in_progress: true,
+        };
+        for v in [resp2, resp3] {
+            assert_eq!(record(&v).as_ref().and_then(MasterRecord::from_record), Some(want.clone()));
+        }
+        assert_eq!(record(&Value::Array(vec![bulk("odd")])), None);
+        assert_eq!(records(&Value::Nil), Vec::new());
+    }
+
+    #[test]
+    fn replica_health() {
+        let r = |flags: &str, link: &str| {
+            let m = HashMap::from([
+                ("ip".to_string(), "10.0.0.2".to_string()),
+                ("port".to_string(), "6379".to_string()),
+                ("flags".to_string(), flags.to_string()),
+                ("master-link-status".to_string(), link.to_string()),
+            ]);
+            ReplicaRecord::from_record(&m).map(|r| r.healthy)
+        };
+        assert_eq!(r("slave", "ok"), Some(true));
+        assert_eq!(r("s_down,slave", "ok"), Some(false));
+        assert_eq!(r("slave", "err"), Some(false));
+        assert_eq!(r("slave,disconnected", "ok"), Some(false));
+    }
+
+    #[test]
+    fn master_addr_and_role() {
+        let v = Value::Array(vec![bulk("10.0.0.1"), bulk("6379")]);
+        assert_eq!(master_addr(&v), Some(addr("10.0.0.1", 6379)));
+        assert_eq!(master_addr(&Value::Nil), None);
+        let role_reply = Value::Array(vec![bulk("master"), Value::Int(10), Value::Array(vec![])]);
+        assert_eq!(role(&role_reply).as_deref(), Some("master"));
+        assert_eq!(role(&Value::Int(1)), None);
+    }
+}

@@ -1,0 +1,101 @@
+//! The Sentinel side: the only writer of the topology.
+//!
+//! One [`link::Link`] task per Sentinel (every configured address, forever, plus Sentinels
+//! discovered through `SENTINEL SENTINELS`) turns what its Sentinel says into
+//! [`Observation`]s; the single [`decider::Decider`] task applies the publication rule to them
+//! and publishes snapshots. Links never decide and the decider never does network I/O in its
+//! loop (role checks run as separate tasks and report back), so one hung Sentinel or node
+//! cannot delay a publication.
+
+pub mod admin;
+mod conn;
+mod decider;
+mod link;
+pub mod message;
+mod nodes;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use conn::{Endpoint, connect};
+pub use decider::Decider;
+use message::{Addr, PeerRecord};
+
+use crate::config::Config;
+use crate::events::EventLog;
+use crate::topology::{Node, Replica, TopologyWriter};
+
+/// Index of a link in the decider's table.
+pub type LinkId = usize;
+
+/// What a link tells the decider.
+#[derive(Debug)]
+pub enum Observation {
+    Up {
+        link: LinkId,
+        myid: Option<String>,
+    },
+    Down {
+        link: LinkId,
+        reason: String,
+    },
+    Report(Report),
+    /// The Sentinel reports a failover of `master` starting (true) or over (false).
+    Failover {
+        link: LinkId,
+        master: String,
+        in_progress: bool,
+    },
+    /// The leader is about to promote `replica`.
+    Promoting {
+        link: LinkId,
+        master: String,
+        replica: Addr,
+        at: Instant,
+    },
+    /// A replica of `master` came back or changed role; it may be a returning old primary.
+    NodeBack {
+        link: LinkId,
+        master: String,
+        node: Node,
+    },
+    /// The leader's `+promoted-slave`, with the failover's epoch.
+    Promoted {
+        link: LinkId,
+        master: String,
+        node: Node,
+        epoch: u64,
+        at: Instant,
+    },
+}
+
+/// A full reconciliation from one Sentinel.
+#[derive(Debug)]
+pub struct Report {
+    pub link: LinkId,
+    pub masters: Vec<MasterReport>,
+    pub peers: Vec<PeerRecord>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MasterReport {
+    pub name: String,
+    pub primary: Node,
+    pub epoch: u64,
+    pub failover_in_progress: bool,
+    pub replicas: Vec<Replica>,
+}
+
+/// Starts the links and the decider; they stop when `shutdown` is cancelled.
+pub fn spawn(
+    config: &Config,
+    writer: TopologyWriter,
+    events: Arc<EventLog>,
+    shutdown: CancellationToken,
+) -> JoinHandle<()> {
+    let decider = Decider::new(config, writer, events, shutdown);
+    tokio::spawn(decider.run())
+}

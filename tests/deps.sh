@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what the demo and the test suite need on Debian, when it is missing. Idempotent.
+set -euo pipefail
+need=()
+command -v redis-server   >/dev/null || need+=(redis-server)
+command -v redis-sentinel >/dev/null || need+=(redis-sentinel)
+command -v redis-cli      >/dev/null || need+=(redis-tools)
+command -v dig            >/dev/null || need+=(dnsutils)
+command -v knotd          >/dev/null || need+=(knot)
+command -v ip             >/dev/null || need+=(iproute2)
+command -v pgrep          >/dev/null || need+=(procps)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}" >&2
+    exit 1
+  fi
+  echo "installing: ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
+fi
+# The packaged services are not used (every test starts its own processes on free ports);
+# stop them where they were started so they do not hold memory or ports.
+for svc in redis-server redis-sentinel knot; do
+  if command -v systemctl >/dev/null && systemctl is-active --quiet "$svc" 2>/dev/null; then
+    systemctl stop "$svc" || true
+  fi
+done

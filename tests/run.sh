@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: dependencies, formatting, lints, every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tests/deps.sh
+cargo fmt --check
+cargo clippy --all-targets --locked -- -D warnings
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --locked --no-fail-fast
+else
+  echo "cargo-nextest not found: running with cargo test (cargo install cargo-nextest for the grouped runner)" >&2
+  cargo test --locked --no-fail-fast -- --test-threads=2
+fi
