@@ -4,6 +4,7 @@
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod demo;
 pub mod events;
 pub mod lab;
 pub mod metrics;
