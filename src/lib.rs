@@ -7,3 +7,4 @@ pub mod topology;
 pub mod control;
 pub mod metrics;
 pub mod daemon;
+pub mod http;
