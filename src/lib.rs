@@ -8,3 +8,4 @@ pub mod control;
 pub mod metrics;
 pub mod daemon;
 pub mod http;
+pub mod client;

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use metrics_exporter_prometheus::PrometheusHandle;
+use polestar::client;
 use polestar::control::{BoxFuture, Control, ControlError};
 use polestar::events::EventLog;
 use polestar::http::{self, Api};
@@ -538,4 +539,86 @@ async fn shutdown_ends_long_polls_and_streams_promptly() {
     let served = tokio::time::timeout(Duration::from_secs(2), &mut server.server).await;
     assert!(matches!(served, Ok(Ok(Ok(())))), "serve did not return cleanly: {served:?}");
     assert!(stopping.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn cli_status_lists_each_master_with_its_primary() {
+    let server = start(None).await;
+    server.publish_one(Some("10.0.0.1:6379"), Some(4));
+    let table = client::status_table(&server.url).await.expect("status works");
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("MASTER") && lines[0].contains("SENTINELS"), "{table}");
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(row, ["mymaster", "10.0.0.1:6379", "4", "ok", "1/1", "3/3"]);
+    client::status(&server.url).await.expect("status prints");
+}
+
+#[tokio::test]
+async fn cli_wait_prints_the_primary_once_the_epoch_moves() {
+    let server = Arc::new(start(None).await);
+    server.publish_one(Some("10.0.0.1:6379"), Some(4));
+    let url = server.url.clone();
+    let waiter = tokio::spawn(async move {
+        client::wait_for_primary(&url, "mymaster", None, Duration::from_secs(10)).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "wait returned before the epoch moved");
+    server.publish_one(Some("10.0.0.2:6379"), Some(5));
+    let primary = tokio::time::timeout(Duration::from_secs(2), waiter).await.expect("woke");
+    let primary = primary.expect("no panic").expect("a primary");
+    assert_eq!(primary.to_string(), "10.0.0.2:6379");
+    let after = client::wait_for_primary(&server.url, "mymaster", Some(4), Duration::from_secs(1));
+    assert_eq!(after.await.expect("already past 4").to_string(), "10.0.0.2:6379");
+    client::wait(&server.url, "mymaster", Some(4), Duration::from_secs(1)).await.expect("prints");
+}
+
+#[tokio::test]
+async fn cli_wait_fails_on_timeout_and_names_unknown_masters() {
+    let server = start(None).await;
+    server.publish_one(Some("10.0.0.1:6379"), Some(4));
+    let started = Instant::now();
+    let waited =
+        client::wait_for_primary(&server.url, "mymaster", None, Duration::from_millis(300));
+    let error = waited.await.expect_err("nothing moved").to_string();
+    assert!(error.contains("timed out after 300ms") && error.contains("epoch 4"), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    let waited = client::wait_for_primary(&server.url, "nope", None, Duration::from_secs(1)).await;
+    let error = waited.expect_err("unknown master").to_string();
+    assert!(error.contains("404") && error.contains("no master named \"nope\""), "{error}");
+    assert!(error.contains(&format!("{}/v1/masters/nope", server.url)), "{error}");
+}
+
+#[tokio::test]
+async fn cli_failover_sends_the_token_and_waits_for_the_new_primary() {
+    let server = Arc::new(start(Some(TOKEN)).await);
+    server.publish_one(Some("10.0.0.1:6379"), Some(1));
+    let refused = client::request_failover(&server.url, "mymaster", false, Some("bad".into()));
+    let error = refused.await.expect_err("wrong token").to_string();
+    assert!(error.contains("401") && error.contains("wrong bearer token"), "{error}");
+    let accepted = client::request_failover(&server.url, "mymaster", false, Some(TOKEN.into()));
+    assert!(matches!(accepted.await, Ok(client::Failover::Accepted { .. })));
+
+    let url = server.url.clone();
+    let call = tokio::spawn(async move {
+        client::request_failover(&url, "mymaster", true, Some(TOKEN.into())).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.publish_one(Some("10.0.0.2:6379"), Some(2));
+    let done = tokio::time::timeout(Duration::from_secs(2), call).await.expect("woke");
+    match done.expect("no panic").expect("failover done") {
+        client::Failover::Done(state) => assert_eq!(state.epoch, Some(2)),
+        other => panic!("expected the new state, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn cli_errors_name_an_unreachable_api() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let url = format!("http://{}", listener.local_addr().expect("bound"));
+    drop(listener);
+    let error = client::status_table(&url).await.expect_err("nothing listens").to_string();
+    assert!(
+        error.starts_with(&format!("cannot reach polestar API at {url}/v1/masters: ")),
+        "{error}"
+    );
 }
