@@ -419,7 +419,7 @@ async fn failover_is_accepted_with_the_token() {
     server.publish_one(Some("10.0.0.1:6379"), Some(1));
     let (status, body) = server.post("/v1/masters/mymaster/failover", Some(TOKEN)).await;
     assert_eq!(status, StatusCode::ACCEPTED);
-    assert_eq!(body, json!({"sentinel": "127.0.0.1:26379", "epoch": 1}));
+    assert_eq!(body, json!({"sentinel": "127.0.0.1:26379", "epoch_before": 1}));
     assert_eq!(*server.control.calls.lock().expect("not poisoned"), ["mymaster"]);
     let kinds: Vec<&str> = server.events.since(None).iter().map(|e| e.kind).collect();
     assert_eq!(kinds, ["failover_requested"]);
@@ -489,7 +489,8 @@ async fn readyz_lists_its_reasons_until_ready() {
     server.publish(vec![master("mymaster", None, None)], false);
     let (status, body) = server.get_json("/readyz").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    let expected = json!({"ready": false, "reasons": ["no Sentinel reachable", "mymaster: no confirmed primary"]});
+    let reasons = ["no Sentinel reachable", "mymaster: no confirmed primary"];
+    let expected = json!({"ready": false, "reasons": reasons});
     assert_eq!(body, expected);
     server.publish_one(Some("10.0.0.1:6379"), Some(1));
     let (status, body) = server.get_json("/readyz").await;

@@ -25,8 +25,9 @@ pub struct FailoverQuery {
 }
 
 /// `POST /v1/masters/{name}/failover`: `SENTINEL FAILOVER` through a reachable Sentinel.
-/// Without `?wait=` it answers 202 once a Sentinel accepted; with it, the new master state
-/// once the epoch has moved past the one before the call (504 if it does not in time).
+/// Without `?wait=` it answers 202 `{"sentinel","epoch_before"}` once a Sentinel accepted;
+/// with it, the new master state once the epoch has moved past the one before the call (504
+/// if it does not in time).
 pub async fn failover(
     State(s): State<Arc<Shared>>,
     Name(name): Name,
@@ -38,7 +39,7 @@ pub async fn failover(
     let before = s.master(&name)?.epoch;
     let sentinel = s.api.control.failover(&name).await?;
     tracing::info!(master = %name, %sentinel, "failover requested through the API");
-    let data = json!({ "sentinel": sentinel, "epoch": before });
+    let data = json!({ "sentinel": sentinel, "epoch_before": before });
     s.api.events.push("failover_requested", Some(&name), data.clone());
     let Some(limit) = limit else { return Ok((StatusCode::ACCEPTED, Json(data)).into_response()) };
     match wait::epoch_above(&s.api.topology, &name, before, limit, &s.shutdown).await? {

@@ -62,7 +62,8 @@ fn resume_from(headers: &HeaderMap, query: &SinceQuery) -> Result<Option<u64>, A
 }
 
 fn to_sse(event: &Event) -> sse::Event {
-    // An event is plain data (strings, numbers, a JSON map): it always serializes.
+    // An event is plain data (strings, numbers, a JSON map): it always serializes, and compact
+    // JSON escapes the line breaks that `data()` refuses. Kinds are `&'static str` from code.
     let data = serde_json::to_string(event).unwrap_or_else(|_| "{}".to_owned());
     sse::Event::default().id(event.id.to_string()).event(event.kind).data(data)
 }
