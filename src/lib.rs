@@ -1,10 +1,12 @@
 //! polestar: serves the current primary of every Sentinel-managed Redis/Valkey master by DNS
 //! and HTTP, and makes stale client connections fail fast on failover.
 
+pub mod client;
 pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod events;
+pub mod http;
 pub mod metrics;
 pub mod sentinel;
 pub mod topology;
