@@ -76,7 +76,9 @@ async fn supervise(
 /// Waits until every master has a confirmed primary (or the deadline passes).
 async fn wait_first_state(mut reader: TopologyReader) {
     let loaded = |s: &topology::Snapshot| {
-        s.source_reachable && !s.masters.is_empty() && s.masters.values().all(|m| m.primary.is_some())
+        s.source_reachable
+            && !s.masters.is_empty()
+            && s.masters.values().all(|m| m.primary.is_some())
     };
     let wait = reader.wait_for(|s| loaded(s));
     if tokio::time::timeout(FIRST_STATE_DEADLINE, wait).await.is_err() {
