@@ -1,11 +1,13 @@
 //! polestar: serves the current primary of every Sentinel-managed Redis/Valkey master by DNS
 //! and HTTP, and makes stale client connections fail fast on failover.
 
+pub mod client;
 pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod demo;
 pub mod events;
+pub mod http;
 pub mod lab;
 pub mod metrics;
 pub mod sentinel;
