@@ -236,3 +236,18 @@ async fn bad_http_input_is_a_json_error() {
         assert!(body["error"].as_str().is_some_and(|e| !e.is_empty()), "GET {path}: {body}");
     }
 }
+
+#[tokio::test]
+async fn announced_hostnames_are_resolved_and_kept_visible() {
+    let opts = LabOptions { hostnames: true, ..LabOptions::default() };
+    let lab = Lab::start(opts).await.expect("the lab starts with announce-hostnames");
+    let config = PolestarConfig::for_lab(&lab);
+    let env = Env::with_config(lab, &config).await;
+    let m = env.master().await.expect("master");
+    assert_eq!(primary_of(&m), Some(env.lab.node_addrs()[0]), "{m}");
+    assert_eq!(m["primary"]["hostname"], "localhost", "{m}");
+    let new = env.failover().await;
+    let m = env.master().await.expect("master");
+    assert_eq!(primary_of(&m), Some(new), "{m}");
+    assert_eq!(m["primary"]["hostname"], "localhost", "{m}");
+}

@@ -132,3 +132,16 @@ fn wait_for_cwd(pid: u32, dir: &Path) {
     }
     panic!("process {pid} never worked in {}", dir.display());
 }
+
+#[tokio::test]
+async fn hostnames_mode_converges_and_fails_over() {
+    let opts = LabOptions { hostnames: true, ..LabOptions::default() };
+    let lab = Lab::start(opts).await.expect("the lab starts with announce-hostnames");
+    let fields = lab.replica_fields().await.expect("replicas");
+    assert!(fields.iter().all(|r| r.get("ip").is_some_and(|ip| ip == "localhost")), "{fields:?}");
+    let old = lab.primary().await.expect("localhost resolves");
+    assert_eq!(old, lab.node_addrs()[0]);
+    lab.failover().await.expect("failover accepted");
+    let new = lab.wait_for_primary_change(old, FAILOVER).await.expect("new primary");
+    assert!(lab.index_of(new).is_some());
+}
