@@ -18,6 +18,8 @@ const HTTP_PORT: u16 = 8053;
 const ZONE: &str = "redis.internal.";
 /// The DNS label of the demo master (`cache.redis.internal`).
 const LABEL: &str = "cache";
+/// The admin token for the POST endpoints, written into the lab directory.
+const TOKEN_FILE: &str = "admin.token";
 const INSTALL: &str = "apt-get install -y redis-server redis-sentinel";
 
 /// Runs the demo until `shutdown` is cancelled.
@@ -97,7 +99,7 @@ fn dns_port_free(port: u16) -> bool {
 
 /// Writes `polestar.yaml` and an admin token into the lab directory.
 fn write_config(lab: &Lab, listeners: &Listeners) -> anyhow::Result<PathBuf> {
-    let token = lab.dir().join("admin.token");
+    let token = lab.dir().join(TOKEN_FILE);
     std::fs::write(&token, "demo-token\n").context("cannot write the demo admin token")?;
     let sentinels: Vec<String> = lab.sentinel_addrs().iter().map(|a| format!("\"{a}\"")).collect();
     let yaml = format!(
@@ -168,7 +170,8 @@ fn failover_lines(lab: &Lab, listeners: &Listeners, primary: Option<SocketAddr>)
     let mut out = format!(
         "\nTrigger a failover (and watch the answers above change):\n  \
          redis-cli -p {sentinel} sentinel failover {m}\n  \
-         polestar failover {m} --api {api}      # admin token: demo-token\n"
+         polestar failover {m} --wait --api {api} --token-file {token}\n",
+        token = lab.dir().join(TOKEN_FILE).display(),
     );
     if let Some(pid) = primary.and_then(|p| lab.index_of(p)).and_then(|i| lab.node_pid(i)) {
         let _ = writeln!(

@@ -88,3 +88,59 @@ async fn status_against_no_api_fails_naming_the_address() {
     assert_eq!(out.status.code(), Some(1), "{}", shown(&out));
     assert!(shown(&out).contains(&format!("127.0.0.1:{port}")), "{}", shown(&out));
 }
+
+/// `polestar demo`: serves its own cluster, and Ctrl-C (SIGINT) removes every trace of it.
+#[tokio::test]
+async fn demo_serves_a_cluster_and_ctrl_c_cleans_up() {
+    use nix::sys::signal::{Signal, kill};
+    use std::process::{Command, Stdio};
+    use std::sync::{Arc, Mutex};
+
+    let mut child = Command::new(BIN)
+        .arg("demo")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("polestar demo starts");
+    let (out, err) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+    collect_lines(child.stdout.take().expect("piped"), out.clone());
+    collect_lines(child.stderr.take().expect("piped"), err.clone());
+    let logs = || format!("stdout:\n{}\nstderr:\n{}", lock(&out).join("\n"), lock(&err).join("\n"));
+    let found = |lines: &Arc<Mutex<Vec<String>>>, prefix: &str| {
+        lock(lines).iter().find_map(|l| Some(l[l.find(prefix)? + prefix.len()..].to_string()))
+    };
+
+    let end = tokio::time::Instant::now() + Duration::from_secs(60);
+    let (http, dir) = loop {
+        let http =
+            found(&err, "listening for HTTP on ").filter(|_| found(&err, ": ready").is_some());
+        if let (Some(http), Some(dir)) = (http, found(&out, "cluster ready in ")) {
+            break (http, dir);
+        }
+        assert!(tokio::time::Instant::now() < end, "demo not ready:\n{}", logs());
+        assert!(child.try_wait().expect("try_wait").is_none(), "demo exited:\n{}", logs());
+        tokio::time::sleep(POLL).await;
+    };
+    let http = http.split_whitespace().next().expect("an address").to_string();
+    let dir = std::path::PathBuf::from(dir.split_whitespace().next().expect("a directory"));
+    let body = reqwest::get(format!("http://{http}/v1/masters/mymaster/primary")).await;
+    let body = body.expect("the demo's API answers").text().await.expect("a body");
+    assert!(body.trim().parse::<std::net::SocketAddr>().is_ok(), "{body}\n{}", logs());
+    assert!(dir.join("polestar.yaml").is_file(), "{}", logs());
+
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    kill(pid, Signal::SIGINT).expect("SIGINT");
+    let status = tokio::task::spawn_blocking(move || child.wait()).await.expect("join");
+    assert_eq!(status.expect("reaped").code(), Some(0), "{}", logs());
+    assert!(!dir.exists(), "{} is left behind", dir.display());
+    assert!(no_process_works_in(&dir), "a process of the demo survived:\n{}", logs());
+}
+
+fn no_process_works_in(dir: &Path) -> bool {
+    let procs = std::fs::read_dir("/proc").expect("/proc");
+    !procs
+        .flatten()
+        .any(|p| std::fs::read_link(p.path().join("cwd")).is_ok_and(|c| c.starts_with(dir)))
+}

@@ -243,9 +243,14 @@ fn spawn_daemon(config: &Path, dir: &Path) -> Child {
 /// Collects the daemon's stderr (its log) line by line, without colour codes.
 fn read_stderr(child: &mut Child, log: Arc<Mutex<Vec<String>>>) {
     let stderr = child.stderr.take().expect("stderr is piped");
+    collect_lines(stderr, log);
+}
+
+/// Appends each line of `reader` to `lines` from a background thread, without colour codes.
+pub fn collect_lines(reader: impl std::io::Read + Send + 'static, lines: Arc<Mutex<Vec<String>>>) {
     std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            lock(&log).push(strip_ansi(&line));
+        for line in BufReader::new(reader).lines().map_while(Result::ok) {
+            lock(&lines).push(strip_ansi(&line));
         }
     });
 }
@@ -268,7 +273,7 @@ fn strip_ansi(line: &str) -> String {
     out
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
