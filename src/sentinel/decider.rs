@@ -180,7 +180,7 @@ impl Decider {
             Observation::Up { link, myid } => self.link_up(link, myid),
             Observation::Down { link, reason } => self.link_down(link, &reason),
             Observation::Report(report) => self.report(report),
-            Observation::Failover { link, master, in_progress } => {
+            Observation::Failover { link, master, in_progress, .. } => {
                 if let Some(e) = self.masters.get_mut(&master) {
                     if in_progress {
                         e.failover.insert(link)
