@@ -160,7 +160,12 @@ impl Link {
                 if let Some(epoch) = state.last_epoch {
                     state.failover_epoch.insert(master.clone(), epoch);
                 }
-                self.send(Observation::Failover { link, master, in_progress: true, aborted: false });
+                self.send(Observation::Failover {
+                    link,
+                    master,
+                    in_progress: true,
+                    aborted: false,
+                });
             }
             Event::Promoting { master, replica } => {
                 self.send(Observation::Promoting { link, master, replica, at });
