@@ -2,8 +2,9 @@
 //! and HTTP, and makes stale client connections fail fast on failover.
 
 pub mod config;
-pub mod events;
-pub mod topology;
 pub mod control;
-pub mod metrics;
 pub mod daemon;
+pub mod dns;
+pub mod events;
+pub mod metrics;
+pub mod topology;

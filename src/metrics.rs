@@ -1,6 +1,6 @@
 //! Metric names (one place, as constants) and the Prometheus recorder.
 
-use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 pub const SENTINEL_UP: &str = "polestar_sentinel_up";
@@ -34,7 +34,10 @@ pub fn install() -> PrometheusHandle {
 fn describe() {
     describe_gauge!(SENTINEL_UP, "1 while polestar is connected to this Sentinel");
     describe_gauge!(MASTER_EPOCH, "Config epoch of the published primary");
-    describe_gauge!(MASTER_STATE, "1 for the master's current state (ok, failover, stale, unknown)");
+    describe_gauge!(
+        MASTER_STATE,
+        "1 for the master's current state (ok, failover, stale, unknown)"
+    );
     describe_counter!(PRIMARY_CHANGES, "Published primary changes");
     describe_histogram!(
         PUBLISH_LATENCY,
