@@ -1,3 +1,5 @@
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
