@@ -53,12 +53,14 @@ async fn churn_topology(writer: topology::TopologyWriter, masters: usize, every:
 }
 
 fn snapshot(count: usize, round: u64) -> Snapshot {
-    let masters = (0..count).map(|i| master(i, if i == 0 { round } else { 0 })).collect::<BTreeMap<_, _>>();
+    let masters =
+        (0..count).map(|i| master(i, if i == 0 { round } else { 0 })).collect::<BTreeMap<_, _>>();
     Snapshot { version: round + 1, masters, source_reachable: true }
 }
 
 fn master(i: usize, round: u64) -> (String, Arc<Master>) {
-    let ip = |host: usize| IpAddr::V4(Ipv4Addr::new(10, (i / 250) as u8, (i % 250) as u8, host as u8));
+    let ip =
+        |host: usize| IpAddr::V4(Ipv4Addr::new(10, (i / 250) as u8, (i % 250) as u8, host as u8));
     let primary = (round % 3) as usize + 1;
     let replicas = (1..=3).filter(|h| *h != primary);
     let master = Master {
@@ -68,7 +70,9 @@ fn master(i: usize, round: u64) -> (String, Arc<Master>) {
         epoch: Some(round + 1),
         since: None,
         state: MasterState::Ok,
-        replicas: replicas.map(|h| Replica { ip: ip(h), port: 6379, hostname: None, healthy: true }).collect(),
+        replicas: replicas
+            .map(|h| Replica { ip: ip(h), port: 6379, hostname: None, healthy: true })
+            .collect(),
         sentinels: SentinelCounts::default(),
     };
     (master.name.clone(), Arc::new(master))

@@ -7,6 +7,7 @@
 //! [`hickory_server::Server`] uses for TCP (where zone transfers happen). After each change
 //! NOTIFY goes to every `dns.notify` target so standard secondaries follow by AXFR.
 
+mod batch;
 mod handler;
 mod listen;
 mod notify;

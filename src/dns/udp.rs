@@ -1,12 +1,12 @@
-//! The UDP fast path: one task per `SO_REUSEPORT` socket reads a datagram, decodes it with
-//! hickory-server's `Request`, answers through [`Service`] and writes the reply straight back,
-//! with no task spawned and no channel crossed per query.
+//! The UDP fast path: one task per `SO_REUSEPORT` socket reads a batch of datagrams, decodes
+//! each with hickory-server's `Request`, answers through [`Service`] and writes the replies
+//! back in one batch, with no task spawned and no channel crossed per query.
 //!
 //! Garbage never gets further than the decoder: fewer than 12 bytes or the QR bit set is
 //! dropped silently (no reflection), an undecodable body gets FORMERR.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use hickory_proto::ProtoError;
 use hickory_proto::op::{Header, Message, MessageType, ResponseCode};
@@ -19,40 +19,51 @@ use hickory_server::zone_handler::MessageResponse;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 
+use super::batch::{self, RecvBuffers};
 use super::handler::{Service, UDP_PAYLOAD};
 use super::zone::Zone;
 
-/// Larger requests than this are not DNS queries polestar answers; they are cut and then fail
-/// to decode (FORMERR).
-const RECV_BUFFER: usize = 4096;
+/// Answers waiting to be sent at the end of the current batch. Only the socket's own task
+/// touches it (the mutex is never contended); `ResponseHandler` requires `Send + Sync`.
+type Outbox = Arc<Mutex<Vec<(Vec<u8>, SocketAddr)>>>;
 
-/// Serves one socket until the task is dropped (the caller races it against shutdown).
+/// Serves one socket until the task is dropped (the caller aborts it at shutdown).
 pub async fn serve_socket(
     socket: Arc<UdpSocket>,
     service: Arc<Service>,
     mut zone_rx: watch::Receiver<Arc<Zone>>,
 ) {
     let mut zone = zone_rx.borrow_and_update().clone();
-    let mut buf = vec![0u8; RECV_BUFFER];
+    let mut buffers = RecvBuffers::new();
+    let outbox: Outbox = Arc::default();
     loop {
-        let (len, src) = match socket.recv_from(&mut buf).await {
-            Ok(received) => received,
+        let batch = match batch::recv(&socket, &mut buffers).await {
+            Ok(batch) => batch,
             Err(error) => {
                 tracing::debug!(%error, "DNS UDP receive failed");
                 continue;
             }
         };
-        // A cheap atomic check per packet; the zone is cloned only after a change.
+        // A cheap atomic check per batch; the zone is cloned only after a change.
         if zone_rx.has_changed().unwrap_or(false) {
             zone = zone_rx.borrow_and_update().clone();
         }
-        let Some(packet) = buf.get(..len) else { continue };
-        handle_packet(&socket, &service, &zone, packet, src).await;
+        for (index, (len, src)) in batch.into_iter().enumerate() {
+            let packet = buffers.datagram(index, len);
+            handle_packet(&outbox, &service, &zone, packet, src).await;
+        }
+        let answers = std::mem::take(&mut *lock(&outbox));
+        batch::send(&socket, &answers).await;
     }
 }
 
+fn lock(outbox: &Outbox) -> std::sync::MutexGuard<'_, Vec<(Vec<u8>, SocketAddr)>> {
+    // A panic while holding it cannot leave the list inconsistent: take it over.
+    outbox.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 async fn handle_packet(
-    socket: &Arc<UdpSocket>,
+    outbox: &Outbox,
     service: &Service,
     zone: &Zone,
     packet: &[u8],
@@ -65,12 +76,14 @@ async fn handle_packet(
     match Request::from_bytes(packet.to_vec(), src, Protocol::Udp) {
         Ok(request) => {
             let responder =
-                UdpResponder { socket: socket.clone(), dst: src, max_size: max_size(&request) };
+                UdpResponder { outbox: outbox.clone(), dst: src, max_size: max_size(&request) };
             service.respond(zone, &request, responder).await;
         }
         Err(_) => {
             service.count(ResponseCode::FormErr);
-            send_error(socket, &header, ResponseCode::FormErr, src).await;
+            if let Some(bytes) = error_message(&header, ResponseCode::FormErr) {
+                lock(outbox).push((bytes, src));
+            }
         }
     }
 }
@@ -85,17 +98,14 @@ fn max_size(request: &Request) -> u16 {
 }
 
 /// A header-only error response, for requests hickory could not decode.
-async fn send_error(socket: &UdpSocket, header: &Header, code: ResponseCode, dst: SocketAddr) {
-    let message = Message::error_msg(header.metadata.id, header.metadata.op_code, code);
-    if let Ok(bytes) = message.to_vec() {
-        let _ = socket.send_to(&bytes, dst).await;
-    }
+fn error_message(header: &Header, code: ResponseCode) -> Option<Vec<u8>> {
+    Message::error_msg(header.metadata.id, header.metadata.op_code, code).to_vec().ok()
 }
 
-/// Sends one response datagram to the client, truncated (TC) to what the client accepts.
+/// Queues one response datagram for the client, truncated (TC) to what the client accepts.
 #[derive(Clone)]
 struct UdpResponder {
-    socket: Arc<UdpSocket>,
+    outbox: Outbox,
     dst: SocketAddr,
     max_size: u16,
 }
@@ -134,7 +144,7 @@ impl ResponseHandler for UdpResponder {
         >,
     ) -> Result<ResponseInfo, NetError> {
         let (info, bytes) = self.encode(response)?;
-        self.socket.send_to(&bytes, self.dst).await?;
+        lock(&self.outbox).push((bytes, self.dst));
         Ok(info)
     }
 }
