@@ -76,7 +76,8 @@ zone:
   - domain: $ZONE
 CONF
     knotd -c "$work/knot/knot.conf" 2>"$work/knot/log" &
-    pids+=($!)
+    knot_pid=$!
+    pids+=($knot_pid)
 }
 
 start_polestar() { # [CHURN_MS]
@@ -95,9 +96,19 @@ wait_answers() { # PORT
     exit 1
 }
 
-qps() { # PORT
-    dnsperf -s 127.0.0.1 -p "$1" -d "$work/queries" "${DNSPERF_ARGS[@]}" 2>&1 \
-        | tee -a "$work/dnsperf.log" | awk '/Queries per second/ {print $4}'
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # utime + stime of PID
+
+# Prints "QPS MICROSECONDS_OF_SERVER_CPU_PER_QUERY" for one dnsperf run against PORT served by PID.
+qps() { # PORT PID
+    local before after out
+    before=$(cpu_ticks "$2")
+    out=$(dnsperf -s 127.0.0.1 -p "$1" -d "$work/queries" "${DNSPERF_ARGS[@]}" 2>&1)
+    after=$(cpu_ticks "$2")
+    echo "$out" >> "$work/dnsperf.log"
+    echo "$out" | awk -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" '
+        /Queries completed/ {done = $3}
+        /Queries per second/ {qps = $4}
+        END {printf "%.0f %.2f\n", qps, ticks / hz * 1e6 / done}'
 }
 
 check_answers() { # PORT NAME: both servers must answer the same records
@@ -126,22 +137,28 @@ done
 echo "dnsperf ${DNSPERF_ARGS[*]} on $(nproc) cores, $MASTERS masters, $(wc -l < "$work/queries") query names"
 : > "$work/knot.qps"; : > "$work/polestar.qps"
 for round in $(seq "$ROUNDS"); do
-    k=$(qps "$knot_port"); echo "$k" >> "$work/knot.qps"
-    p=$(qps "$polestar_port"); echo "$p" >> "$work/polestar.qps"
-    printf 'round %d: knotd %10.0f qps   polestar %10.0f qps\n' "$round" "$k" "$p"
+    read -r k kcpu < <(qps "$knot_port" "$knot_pid"); echo "$k $kcpu" >> "$work/knot.qps"
+    read -r p pcpu < <(qps "$polestar_port" "$polestar_pid"); echo "$p $pcpu" >> "$work/polestar.qps"
+    printf 'round %d: knotd %8.0f qps (%5.2f us CPU/query)   polestar %8.0f qps (%5.2f us CPU/query)\n' \
+        "$round" "$k" "$kcpu" "$p" "$pcpu"
 done
 knot_mean=$(mean < "$work/knot.qps")
 polestar_mean=$(mean < "$work/polestar.qps")
-printf 'mean:    knotd %10d qps   polestar %10d qps   ratio polestar/knotd %.2f\n' \
-    "$knot_mean" "$polestar_mean" "$(echo "$polestar_mean / $knot_mean" | bc -l)"
+knot_cpu=$(awk '{s+=$2; n++} END {printf "%.2f", s/n}' "$work/knot.qps")
+polestar_cpu=$(awk '{s+=$2; n++} END {printf "%.2f", s/n}' "$work/polestar.qps")
+printf 'mean:    knotd %8d qps (%5.2f us CPU/query)   polestar %8d qps (%5.2f us CPU/query)\n' \
+    "$knot_mean" "$knot_cpu" "$polestar_mean" "$polestar_cpu"
+printf 'ratio polestar/knotd: %.2f in QPS, %.2f in CPU per query (lower is better)\n' \
+    "$(echo "$polestar_mean / $knot_mean" | bc -l)" "$(echo "$polestar_cpu / $knot_cpu" | bc -l)"
 
 kill "$polestar_pid"; wait "$polestar_pid" 2>/dev/null || true
 start_polestar 10
 wait_answers "$polestar_port"
 : > "$work/churn.qps"
 for round in $(seq "$ROUNDS"); do
-    c=$(qps "$polestar_port"); echo "$c" >> "$work/churn.qps"
-    printf 'churn round %d: polestar with the topology changing every 10 ms %10.0f qps\n' "$round" "$c"
+    read -r c ccpu < <(qps "$polestar_port" "$polestar_pid"); echo "$c $ccpu" >> "$work/churn.qps"
+    printf 'churn round %d: polestar, topology changing every 10 ms: %8.0f qps (%5.2f us CPU/query)\n' \
+        "$round" "$c" "$ccpu"
 done
 churn_mean=$(mean < "$work/churn.qps")
 printf 'churn mean: %d qps (%.2f of static polestar, %.2f of knotd)\n' "$churn_mean" \
