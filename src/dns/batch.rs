@@ -36,12 +36,16 @@ impl RecvBuffers {
     }
 }
 
-/// Waits for datagrams and reads as many as are queued (up to [`BATCH`]): their lengths and
-/// sources, in order. Datagrams from an address that is not IP are dropped.
-pub async fn recv(
-    socket: &UdpSocket,
-    buffers: &mut RecvBuffers,
-) -> io::Result<Vec<(usize, SocketAddr)>> {
+/// One datagram of a batch: where it sits in the [`RecvBuffers`], its length and its source.
+pub struct Received {
+    pub index: usize,
+    pub len: usize,
+    pub src: SocketAddr,
+}
+
+/// Waits for datagrams and reads as many as are queued (up to [`BATCH`]). Datagrams from an
+/// address that is not IP are skipped.
+pub async fn recv(socket: &UdpSocket, buffers: &mut RecvBuffers) -> io::Result<Vec<Received>> {
     loop {
         socket.readable().await?;
         match socket.try_io(Interest::READABLE, || recv_now(socket, buffers)) {
@@ -51,16 +55,17 @@ pub async fn recv(
     }
 }
 
-fn recv_now(socket: &UdpSocket, buffers: &mut RecvBuffers) -> io::Result<Vec<(usize, SocketAddr)>> {
+fn recv_now(socket: &UdpSocket, buffers: &mut RecvBuffers) -> io::Result<Vec<Received>> {
     let mut slices: Vec<[IoSliceMut<'_>; 1]> =
         buffers.bytes.chunks_mut(RECV_SIZE).map(|b| [IoSliceMut::new(b)]).collect();
     let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(slices.len(), None);
     let fd = socket.as_raw_fd();
     let received = recvmmsg(fd, &mut headers, slices.iter_mut(), MsgFlags::MSG_DONTWAIT, None)?;
-    Ok(received
-        .map(|m| (m.bytes, m.address.as_ref().and_then(to_std)))
-        .filter_map(|(len, a)| Some((len, a?)))
-        .collect())
+    let datagrams = received.enumerate().filter_map(|(index, m)| {
+        let src = m.address.as_ref().and_then(to_std)?;
+        Some(Received { index, len: m.bytes, src })
+    });
+    Ok(datagrams.collect())
 }
 
 fn to_std(addr: &SockaddrStorage) -> Option<SocketAddr> {

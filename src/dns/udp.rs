@@ -27,6 +27,8 @@ use super::zone::Zone;
 /// touches it (the mutex is never contended); `ResponseHandler` requires `Send + Sync`.
 type Outbox = Arc<Mutex<Vec<(Vec<u8>, SocketAddr)>>>;
 
+const RECV_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Serves one socket until the task is dropped (the caller aborts it at shutdown).
 pub async fn serve_socket(
     socket: Arc<UdpSocket>,
@@ -41,6 +43,7 @@ pub async fn serve_socket(
             Ok(batch) => batch,
             Err(error) => {
                 tracing::debug!(%error, "DNS UDP receive failed");
+                tokio::time::sleep(RECV_ERROR_PAUSE).await; // never spin on a failing socket
                 continue;
             }
         };
@@ -48,9 +51,9 @@ pub async fn serve_socket(
         if zone_rx.has_changed().unwrap_or(false) {
             zone = zone_rx.borrow_and_update().clone();
         }
-        for (index, (len, src)) in batch.into_iter().enumerate() {
-            let packet = buffers.datagram(index, len);
-            handle_packet(&outbox, &service, &zone, packet, src).await;
+        for datagram in batch {
+            let packet = buffers.datagram(datagram.index, datagram.len);
+            handle_packet(&outbox, &service, &zone, packet, datagram.src).await;
         }
         let answers = std::mem::take(&mut *lock(&outbox));
         batch::send(&socket, &answers).await;
