@@ -286,6 +286,9 @@ impl Decider {
         if current.is_none_or(|e| report.epoch >= e) {
             entry.replicas = report.replicas;
         }
+        for replica in &entry.replicas {
+            self.nodes.warm(std::net::SocketAddr::new(replica.ip, replica.port));
+        }
         self.consider(&report.name, candidate, "reconcile", Instant::now());
     }
 
