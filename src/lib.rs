@@ -1,11 +1,16 @@
 //! polestar: serves the current primary of every Sentinel-managed Redis/Valkey master by DNS
 //! and HTTP, and makes stale client connections fail fast on failover.
 
+pub mod client;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod demo;
+pub mod dns;
 pub mod drain;
 pub mod events;
+pub mod http;
+pub mod lab;
 pub mod metrics;
 pub mod sentinel;
 pub mod topology;

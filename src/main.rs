@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
+use polestar::client;
 use polestar::config::{self, Config};
 
 #[derive(Parser)]
@@ -42,6 +43,39 @@ enum Command {
         #[arg(short, long, default_value = config::DEFAULT_PATH)]
         config: PathBuf,
     },
+    /// Show every master: primary, epoch, state, replicas, Sentinels.
+    Status {
+        #[arg(long, default_value = client::DEFAULT_API)]
+        api: String,
+    },
+    /// Block until MASTER's epoch exceeds EPOCH (default: the current one); print the primary.
+    Wait {
+        master: String,
+        #[arg(long, value_name = "EPOCH")]
+        after: Option<u64>,
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        timeout: Duration,
+        #[arg(long, default_value = client::DEFAULT_API)]
+        api: String,
+    },
+    /// Planned switchover through the API (SENTINEL FAILOVER); with --wait, print the new primary.
+    Failover {
+        master: String,
+        #[arg(long)]
+        wait: bool,
+        #[arg(long, default_value = client::DEFAULT_API)]
+        api: String,
+        /// The admin token (default: $POLESTAR_ADMIN_TOKEN, else /etc/polestar/admin.token).
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+    },
+    /// A real local cluster (3 redis-server, 3 redis-sentinel on loopback) with polestar in
+    /// front; Ctrl-C cleans up.
+    Demo,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    config::duration::parse(text)
 }
 
 fn main() -> ExitCode {
@@ -50,11 +84,41 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { config } => check(&config),
         Command::Run { config } => run(&config),
+        Command::Status { api } => runtime(async move { client::status(&api).await }),
+        Command::Wait { master, after, timeout, api } => {
+            runtime(async move { client::wait(&api, &master, after, timeout).await })
+        }
+        Command::Failover { master, wait, api, token_file } => match admin_token(token_file) {
+            Ok(token) => runtime(async move { client::failover(&api, &master, wait, token).await }),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Demo => runtime(async {
+            let shutdown = CancellationToken::new();
+            tokio::spawn(signals(shutdown.clone()));
+            polestar::demo::demo(shutdown).await
+        }),
     }
 }
 
+/// The token for POST endpoints: `--token-file`, `$POLESTAR_ADMIN_TOKEN`, or the default file
+/// when it is readable (none at all is fine: the server then answers 401/403 itself).
+fn admin_token(file: Option<PathBuf>) -> Result<Option<String>, String> {
+    if let Some(file) = file {
+        return config::read_secret(&file).map(|s| Some(s.expose().to_string()));
+    }
+    if let Ok(token) = std::env::var("POLESTAR_ADMIN_TOKEN") {
+        return Ok(Some(token.trim().to_string()));
+    }
+    let default = std::path::Path::new("/etc/polestar/admin.token");
+    Ok(config::read_secret(default).ok().map(|s| s.expose().to_string()))
+}
+
 fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_env("POLESTAR_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_env("POLESTAR_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,hickory_server=warn"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Human => builder.init(),

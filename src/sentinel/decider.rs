@@ -180,7 +180,7 @@ impl Decider {
             Observation::Up { link, myid } => self.link_up(link, myid),
             Observation::Down { link, reason } => self.link_down(link, &reason),
             Observation::Report(report) => self.report(report),
-            Observation::Failover { link, master, in_progress } => {
+            Observation::Failover { link, master, in_progress, .. } => {
                 if let Some(e) = self.masters.get_mut(&master) {
                     if in_progress {
                         e.failover.insert(link)
@@ -193,6 +193,9 @@ impl Decider {
                 if let Some(e) = self.masters.get_mut(&master) {
                     e.failover.insert(link);
                 }
+            }
+            Observation::NodeBack { master, node, .. } => {
+                tracing::debug!(%master, %node, "node back");
             }
             Observation::Promoted { link, master, node, epoch, at } => {
                 if let Some(e) = self.masters.get_mut(&master) {
@@ -273,12 +276,18 @@ impl Decider {
         entry.label = label;
         let candidate = Candidate { node: report.primary, epoch: report.epoch };
         entry.reports.insert(link, candidate.clone());
+        // Reconciliation is authoritative for the flag: it also clears a lost +failover-end.
         if report.failover_in_progress {
             entry.failover.insert(link);
+        } else {
+            entry.failover.remove(&link);
         }
         let current = entry.published.as_ref().map(|p| p.candidate.epoch);
         if current.is_none_or(|e| report.epoch >= e) {
             entry.replicas = report.replicas;
+        }
+        for replica in &entry.replicas {
+            self.nodes.warm(std::net::SocketAddr::new(replica.ip, replica.port));
         }
         self.consider(&report.name, candidate, "reconcile", Instant::now());
     }

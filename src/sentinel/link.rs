@@ -160,7 +160,12 @@ impl Link {
                 if let Some(epoch) = state.last_epoch {
                     state.failover_epoch.insert(master.clone(), epoch);
                 }
-                self.send(Observation::Failover { link, master, in_progress: true });
+                self.send(Observation::Failover {
+                    link,
+                    master,
+                    in_progress: true,
+                    aborted: false,
+                });
             }
             Event::Promoting { master, replica } => {
                 self.send(Observation::Promoting { link, master, replica, at });
@@ -174,9 +179,15 @@ impl Link {
                     self.send(Observation::Promoted { link, master, node, epoch, at });
                 }
             }
-            Event::FailoverEnded { master, .. } => {
+            Event::FailoverEnded { master, aborted } => {
                 state.failover_epoch.remove(&master);
-                self.send(Observation::Failover { link, master, in_progress: false });
+                self.send(Observation::Failover { link, master, in_progress: false, aborted });
+                return Ok(true);
+            }
+            Event::NodeBack { master, node } => {
+                if let Some(node) = resolve(&node).await {
+                    self.send(Observation::NodeBack { link, master, node });
+                }
                 return Ok(true);
             }
             Event::Switched { .. } | Event::Changed { .. } | Event::Topology => return Ok(true),
@@ -284,11 +295,13 @@ pub async fn resolve(addr: &Addr) -> Option<Node> {
     }
     let lookup = tokio::net::lookup_host((addr.host.as_str(), addr.port));
     match timeout(RESOLVE_DEADLINE, lookup).await {
-        Ok(Ok(mut addrs)) => addrs.next().map(|sa| Node {
-            ip: sa.ip(),
-            port: addr.port,
-            hostname: Some(addr.host.clone()),
-        }),
+        Ok(Ok(addrs)) => {
+            // IPv4 first where the name has both, so every polestar answers the same.
+            let mut ips: Vec<IpAddr> = addrs.map(|sa| sa.ip()).collect();
+            ips.sort_by_key(|ip| ip.is_ipv6());
+            let ip = *ips.first()?;
+            Some(Node { ip, port: addr.port, hostname: Some(addr.host.clone()) })
+        }
         _ => {
             tracing::warn!(host = %addr.host, "cannot resolve the hostname Sentinel reported");
             None

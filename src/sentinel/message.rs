@@ -38,6 +38,9 @@ pub enum Event {
     Switched { master: String, old: Addr, new: Addr },
     /// The failover is over, finished or aborted.
     FailoverEnded { master: String, aborted: bool },
+    /// A node of the master is back or changed role (`-sdown`, `+convert-to-slave`,
+    /// `+role-change`, `+reboot` of a replica): an old primary may be returning.
+    NodeBack { master: String, node: Addr },
     /// Anything else about a master that a reconciliation should look at.
     Changed { master: String },
     /// Something about this Sentinel as a whole (`+monitor`, `-monitor`, `+sentinel`, ...).
@@ -92,6 +95,9 @@ fn instance_event(channel: &str, i: Instance<'_>) -> Option<Event> {
             Event::FailoverEnded { master, aborted: false }
         }
         c if c.starts_with("-failover-abort") => Event::FailoverEnded { master, aborted: true },
+        "-sdown" | "+convert-to-slave" | "+role-change" | "+reboot" if i.kind == "slave" => {
+            Event::NodeBack { master, node: i.addr? }
+        }
         "+sdown"
         | "-sdown"
         | "+odown"
@@ -264,6 +270,13 @@ mod tests {
         assert_eq!(
             Event::parse("+sdown", "slave h2.internal:7002 h2.internal 7002 @ m h1.internal 7001"),
             Some(Event::Changed { master: "m".into() })
+        );
+        assert_eq!(
+            Event::parse(
+                "+convert-to-slave",
+                "slave 10.0.0.1:7001 10.0.0.1 7001 @ m 10.0.0.2 7002"
+            ),
+            Some(Event::NodeBack { master: "m".into(), node: addr("10.0.0.1", 7001) })
         );
     }
 

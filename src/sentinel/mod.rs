@@ -43,11 +43,13 @@ pub enum Observation {
         reason: String,
     },
     Report(Report),
-    /// The Sentinel reports a failover of `master` starting (true) or over (false).
+    /// The Sentinel reports a failover of `master` starting (true) or over (false, and then
+    /// whether it was aborted).
     Failover {
         link: LinkId,
         master: String,
         in_progress: bool,
+        aborted: bool,
     },
     /// The leader is about to promote `replica`.
     Promoting {
@@ -55,6 +57,12 @@ pub enum Observation {
         master: String,
         replica: Addr,
         at: Instant,
+    },
+    /// A replica of `master` came back or changed role; it may be a returning old primary.
+    NodeBack {
+        link: LinkId,
+        master: String,
+        node: Node,
     },
     /// The leader's `+promoted-slave`, with the failover's epoch.
     Promoted {

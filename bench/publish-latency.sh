@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Publish latency on a real local cluster: leader's +promoted-slave -> HTTP long-poll answers
+# the new primary, over ROUNDS planned failovers (default 5). Loopback only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tests/deps.sh
+cargo run --release --quiet --example publish_latency -- "${1:-5}"

@@ -1,0 +1,350 @@
+//! `polestar status`, `wait` and `failover`: thin clients of a running daemon's HTTP API, so
+//! scripts and operators get the same answers as every other client, and the same errors.
+//!
+//! Every error names the URL it was about and, when the daemon answered, its JSON error.
+
+use std::error::Error as StdError;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use reqwest::{Client, Method, RequestBuilder, Response, Url};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use crate::config::duration;
+use crate::http::view::MasterView;
+
+pub const DEFAULT_API: &str = "http://127.0.0.1:8053";
+
+/// A daemon that does not accept a connection within this is reported as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// For requests the server answers at once.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// One long-poll asks the server to hold at most this long; `wait` chains them.
+const POLL: Duration = Duration::from_secs(60);
+/// How long `failover --wait` asks the server to wait for the new primary.
+const FAILOVER_WAIT: Duration = Duration::from_secs(30);
+
+/// Prints every master as a table: primary, epoch, state, replicas and Sentinels.
+pub async fn status(api: &str) -> anyhow::Result<()> {
+    print!("{}", status_table(api).await?);
+    Ok(())
+}
+
+/// Blocks until `master`'s epoch exceeds `after` (by default its epoch now), then prints the
+/// primary as `ip:port`. Fails once `timeout` has passed.
+pub async fn wait(
+    api: &str,
+    master: &str,
+    after: Option<u64>,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    println!("{}", wait_for_primary(api, master, after, timeout).await?);
+    Ok(())
+}
+
+/// Asks for a planned failover; with `wait`, prints the new primary once it is published.
+pub async fn failover(
+    api: &str,
+    master: &str,
+    wait: bool,
+    token: Option<String>,
+) -> anyhow::Result<()> {
+    match request_failover(api, master, wait, token).await? {
+        Failover::Accepted { sentinel } => {
+            println!("Sentinel {sentinel} accepted the failover of {master}")
+        }
+        Failover::Done(state) => match state.primary {
+            Some(primary) => println!("{}", primary.addr()),
+            None => bail!("{master} has no confirmed primary after the failover"),
+        },
+    }
+    Ok(())
+}
+
+/// What `status` prints.
+pub async fn status_table(api: &str) -> anyhow::Result<String> {
+    let masters: Vec<MasterView> = Api::new(api)?.get(&["v1", "masters"], &[], None).await?;
+    Ok(table(&masters))
+}
+
+/// What `wait` prints: the primary once the epoch has passed the floor.
+pub async fn wait_for_primary(
+    api: &str,
+    master: &str,
+    after: Option<u64>,
+    timeout: Duration,
+) -> anyhow::Result<SocketAddr> {
+    let api = Api::new(api)?;
+    let deadline = Instant::now() + timeout;
+    let floor = match after {
+        Some(after) => Some(after),
+        None => api.master(master, &[], None).await?.epoch,
+    };
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let state = api.poll(master, floor, left.min(POLL)).await?;
+        if let Some(primary) = state.primary.as_ref().filter(|_| state.epoch > floor) {
+            return Ok(primary.addr());
+        }
+        if Instant::now() >= deadline {
+            bail!("{}", still_at(&state, timeout));
+        }
+        if state.epoch > floor {
+            // A new epoch without a confirmed primary yet: the server would answer at once.
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// How a failover request ended.
+#[derive(Debug)]
+pub enum Failover {
+    /// A Sentinel accepted it (without `wait`).
+    Accepted { sentinel: String },
+    /// The new state, once published (with `wait`).
+    Done(MasterView),
+}
+
+/// `POST /v1/masters/{master}/failover`, with `?wait=` when `wait`.
+pub async fn request_failover(
+    api: &str,
+    master: &str,
+    wait: bool,
+    token: Option<String>,
+) -> anyhow::Result<Failover> {
+    let api = Api::new(api)?.with_token(token);
+    let path = ["v1", "masters", master, "failover"];
+    if !wait {
+        let accepted: Accepted = api.post(&path, &[], None).await?;
+        return Ok(Failover::Accepted { sentinel: accepted.sentinel });
+    }
+    let query = [("wait", duration::format(FAILOVER_WAIT))];
+    Ok(Failover::Done(api.post(&path, &query, Some(FAILOVER_WAIT)).await?))
+}
+
+/// The 202 answer of a failover without `?wait=`.
+#[derive(Deserialize)]
+struct Accepted {
+    sentinel: String,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: String,
+}
+
+fn still_at(state: &MasterView, timeout: Duration) -> String {
+    let epoch = state.epoch.map_or("none".to_owned(), |e| e.to_string());
+    let primary = state.primary.as_ref().map_or("none".to_owned(), |p| p.addr().to_string());
+    let waited = duration::format(timeout);
+    format!(
+        "timed out after {waited}: {} is still at epoch {epoch} (primary {primary})",
+        state.name
+    )
+}
+
+/// The columns of `polestar status`. REPLICAS is healthy/listed, SENTINELS reachable/configured.
+fn table(masters: &[MasterView]) -> String {
+    let header = ["MASTER", "PRIMARY", "EPOCH", "STATE", "REPLICAS", "SENTINELS"].map(String::from);
+    let rows: Vec<[String; 6]> = std::iter::once(header).chain(masters.iter().map(row)).collect();
+    let widths: Vec<usize> =
+        (0..6).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for row in &rows {
+        let cells = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}"));
+        let line = cells.collect::<Vec<_>>().join("  ");
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    out
+}
+
+fn row(m: &MasterView) -> [String; 6] {
+    let healthy = m.replicas.iter().filter(|r| r.healthy).count();
+    [
+        m.name.clone(),
+        m.primary.as_ref().map_or("-".to_owned(), |p| p.addr().to_string()),
+        m.epoch.map_or("-".to_owned(), |e| e.to_string()),
+        m.state.clone(),
+        format!("{healthy}/{}", m.replicas.len()),
+        format!("{}/{}", m.sentinels.reachable, m.sentinels.configured),
+    ]
+}
+
+/// One daemon's API: its base URL, an HTTP client with timeouts, and the admin token if any.
+struct Api {
+    base: Url,
+    http: Client,
+    token: Option<String>,
+}
+
+impl Api {
+    /// `base` is a URL; a bare `host:port` is taken as `http://host:port`.
+    fn new(base: &str) -> anyhow::Result<Self> {
+        let full = if base.contains("://") { base.to_owned() } else { format!("http://{base}") };
+        let base = Url::parse(&full).with_context(|| format!("--api {base:?} is not a URL"))?;
+        if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
+            bail!("--api {base}: not an http:// URL");
+        }
+        let http = Client::builder().connect_timeout(CONNECT_TIMEOUT).build();
+        let http = http.context("cannot set up an HTTP client")?;
+        Ok(Self { base, http, token: None })
+    }
+
+    fn with_token(self, token: Option<String>) -> Self {
+        Self { token, ..self }
+    }
+
+    async fn master(
+        &self,
+        name: &str,
+        query: &[(&str, String)],
+        hold: Option<Duration>,
+    ) -> anyhow::Result<MasterView> {
+        self.get(&["v1", "masters", name], query, hold).await
+    }
+
+    /// One long-poll: the master once its epoch passes `floor`, or as it is after `hold`.
+    async fn poll(
+        &self,
+        name: &str,
+        floor: Option<u64>,
+        hold: Duration,
+    ) -> anyhow::Result<MasterView> {
+        // At least 1ms: `wait=0s` would not wait at all.
+        let mut query = vec![("wait", duration::format(hold.max(Duration::from_millis(1))))];
+        query.extend(floor.map(|f| ("after", f.to_string())));
+        self.master(name, &query, Some(hold)).await
+    }
+
+    async fn get<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        query: &[(&str, String)],
+        hold: Option<Duration>,
+    ) -> anyhow::Result<T> {
+        self.call(Method::GET, path, query, hold).await
+    }
+
+    async fn post<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        query: &[(&str, String)],
+        hold: Option<Duration>,
+    ) -> anyhow::Result<T> {
+        self.call(Method::POST, path, query, hold).await
+    }
+
+    /// Sends one request; `hold` is how long the server may keep it open on purpose.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &[&str],
+        query: &[(&str, String)],
+        hold: Option<Duration>,
+    ) -> anyhow::Result<T> {
+        let url = self.url(path, query);
+        let timeout = REQUEST_TIMEOUT + hold.unwrap_or_default();
+        let mut request = self.http.request(method, url.clone()).timeout(timeout);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = send(request, &url).await?;
+        let body = response.text().await.map_err(|e| unreachable(&url, e))?;
+        serde_json::from_str(&body)
+            .with_context(|| format!("polestar API at {url} answered something else than JSON"))
+    }
+
+    fn url(&self, path: &[&str], query: &[(&str, String)]) -> Url {
+        let mut url = self.base.clone();
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.pop_if_empty().extend(path);
+        }
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
+        }
+        url
+    }
+}
+
+/// The response if it is a success; otherwise an error with the server's own message.
+async fn send(request: RequestBuilder, url: &Url) -> anyhow::Result<Response> {
+    let response = request.send().await.map_err(|e| unreachable(url, e))?;
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let body = response.text().await.unwrap_or_default();
+    let message = match serde_json::from_str::<ErrorBody>(&body) {
+        Ok(error) => error.error,
+        Err(_) => body.trim().to_owned(),
+    };
+    bail!("polestar API at {url} answered {status}: {message}")
+}
+
+fn unreachable(url: &Url, error: reqwest::Error) -> anyhow::Error {
+    // The URL is said once, in front; reqwest would repeat it inside its own message.
+    anyhow!("cannot reach polestar API at {url}: {}", causes(&error.without_url()))
+}
+
+/// An error and its sources on one line, e.g. `error sending request: tcp connect error: ...`.
+fn causes(error: &dyn StdError) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let _ = write!(text, ": {cause}");
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::view::{NodeView, ReplicaView, SentinelsView};
+
+    fn view(name: &str, primary: Option<NodeView>, healthy: [bool; 2]) -> MasterView {
+        let replica =
+            |healthy| ReplicaView { ip: [10, 0, 0, 2].into(), port: 6379, hostname: None, healthy };
+        MasterView {
+            name: name.into(),
+            dns_name: name.into(),
+            epoch: primary.as_ref().map(|_| 12),
+            primary,
+            since: None,
+            state: "ok".into(),
+            replicas: healthy.map(replica).into(),
+            sentinels: SentinelsView { configured: 3, reachable: 2, agreeing: 2 },
+        }
+    }
+
+    #[test]
+    fn the_status_table_aligns_its_columns() {
+        let primary = NodeView { ip: [10, 0, 0, 1].into(), port: 6379, hostname: None };
+        let masters = [view("mymaster", Some(primary), [true, false]), view("x", None, [true; 2])];
+        let expected = "\
+MASTER    PRIMARY        EPOCH  STATE  REPLICAS  SENTINELS
+mymaster  10.0.0.1:6379  12     ok     1/2       2/3
+x         -              -      ok     2/2       2/3
+";
+        assert_eq!(table(&masters), expected);
+    }
+
+    #[test]
+    fn urls_are_built_from_encoded_segments() {
+        let api = Api::new("http://127.0.0.1:8053/").expect("a valid URL");
+        let url = api.url(&["v1", "masters", "a b/c"], &[("wait", "2s".into())]);
+        assert_eq!(url.as_str(), "http://127.0.0.1:8053/v1/masters/a%20b%2Fc?wait=2s");
+    }
+
+    #[test]
+    fn api_urls_default_to_http_and_bad_ones_are_named() {
+        let api = Api::new("127.0.0.1:8053").map(|a| a.base.to_string());
+        assert_eq!(api.ok().as_deref(), Some("http://127.0.0.1:8053/"));
+        let error = Api::new("ftp://h/").err().map(|e| e.to_string());
+        assert!(error.is_some_and(|e| e.contains("ftp://h/")));
+        assert!(Api::new("http://[::1").is_err());
+    }
+}

@@ -1,0 +1,140 @@
+//! The HTTP API: the same published topology that DNS serves, as JSON for scripts, load-balancer
+//! health checks (`/primary?is=`), deploy tooling (long-polls, the event stream) and operators
+//! (planned failover behind a bearer token).
+//!
+//! The API only reads: it takes snapshots from the topology `watch` channel and events from the
+//! [`EventLog`]; the one thing it asks of the Sentinel side goes through [`Control`]. Long-polls
+//! and event streams wake on the `watch` change itself, so they answer within the same
+//! millisecond as DNS.
+
+mod admin;
+mod error;
+mod events;
+mod health;
+mod masters;
+mod params;
+pub mod view;
+mod wait;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Secret;
+use crate::control::Control;
+use crate::events::EventLog;
+use crate::metrics::HTTP_REQUESTS;
+use crate::topology::{Master, TopologyReader};
+
+pub use error::ApiError;
+
+/// Request bodies are tiny (`{"node":"ip:port"}` at most); anything larger is refused.
+const BODY_LIMIT: usize = 64 * 1024;
+/// Long-polls and event streams held open at once; past this they answer 503 at once.
+const MAX_WAITERS: usize = 1024;
+
+/// What the daemon hands the API: read ends and handles, nothing it must give back.
+pub struct Api {
+    /// Read end of the topology; the Sentinel side holds the only writer.
+    pub topology: TopologyReader,
+    pub events: Arc<EventLog>,
+    /// `http.admin_token_file`; without it the POST endpoints answer 403.
+    pub admin_token: Option<Secret>,
+    pub control: Arc<dyn Control>,
+    pub metrics: PrometheusHandle,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("failed to bind HTTP listener on {addr}: {error}")]
+    Bind { addr: SocketAddr, error: io::Error },
+}
+
+/// Binds the listener (a separate step so startup can report a busy port before serving).
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
+    let listener =
+        TcpListener::bind(addr).await.map_err(|error| HttpError::Bind { addr, error })?;
+    let actual = listener.local_addr().map_err(|error| HttpError::Bind { addr, error })?;
+    tracing::info!("listening for HTTP on {actual}");
+    Ok(listener)
+}
+
+/// Serves until `shutdown` is cancelled. In-flight requests finish; long-polls answer with the
+/// current state and event streams end at once, so shutdown never waits on a client.
+pub async fn serve(listener: TcpListener, api: Api, shutdown: CancellationToken) -> io::Result<()> {
+    let app = routes(Arc::new(Shared::new(api, shutdown.clone())));
+    axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
+}
+
+/// The routes, for callers that serve them their own way (long-polls then never see shutdown).
+pub fn router(api: Api) -> Router {
+    routes(Arc::new(Shared::new(api, CancellationToken::new())))
+}
+
+fn routes(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/masters", get(masters::list))
+        .route("/v1/masters/{name}", get(masters::one))
+        .route("/v1/masters/{name}/primary", get(masters::primary))
+        .route("/v1/masters/{name}/failover", post(admin::failover))
+        .route("/v1/masters/{name}/drain", post(admin::drain))
+        .route("/v1/events", get(events::list))
+        .route("/v1/events/stream", get(events::stream))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .fallback(async || ApiError::not_found("no such route"))
+        .method_not_allowed_fallback(async || ApiError::method_not_allowed())
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn(count))
+        .with_state(shared)
+}
+
+/// Counts every request by route template (so the label set stays bounded) and status code.
+async fn count(request: Request, next: Next) -> Response {
+    let route = match request.extensions().get::<MatchedPath>() {
+        Some(path) => path.as_str().to_owned(),
+        None => "unmatched".to_owned(),
+    };
+    let response = next.run(request).await;
+    let code = response.status().as_u16().to_string();
+    metrics::counter!(HTTP_REQUESTS, "route" => route, "code" => code).increment(1);
+    response
+}
+
+/// The state every handler shares.
+struct Shared {
+    api: Api,
+    /// Cancelled at daemon shutdown: long-polls and streams end when it is.
+    shutdown: CancellationToken,
+    /// One permit per open long-poll or stream.
+    waiters: Arc<Semaphore>,
+}
+
+impl Shared {
+    fn new(api: Api, shutdown: CancellationToken) -> Self {
+        Self { api, shutdown, waiters: Arc::new(Semaphore::new(MAX_WAITERS)) }
+    }
+
+    /// The master as published now, or 404.
+    fn master(&self, name: &str) -> Result<Arc<Master>, ApiError> {
+        let snapshot = self.api.topology.borrow();
+        snapshot.master(name).cloned().ok_or_else(|| ApiError::unknown_master(name))
+    }
+
+    /// A slot for a request that will be held open, or 503 when too many already are.
+    fn waiter(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        let permit = self.waiters.clone().try_acquire_owned();
+        permit.map_err(|_| ApiError::unavailable("too many long-polls and event streams open"))
+    }
+}

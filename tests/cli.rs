@@ -1,0 +1,146 @@
+//! The command line contract: `check` exit codes and problem lists, `status` and `wait`
+//! against a daemon that watches a real cluster.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+const QUICK: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn check_accepts_the_example_config() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/polestar.yaml");
+    let out = cli(&["check", "-c", &example.to_string_lossy()], QUICK).await;
+    assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
+    assert!(!out.stdout.is_empty(), "a one-line summary: {}", shown(&out));
+}
+
+#[tokio::test]
+async fn check_lists_every_problem_of_a_bad_config() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("bad.yaml");
+    let bad = "sentinels:\n  addresses: [\"not an address\"]\nhttp:\n  listen: nowhere\n\
+               drain:\n  rate: 0\n  interval: soon\nbogus: 1\n";
+    std::fs::write(&file, bad).expect("write the bad config");
+    let out = cli(&["check", "-c", &file.to_string_lossy()], QUICK).await;
+    assert_eq!(out.status.code(), Some(2), "{}", shown(&out));
+    let text = shown(&out);
+    for path in ["sentinels.addresses", "http.listen", "drain.rate", "drain.interval", "bogus"] {
+        assert!(text.contains(path), "{path} is not reported:\n{text}");
+    }
+    assert!(text.contains(&*file.to_string_lossy()), "the file is named:\n{text}");
+}
+
+#[tokio::test]
+async fn check_on_a_missing_file_exits_2_and_names_it() {
+    let out = cli(&["check", "-c", "/nonexistent/polestar.yaml"], QUICK).await;
+    assert_eq!(out.status.code(), Some(2), "{}", shown(&out));
+    assert!(shown(&out).contains("/nonexistent/polestar.yaml"), "{}", shown(&out));
+}
+
+#[tokio::test]
+async fn status_shows_each_master_with_its_primary() {
+    let env = Env::start().await;
+    let primary = env.lab.primary().await.expect("primary");
+    let out = cli(&["status", "--api", &env.ps.api()], QUICK).await;
+    assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("mymaster"), "{}", shown(&out));
+    assert!(text.contains(&primary.to_string()), "{}", shown(&out));
+    assert!(text.contains("ok"), "{}", shown(&out));
+}
+
+#[tokio::test]
+async fn wait_returns_the_new_primary_after_a_failover() {
+    let env = Env::start().await;
+    let epoch = epoch_of(&env.master().await.expect("master")).expect("epoch");
+    let api = env.ps.api();
+    let after = epoch.to_string();
+    let args = ["wait", "mymaster", "--after", &after, "--timeout", "60s", "--api", &api];
+    let (out, new) = tokio::join!(cli(&args, Duration::from_secs(90)), env.failover());
+    assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(printed.trim(), new.to_string(), "{}", shown(&out));
+}
+
+#[tokio::test]
+async fn wait_without_a_change_times_out_with_an_error() {
+    let env = Env::start().await;
+    let epoch = epoch_of(&env.master().await.expect("master")).expect("epoch");
+    let (api, after) = (env.ps.api(), epoch.to_string());
+    let args = ["wait", "mymaster", "--after", &after, "--timeout", "1s", "--api", &api];
+    let out = cli(&args, QUICK).await;
+    assert_ne!(out.status.code(), Some(0), "{}", shown(&out));
+}
+
+#[tokio::test]
+async fn status_against_no_api_fails_naming_the_address() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let api = format!("http://127.0.0.1:{port}");
+    let out = cli(&["status", "--api", &api], QUICK).await;
+    assert_eq!(out.status.code(), Some(1), "{}", shown(&out));
+    assert!(shown(&out).contains(&format!("127.0.0.1:{port}")), "{}", shown(&out));
+}
+
+/// `polestar demo`: serves its own cluster, and Ctrl-C (SIGINT) removes every trace of it.
+#[tokio::test]
+async fn demo_serves_a_cluster_and_ctrl_c_cleans_up() {
+    use nix::sys::signal::{Signal, kill};
+    use std::process::{Command, Stdio};
+    use std::sync::{Arc, Mutex};
+
+    let mut child = Command::new(BIN)
+        .arg("demo")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("polestar demo starts");
+    let (out, err) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+    collect_lines(child.stdout.take().expect("piped"), out.clone());
+    collect_lines(child.stderr.take().expect("piped"), err.clone());
+    let logs = || format!("stdout:\n{}\nstderr:\n{}", lock(&out).join("\n"), lock(&err).join("\n"));
+    let found = |lines: &Arc<Mutex<Vec<String>>>, prefix: &str| {
+        lock(lines).iter().find_map(|l| Some(l[l.find(prefix)? + prefix.len()..].to_string()))
+    };
+
+    let end = tokio::time::Instant::now() + Duration::from_secs(60);
+    let (http, dir) = loop {
+        let http =
+            found(&err, "listening for HTTP on ").filter(|_| found(&err, ": ready").is_some());
+        if let (Some(http), Some(dir)) = (http, found(&out, "cluster ready in ")) {
+            break (http, dir);
+        }
+        assert!(tokio::time::Instant::now() < end, "demo not ready:\n{}", logs());
+        assert!(child.try_wait().expect("try_wait").is_none(), "demo exited:\n{}", logs());
+        tokio::time::sleep(POLL).await;
+    };
+    let http = http.split_whitespace().next().expect("an address").to_string();
+    let dir = std::path::PathBuf::from(dir.split_whitespace().next().expect("a directory"));
+    let body = reqwest::get(format!("http://{http}/v1/masters/mymaster/primary")).await;
+    let body = body.expect("the demo's API answers").text().await.expect("a body");
+    assert!(body.trim().parse::<std::net::SocketAddr>().is_ok(), "{body}\n{}", logs());
+    assert!(dir.join("polestar.yaml").is_file(), "{}", logs());
+
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    kill(pid, Signal::SIGINT).expect("SIGINT");
+    let status = tokio::task::spawn_blocking(move || child.wait()).await.expect("join");
+    assert_eq!(status.expect("reaped").code(), Some(0), "{}", logs());
+    assert!(!dir.exists(), "{} is left behind", dir.display());
+    assert!(no_process_works_in(&dir), "a process of the demo survived:\n{}", logs());
+}
+
+fn no_process_works_in(dir: &Path) -> bool {
+    let procs = std::fs::read_dir("/proc").expect("/proc");
+    !procs
+        .flatten()
+        .any(|p| std::fs::read_link(p.path().join("cwd")).is_ok_and(|c| c.starts_with(dir)))
+}
