@@ -11,7 +11,10 @@ use anyhow::Context;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use futures::FutureExt;
+
 use crate::config::{Config, Source};
+use crate::drain::Coordinator;
 use crate::events::EventLog;
 use crate::sentinel::admin::SentinelControl;
 use crate::topology::{self, TopologyReader};
@@ -37,7 +40,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     };
 
     let mut tasks = JoinSet::new();
-    let watcher = crate::sentinel::spawn(&config, writer, events.clone(), shutdown.clone());
+    let (drain_tx, drain_rx) = tokio::sync::mpsc::unbounded_channel();
+    let coordinator = Coordinator::new(
+        config.drain.clone(),
+        config.nodes.clone(),
+        events.clone(),
+        reader.clone(),
+    );
+    let drain = coordinator.handle();
+    tasks.spawn(coordinator.run(drain_rx, shutdown.clone()).map(Ok));
+    let watcher =
+        crate::sentinel::spawn(&config, writer, events.clone(), Some(drain_tx), shutdown.clone());
     if let (Some(listeners), Some(d)) = (dns, &config.dns) {
         let (cfg, topology, stop) = (d.clone(), reader.clone(), shutdown.clone());
         tasks.spawn(async move {
@@ -51,6 +64,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             admin_token: h.admin_token.clone(),
             control: Arc::new(SentinelControl::new(sentinels)),
             metrics,
+            drain: Some(drain),
         };
         let stop = shutdown.clone();
         tasks.spawn(async move {

@@ -80,6 +80,7 @@ async fn start(admin_token: Option<&str>) -> Server {
         admin_token: admin_token.map(polestar::config::Secret::new),
         control: control.clone(),
         metrics: metrics_handle(),
+        drain: None,
     };
     let addr: SocketAddr = ([127, 0, 0, 1], 0).into();
     let listener = http::bind(addr).await.expect("port 0 is always free");
@@ -468,16 +469,26 @@ async fn sentinel_refusals_map_to_409_and_503() {
 }
 
 #[tokio::test]
-async fn drain_is_authorized_then_501() {
+async fn drain_is_authorized_and_validates_its_body() {
     let server = start(Some(TOKEN)).await;
     server.publish_one(Some("10.0.0.1:6379"), Some(1));
     let (status, _) = server.post("/v1/masters/mymaster/drain", None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let (status, body) = server.post("/v1/masters/mymaster/drain", Some(TOKEN)).await;
-    assert_eq!(
-        (status, error_of(&body)),
-        (StatusCode::NOT_IMPLEMENTED, "drain is not implemented yet")
-    );
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(error_of(&body).contains("node"), "{body}");
+    let url = format!("{}/v1/masters/mymaster/drain", server.url);
+    let send = |node: &'static str| {
+        let body = json!({ "node": node });
+        server.client.post(&url).bearer_auth(TOKEN).json(&body).send()
+    };
+    let response = send("not-an-address").await.expect("the server answers");
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    // This server has no drain coordinator: a valid request says so, as JSON.
+    let response = send("10.0.0.1:6379").await.expect("the server answers");
+    assert_eq!(response.status(), StatusCode::NOT_IMPLEMENTED);
+    let body: Value = response.json().await.expect("a JSON body");
+    assert_eq!(error_of(&body), "draining is not available");
 }
 
 #[tokio::test]

@@ -49,16 +49,44 @@ pub async fn failover(
     }
 }
 
-/// `POST /v1/masters/{name}/drain`: not built yet (its issue builds it); authorized first so
-/// the contract for callers is already the final one.
+#[derive(Deserialize)]
+pub struct DrainBody {
+    node: String,
+}
+
+/// `POST /v1/masters/{name}/drain` with `{"node":"ip:port"}`: drains that node (the master's
+/// primary or one of its replicas) now and answers what was done.
 pub async fn drain(
     State(s): State<Arc<Shared>>,
     Name(name): Name,
     headers: HeaderMap,
+    body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     authorize(&s, &headers)?;
     s.master(&name)?;
-    Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "drain is not implemented yet"))
+    let body: DrainBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!("body must be {{\"node\":\"ip:port\"}}: {e}"))
+    })?;
+    let node: std::net::SocketAddr = body
+        .node
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("node: {:?} is not ip:port", body.node)))?;
+    let Some(handle) = &s.api.drain else {
+        return Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "draining is not available"));
+    };
+    let report = handle.drain_now(&name, node).await.map_err(drain_error)?;
+    Ok(Json(report).into_response())
+}
+
+fn drain_error(e: crate::drain::DrainError) -> ApiError {
+    use crate::drain::DrainError as E;
+    let status = match &e {
+        E::Disabled => StatusCode::CONFLICT,
+        E::UnknownMaster(_) => StatusCode::NOT_FOUND,
+        E::UnknownNode { .. } => StatusCode::BAD_REQUEST,
+        E::Node(_) => StatusCode::BAD_GATEWAY,
+    };
+    ApiError::new(status, e.to_string())
 }
 
 fn timed_out(name: &str, sentinel: &str, limit: std::time::Duration) -> ApiError {

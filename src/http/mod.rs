@@ -52,6 +52,8 @@ pub struct Api {
     pub admin_token: Option<Secret>,
     pub control: Arc<dyn Control>,
     pub metrics: PrometheusHandle,
+    /// Manual drains (`POST /v1/masters/{name}/drain`); `None` answers 501.
+    pub drain: Option<crate::drain::DrainHandle>,
 }
 
 #[derive(Debug, thiserror::Error)]

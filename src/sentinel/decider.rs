@@ -20,6 +20,7 @@ use super::message::PeerRecord;
 use super::nodes::Nodes;
 use super::{LinkId, MasterReport, Observation, Report};
 use crate::config::{Auth, Config, HostPort};
+use crate::drain::Signal;
 use crate::events::EventLog;
 use crate::metrics as m;
 use crate::topology::{
@@ -82,6 +83,8 @@ pub struct Decider {
     wanted: Option<Vec<(String, String)>>,
     links: Vec<LinkState>,
     sentinel_auth: Auth,
+    /// The drain coordinator's inbox (none when draining is off or in tests).
+    drain: Option<mpsc::UnboundedSender<Signal>>,
     /// Connections to data nodes for role checks, shared with the check tasks.
     nodes: Arc<Nodes>,
     writer: TopologyWriter,
@@ -116,6 +119,7 @@ impl Decider {
             links: Vec::new(),
             sentinel_auth: sentinels.as_ref().map(|s| s.auth.clone()).unwrap_or_default(),
             nodes: Arc::new(Nodes::new(config.nodes.clone())),
+            drain: None,
             writer,
             events,
             version: 0,
@@ -133,6 +137,12 @@ impl Decider {
             decider.add_link(addr, true);
         }
         decider
+    }
+
+    /// Sends fence/drain signals to `tx` from now on.
+    pub fn with_drain(mut self, tx: mpsc::UnboundedSender<Signal>) -> Self {
+        self.drain = Some(tx);
+        self
     }
 
     pub async fn run(mut self) {
@@ -180,7 +190,7 @@ impl Decider {
             Observation::Up { link, myid } => self.link_up(link, myid),
             Observation::Down { link, reason } => self.link_down(link, &reason),
             Observation::Report(report) => self.report(report),
-            Observation::Failover { link, master, in_progress, .. } => {
+            Observation::Failover { link, master, in_progress, aborted } => {
                 if let Some(e) = self.masters.get_mut(&master) {
                     if in_progress {
                         e.failover.insert(link)
@@ -188,14 +198,23 @@ impl Decider {
                         e.failover.remove(&link)
                     };
                 }
+                if aborted {
+                    self.signal(Signal::Aborted { master });
+                }
             }
-            Observation::Promoting { link, master, .. } => {
-                if let Some(e) = self.masters.get_mut(&master) {
-                    e.failover.insert(link);
+            Observation::Promoting { link, master, replica, at } => {
+                let Some(e) = self.masters.get_mut(&master) else { return };
+                e.failover.insert(link);
+                let old = e.published.as_ref().map(|p| p.candidate.node.clone());
+                if let Some(old) = old.filter(|o| !names(o, &replica)) {
+                    self.signal(Signal::Promoting { master, old, at });
                 }
             }
             Observation::NodeBack { master, node, .. } => {
-                tracing::debug!(%master, %node, "node back");
+                let published = self.masters.get(&master).and_then(|e| e.published.as_ref());
+                if published.is_some_and(|p| p.candidate.node.addr() != node.addr()) {
+                    self.signal(Signal::Returning { master, node });
+                }
             }
             Observation::Promoted { link, master, node, epoch, at } => {
                 if let Some(e) = self.masters.get_mut(&master) {
@@ -401,6 +420,15 @@ impl Decider {
             "via": via, "latency_ms": latency.as_secs_f64() * 1e3,
         });
         self.events.push("switch", Some(master), data);
+        self.signal(Signal::Flipped { master: master.to_string(), old, new: node, epoch, at });
+    }
+
+    /// Tells the drain side; only ever for changes the Sentinels agreed on.
+    fn signal(&mut self, signal: Signal) {
+        if let Some(tx) = &self.drain {
+            // The coordinator lives as long as the daemon; a send after it stopped is moot.
+            let _ = tx.send(signal);
+        }
     }
 
     fn majority(&self) -> usize {
@@ -469,6 +497,12 @@ impl Decider {
             sentinels: SentinelCounts { configured, reachable, agreeing },
         }
     }
+}
+
+/// Whether `node` is the instance Sentinel reported as `addr` (by IP or announced hostname).
+fn names(node: &Node, addr: &super::message::Addr) -> bool {
+    node.port == addr.port
+        && (node.ip.to_string() == addr.host || node.hostname.as_deref() == Some(&addr.host))
 }
 
 /// Whether `candidate` may replace what `entry` publishes: a higher epoch, or anything while

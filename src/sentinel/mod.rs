@@ -91,13 +91,18 @@ pub struct MasterReport {
     pub replicas: Vec<Replica>,
 }
 
-/// Starts the links and the decider; they stop when `shutdown` is cancelled.
+/// Starts the links and the decider; they stop when `shutdown` is cancelled. Fence and drain
+/// signals go to `drain` when given.
 pub fn spawn(
     config: &Config,
     writer: TopologyWriter,
     events: Arc<EventLog>,
+    drain: Option<tokio::sync::mpsc::UnboundedSender<crate::drain::Signal>>,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
-    let decider = Decider::new(config, writer, events, shutdown);
+    let mut decider = Decider::new(config, writer, events, shutdown);
+    if let Some(tx) = drain {
+        decider = decider.with_drain(tx);
+    }
     tokio::spawn(decider.run())
 }

@@ -71,7 +71,11 @@ impl Nodes {
             return Some(conn.clone());
         }
         let endpoint = Endpoint::new(addr.ip().to_string(), addr.port(), &self.auth);
-        let conn = connect(&endpoint, None).await.ok()?;
+        let mut conn = connect(&endpoint, None).await.ok()?;
+        // Named so that a drain of this node spares it (Redis before 7.2 shows no lib-name).
+        let mut name = redis::cmd("CLIENT");
+        name.arg("SETNAME").arg(crate::drain::CONNECTION_NAME);
+        let _ = name.query_async::<Value>(&mut conn).await;
         self.lock().insert(addr, conn.clone());
         Some(conn)
     }
