@@ -40,6 +40,8 @@ pub struct PolestarConfig {
     pub dns: bool,
     pub drain: bool,
     pub admin_token: Option<String>,
+    /// More `drain:` settings, one `key: value` per line (unindented).
+    pub drain_settings: Vec<String>,
     /// Extra top-level YAML appended as is.
     pub extra: String,
 }
@@ -53,6 +55,7 @@ impl PolestarConfig {
             dns: false,
             drain: false,
             admin_token: None,
+            drain_settings: Vec::new(),
             extra: String::new(),
         }
     }
@@ -79,6 +82,9 @@ impl PolestarConfig {
             let _ = writeln!(y, "  admin_token_file: {}", file.display());
         }
         let _ = writeln!(y, "drain:\n  enabled: {}", self.drain);
+        for line in &self.drain_settings {
+            let _ = writeln!(y, "  {line}");
+        }
         y + &self.extra
     }
 }
