@@ -16,6 +16,10 @@ ZONE=redis.internal.
 DNSPERF_ARGS=(-c 4 -T 1 -q 200 -l "$SECONDS_PER_RUN")
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+bash "$root/tests/deps.sh"
+if ! command -v dnsperf >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q dnsperf >/dev/null
+fi
 work=$(mktemp -d)
 pids=()
 cleanup() {
