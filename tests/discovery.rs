@@ -251,3 +251,42 @@ async fn announced_hostnames_are_resolved_and_kept_visible() {
     assert_eq!(primary_of(&m), Some(new), "{m}");
     assert_eq!(m["primary"]["hostname"], "localhost", "{m}");
 }
+
+/// Runs `SENTINEL <args>` on every Sentinel of the lab.
+async fn on_every_sentinel(lab: &Lab, args: &[&str]) {
+    for addr in lab.sentinel_addrs() {
+        let mut cmd = redis::cmd("SENTINEL");
+        for arg in args {
+            cmd.arg(*arg);
+        }
+        polestar::lab::query::<String>(addr, &cmd).await.expect("the Sentinel accepts it");
+    }
+}
+
+#[tokio::test]
+async fn without_a_masters_list_every_monitored_master_is_served() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.masters.clear();
+    let env = Env::with_config(lab, &config).await;
+    let primary = env.lab.primary().await.expect("primary");
+    let port = primary.port().to_string();
+    on_every_sentinel(&env.lab, &["MONITOR", "Second_M", "127.0.0.1", &port, "2"]).await;
+    let second = env
+        .wait_until(FAILOVER, "the new master is served", || async {
+            let m = env.ps.master("Second_M").await?;
+            ensure!(primary_of(&m) == Some(primary), "{m}");
+            Ok(m)
+        })
+        .await;
+    assert_eq!(second["dns_name"], "second-m", "{second}");
+    on_every_sentinel(&env.lab, &["REMOVE", "Second_M"]).await;
+    env.wait_until(FAILOVER, "the removed master is gone", || async {
+        let (status, body) = env.ps.get_json("/v1/masters/Second_M").await?;
+        ensure!(status == 404, "{status} {body}");
+        Ok(())
+    })
+    .await;
+    let m = env.master().await.expect("mymaster is still served");
+    assert_eq!(primary_of(&m), Some(primary));
+}
