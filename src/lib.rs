@@ -11,4 +11,5 @@ pub mod http;
 pub mod lab;
 pub mod metrics;
 pub mod sentinel;
+pub mod sweep;
 pub mod topology;
