@@ -217,6 +217,12 @@ impl TcpSocket {
         let peer = SocketAddr::new(id.destination_address.to_canonical(), id.destination_port);
         Self { local, peer, id, family }
     }
+
+    /// A socket as a dump would list it, for selection tests.
+    #[cfg(test)]
+    pub(crate) fn listed(local: SocketAddr, peer: SocketAddr) -> Self {
+        Self { local, peer, id: SocketId::new_v4(), family: AF_INET }
+    }
 }
 
 /// Lists sockets without blocking the runtime.
