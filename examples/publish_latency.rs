@@ -1,7 +1,8 @@
 //! Publish latency, measured end to end on a real local cluster: from the moment the leader
 //! Sentinel's `+promoted-slave` reaches a subscriber on loopback to the moment a pending HTTP
-//! long-poll (`?wait=&after=`) returns the new primary. Also shows when the first
-//! `+switch-master` arrived, which is where a design keyed on that event would flip.
+//! long-poll (`?wait=&after=`) returns the new primary, and to the first DNS answer (SRV,
+//! polled over UDP every millisecond) naming it. Also shows when the first `+switch-master`
+//! arrived, which is where a design keyed on that event would flip.
 //!
 //! Run with `bench/publish-latency.sh [ROUNDS]`.
 
@@ -22,8 +23,11 @@ async fn main() -> anyhow::Result<()> {
     let rounds: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(5);
     let lab = Lab::start(LabOptions::default()).await?;
     let http = free_port()?;
+    let dns = free_udp_port()?;
     let config = format!(
-        "sentinels: {{addresses: [{}]}}\nhttp: {{listen: '{http}'}}\n",
+        "sentinels: {{addresses: [{}]}}\nhttp: {{listen: '{http}'}}\n\
+         masters: [{{name: mymaster, dns_name: cache}}]\n\
+         dns: {{listen: ['{dns}'], zone: redis.test.}}\n",
         lab.sentinel_addrs().iter().map(|a| format!("'{a}'")).collect::<Vec<_>>().join(", ")
     );
     let config =
@@ -37,21 +41,34 @@ async fn main() -> anyhow::Result<()> {
     let api = format!("http://{http}/v1/masters/{}", lab.master_name());
     let http_client = reqwest::Client::new();
     wait_state(&http_client, &api, "ok").await?;
-    println!("round  promoted->API(ms)  promoted->first +switch-master(ms)");
-    let mut api_ms = Vec::new();
+    println!("round  promoted->API(ms)  promoted->DNS(ms)  promoted->first +switch-master(ms)");
+    let (mut api_ms, mut dns_ms) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
         seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clear();
+        let old_port = lab.primary().await?.port();
+        let dns_flip = tokio::spawn(watch_dns(dns, old_port));
         let (api_at, promoted, switched) = one_failover(&lab, &http_client, &api, &seen).await?;
+        let dns_at = dns_flip.await??;
         let ms = |a: Instant, b: Instant| a.saturating_duration_since(b).as_secs_f64() * 1e3;
         let sign = |a: Instant, b: Instant| if a >= b { ms(a, b) } else { -ms(b, a) };
         api_ms.push(sign(api_at, promoted));
-        println!("{round:>5}  {:>17.2}  {:>34.2}", sign(api_at, promoted), ms(switched, promoted));
+        dns_ms.push(sign(dns_at, promoted));
+        println!(
+            "{round:>5}  {:>17.2}  {:>17.2}  {:>34.2}",
+            sign(api_at, promoted),
+            sign(dns_at, promoted),
+            ms(switched, promoted)
+        );
         wait_state(&http_client, &api, "ok").await?;
     }
-    api_ms.sort_by(f64::total_cmp);
-    let median = api_ms[api_ms.len() / 2];
-    let max = api_ms.last().copied().unwrap_or(0.0);
-    println!("promoted->API: median {median:.2} ms, max {max:.2} ms over {rounds} failovers");
+    for (what, mut figures) in [("API", api_ms), ("DNS", dns_ms)] {
+        figures.sort_by(f64::total_cmp);
+        let median = figures[figures.len() / 2];
+        let max = figures.last().copied().unwrap_or(0.0);
+        println!(
+            "promoted->{what}: median {median:.2} ms, max {max:.2} ms over {rounds} failovers"
+        );
+    }
     shutdown.cancel();
     daemon.await??;
     Ok(())
@@ -112,6 +129,44 @@ async fn wait_state(http: &reqwest::Client, api: &str, state: &str) -> anyhow::R
         anyhow::ensure!(Instant::now() < deadline, "master never reached state {state}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Polls the SRV answer over UDP every millisecond (for at most 60 s) until its port is no
+/// longer `old_port`; returns when that answer arrived.
+async fn watch_dns(dns: SocketAddr, old_port: u16) -> anyhow::Result<Instant> {
+    use hickory_proto::op::{Message, Query};
+    use hickory_proto::rr::{Name, RData, RecordType};
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await?;
+    let mut query = Message::query();
+    query.add_query(Query::query(
+        Name::from_ascii("_redis._tcp.cache.redis.test.")?,
+        RecordType::SRV,
+    ));
+    let bytes = query.to_vec()?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut buf = vec![0u8; 1500];
+    while Instant::now() < deadline {
+        socket.send_to(&bytes, dns).await?;
+        if let Ok(Ok((n, _))) =
+            tokio::time::timeout(Duration::from_millis(50), socket.recv_from(&mut buf)).await
+        {
+            let at = Instant::now();
+            let answer = Message::from_vec(&buf[..n])?;
+            let port = answer.answers.iter().find_map(|r| match &r.data {
+                RData::SRV(srv) => Some(srv.port),
+                _ => None,
+            });
+            if port.is_some_and(|p| p != old_port) {
+                return Ok(at);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    anyhow::bail!("DNS never answered a new primary")
+}
+
+fn free_udp_port() -> anyhow::Result<SocketAddr> {
+    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
 }
 
 fn free_port() -> anyhow::Result<SocketAddr> {

@@ -27,6 +27,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let metrics = crate::metrics::install();
     let (writer, reader) = topology::channel();
     let events = Arc::new(EventLog::new());
+    let dns = match &config.dns {
+        Some(d) => Some(crate::dns::Listeners::bind(d).await?),
+        None => None,
+    };
     let http = match &config.http {
         Some(h) => Some(crate::http::bind(h.listen).await?),
         None => None,
@@ -34,6 +38,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     let mut tasks = JoinSet::new();
     let watcher = crate::sentinel::spawn(&config, writer, events.clone(), shutdown.clone());
+    if let (Some(listeners), Some(d)) = (dns, &config.dns) {
+        let (cfg, topology, stop) = (d.clone(), reader.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            crate::dns::serve(listeners, cfg, topology, stop).await.context("DNS server failed")
+        });
+    }
     if let (Some(listener), Some(h)) = (http, &config.http) {
         let api = crate::http::Api {
             topology: reader.clone(),

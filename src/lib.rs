@@ -6,6 +6,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod demo;
+pub mod dns;
 pub mod events;
 pub mod http;
 pub mod lab;

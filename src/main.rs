@@ -117,7 +117,8 @@ fn admin_token(file: Option<PathBuf>) -> Result<Option<String>, String> {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_env("POLESTAR_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_env("POLESTAR_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,hickory_server=warn"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Human => builder.init(),

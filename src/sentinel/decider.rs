@@ -180,7 +180,7 @@ impl Decider {
             Observation::Up { link, myid } => self.link_up(link, myid),
             Observation::Down { link, reason } => self.link_down(link, &reason),
             Observation::Report(report) => self.report(report),
-            Observation::Failover { link, master, in_progress } => {
+            Observation::Failover { link, master, in_progress, .. } => {
                 if let Some(e) = self.masters.get_mut(&master) {
                     if in_progress {
                         e.failover.insert(link)
@@ -285,6 +285,9 @@ impl Decider {
         let current = entry.published.as_ref().map(|p| p.candidate.epoch);
         if current.is_none_or(|e| report.epoch >= e) {
             entry.replicas = report.replicas;
+        }
+        for replica in &entry.replicas {
+            self.nodes.warm(std::net::SocketAddr::new(replica.ip, replica.port));
         }
         self.consider(&report.name, candidate, "reconcile", Instant::now());
     }

@@ -160,7 +160,12 @@ impl Link {
                 if let Some(epoch) = state.last_epoch {
                     state.failover_epoch.insert(master.clone(), epoch);
                 }
-                self.send(Observation::Failover { link, master, in_progress: true });
+                self.send(Observation::Failover {
+                    link,
+                    master,
+                    in_progress: true,
+                    aborted: false,
+                });
             }
             Event::Promoting { master, replica } => {
                 self.send(Observation::Promoting { link, master, replica, at });
@@ -174,9 +179,9 @@ impl Link {
                     self.send(Observation::Promoted { link, master, node, epoch, at });
                 }
             }
-            Event::FailoverEnded { master, .. } => {
+            Event::FailoverEnded { master, aborted } => {
                 state.failover_epoch.remove(&master);
-                self.send(Observation::Failover { link, master, in_progress: false });
+                self.send(Observation::Failover { link, master, in_progress: false, aborted });
                 return Ok(true);
             }
             Event::NodeBack { master, node } => {

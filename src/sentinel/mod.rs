@@ -43,11 +43,13 @@ pub enum Observation {
         reason: String,
     },
     Report(Report),
-    /// The Sentinel reports a failover of `master` starting (true) or over (false).
+    /// The Sentinel reports a failover of `master` starting (true) or over (false, and then
+    /// whether it was aborted).
     Failover {
         link: LinkId,
         master: String,
         in_progress: bool,
+        aborted: bool,
     },
     /// The leader is about to promote `replica`.
     Promoting {

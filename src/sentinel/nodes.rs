@@ -3,9 +3,9 @@
 //!
 //! A connection that fails or times out is dropped and rebuilt on the next use.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::Value;
@@ -19,25 +19,45 @@ use crate::config::Auth;
 pub struct Nodes {
     auth: Auth,
     open: Mutex<HashMap<SocketAddr, MultiplexedConnection>>,
+    /// Connects in flight from `warm`, so a node is dialled once at a time.
+    warming: Mutex<HashSet<SocketAddr>>,
 }
 
 impl Nodes {
     pub fn new(auth: Auth) -> Self {
-        Self { auth, open: Mutex::new(HashMap::new()) }
+        Self { auth, open: Mutex::default(), warming: Mutex::default() }
+    }
+
+    /// Opens a connection to `addr` in the background if none is open, so that the role
+    /// check at its promotion is one round trip.
+    pub fn warm(self: &Arc<Self>, addr: SocketAddr) {
+        if self.lock().contains_key(&addr) {
+            return;
+        }
+        let mut warming = self.warming.lock().unwrap_or_else(|p| p.into_inner());
+        if !warming.insert(addr) {
+            return;
+        }
+        let nodes = self.clone();
+        tokio::spawn(async move {
+            let _ = timeout(Duration::from_secs(3), nodes.connection(addr)).await;
+            nodes.warming.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
+        });
     }
 
     /// The role the node reports (`master`, `slave`, ...), or `None` if it does not answer
     /// within `deadline`.
     pub async fn role(&self, addr: SocketAddr, deadline: Duration) -> Option<String> {
         let check = async {
-            let mut conn = self.connection(addr).await?;
-            match redis::cmd("ROLE").query_async::<Value>(&mut conn).await {
-                Ok(reply) => role(&reply),
-                Err(_) => {
-                    self.forget(addr);
-                    None
+            // A kept-open connection may have died since its last use: one fresh retry.
+            for _ in 0..2 {
+                let mut conn = self.connection(addr).await?;
+                match redis::cmd("ROLE").query_async::<Value>(&mut conn).await {
+                    Ok(reply) => return role(&reply),
+                    Err(_) => self.forget(addr),
                 }
             }
+            None
         };
         let result = timeout(deadline, check).await.ok().flatten();
         if result.is_none() {

@@ -1,0 +1,81 @@
+//! Wiring: the zone publisher (topology → zone), the UDP loops, hickory-server's `Server` for
+//! TCP, and the NOTIFY senders, all stopped by one cancellation token.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_server::Server;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::handler::{Service, TcpHandler};
+use super::listen::Listeners;
+use super::zone::{Zone, ZoneSettings, initial_serial, next_serial, now_unix};
+use super::{notify, udp};
+use crate::config;
+use crate::topology::{Snapshot, TopologyReader};
+
+/// A TCP client that sends nothing for this long is disconnected.
+const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Messages queued per TCP connection: hickory-server does not drain the queue while a request
+/// is being answered, so it bounds the messages of one zone transfer (each of up to 100
+/// records, see `handler::TRANSFER_CHUNK`).
+const TCP_RESPONSE_QUEUE: usize = 2048;
+
+/// Serves until `shutdown` is cancelled.
+pub async fn serve(
+    listeners: Listeners,
+    cfg: config::Dns,
+    topology: TopologyReader,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let settings = ZoneSettings::from_config(&cfg)?;
+    let first = Zone::build(&topology.borrow(), &settings, initial_serial());
+    let (zone_tx, zone_rx) = watch::channel(Arc::new(first));
+    let service = Arc::new(Service::new(cfg.transfer_allow.clone()));
+
+    let mut tasks = JoinSet::new();
+    tasks.spawn(publish(topology, settings, zone_tx));
+    for target in &cfg.notify {
+        tasks.spawn(notify::notify_target(*target, zone_rx.clone()));
+    }
+    for socket in listeners.udp {
+        tasks.spawn(udp::serve_socket(socket, service.clone(), zone_rx.clone()));
+    }
+    let mut server = Server::new(TcpHandler { service, zone: zone_rx });
+    for listener in listeners.tcp {
+        server.register_listener(listener, TCP_IDLE_TIMEOUT, TCP_RESPONSE_QUEUE);
+    }
+
+    shutdown.cancelled().await;
+    tasks.abort_all();
+    server.shutdown_gracefully().await?;
+    Ok(())
+}
+
+/// Turns every topology change into a new zone; the only writer of the zone channel. A change
+/// that does not alter any record (e.g. a Sentinel count) keeps the zone and its serial.
+async fn publish(
+    mut topology: TopologyReader,
+    settings: ZoneSettings,
+    zone_tx: watch::Sender<Arc<Zone>>,
+) {
+    while topology.changed().await.is_ok() {
+        let snapshot = topology.borrow_and_update().clone();
+        let current = zone_tx.borrow().clone();
+        if let Some(next) = next_zone(&snapshot, &settings, &current) {
+            tracing::debug!(serial = next.serial(), version = snapshot.version, "DNS zone updated");
+            zone_tx.send_replace(Arc::new(next));
+        }
+    }
+}
+
+/// The zone for `snapshot`, or `None` when it has the same records as `current`.
+pub fn next_zone(snapshot: &Snapshot, settings: &ZoneSettings, current: &Zone) -> Option<Zone> {
+    let candidate = Zone::build(snapshot, settings, current.serial());
+    if candidate == *current {
+        return None;
+    }
+    Some(candidate.with_serial(next_serial(current.serial(), now_unix())))
+}

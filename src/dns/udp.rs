@@ -1,0 +1,153 @@
+//! The UDP fast path: one task per `SO_REUSEPORT` socket reads a batch of datagrams, decodes
+//! each with hickory-server's `Request`, answers through [`Service`] and writes the replies
+//! back in one batch, with no task spawned and no channel crossed per query.
+//!
+//! Garbage never gets further than the decoder: fewer than 12 bytes or the QR bit set is
+//! dropped silently (no reflection), an undecodable body gets FORMERR.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use hickory_proto::ProtoError;
+use hickory_proto::op::{Header, Message, MessageType, ResponseCode};
+use hickory_proto::rr::Record;
+use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncoder};
+use hickory_server::net::NetError;
+use hickory_server::net::xfer::Protocol;
+use hickory_server::server::{Request, ResponseHandler, ResponseInfo};
+use hickory_server::zone_handler::MessageResponse;
+use tokio::net::UdpSocket;
+use tokio::sync::watch;
+
+use super::batch::{self, RecvBuffers};
+use super::handler::{Service, UDP_PAYLOAD};
+use super::zone::Zone;
+
+/// Answers waiting to be sent at the end of the current batch. Only the socket's own task
+/// touches it (the mutex is never contended); `ResponseHandler` requires `Send + Sync`.
+type Outbox = Arc<Mutex<Vec<(Vec<u8>, SocketAddr)>>>;
+
+const RECV_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Serves one socket until the task is dropped (the caller aborts it at shutdown).
+pub async fn serve_socket(
+    socket: Arc<UdpSocket>,
+    service: Arc<Service>,
+    mut zone_rx: watch::Receiver<Arc<Zone>>,
+) {
+    let mut zone = zone_rx.borrow_and_update().clone();
+    let mut buffers = RecvBuffers::new();
+    let outbox: Outbox = Arc::default();
+    loop {
+        let batch = match batch::recv(&socket, &mut buffers).await {
+            Ok(batch) => batch,
+            Err(error) => {
+                tracing::debug!(%error, "DNS UDP receive failed");
+                tokio::time::sleep(RECV_ERROR_PAUSE).await; // never spin on a failing socket
+                continue;
+            }
+        };
+        // A cheap atomic check per batch; the zone is cloned only after a change.
+        if zone_rx.has_changed().unwrap_or(false) {
+            zone = zone_rx.borrow_and_update().clone();
+        }
+        for datagram in batch {
+            let packet = buffers.datagram(datagram.index, datagram.len);
+            handle_packet(&outbox, &service, &zone, packet, datagram.src).await;
+        }
+        let answers = std::mem::take(&mut *lock(&outbox));
+        batch::send(&socket, &answers).await;
+    }
+}
+
+fn lock(outbox: &Outbox) -> std::sync::MutexGuard<'_, Vec<(Vec<u8>, SocketAddr)>> {
+    // A panic while holding it cannot leave the list inconsistent: take it over.
+    outbox.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+async fn handle_packet(
+    outbox: &Outbox,
+    service: &Service,
+    zone: &Zone,
+    packet: &[u8],
+    src: SocketAddr,
+) {
+    let Ok(header) = Header::read(&mut BinDecoder::new(packet)) else { return };
+    if header.metadata.message_type == MessageType::Response || src.port() == 0 {
+        return;
+    }
+    match Request::from_bytes(packet.to_vec(), src, Protocol::Udp) {
+        Ok(request) => {
+            let responder =
+                UdpResponder { outbox: outbox.clone(), dst: src, max_size: max_size(&request) };
+            service.respond(zone, &request, responder).await;
+        }
+        Err(_) => {
+            service.count(ResponseCode::FormErr);
+            if let Some(bytes) = error_message(&header, ResponseCode::FormErr) {
+                lock(outbox).push((bytes, src));
+            }
+        }
+    }
+}
+
+/// The largest answer this client accepts over UDP: 512 without EDNS (RFC 1035), otherwise
+/// its advertised size capped at ours.
+fn max_size(request: &Request) -> u16 {
+    match &request.edns {
+        Some(_) => request.max_payload().min(UDP_PAYLOAD),
+        None => 512,
+    }
+}
+
+/// A header-only error response, for requests hickory could not decode.
+fn error_message(header: &Header, code: ResponseCode) -> Option<Vec<u8>> {
+    Message::error_msg(header.metadata.id, header.metadata.op_code, code).to_vec().ok()
+}
+
+/// Queues one response datagram for the client, truncated (TC) to what the client accepts.
+#[derive(Clone)]
+struct UdpResponder {
+    outbox: Outbox,
+    dst: SocketAddr,
+    max_size: u16,
+}
+
+impl UdpResponder {
+    fn encode<'a>(
+        &self,
+        response: MessageResponse<
+            '_,
+            'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+        >,
+    ) -> Result<(ResponseInfo, Vec<u8>), ProtoError> {
+        let mut bytes = Vec::with_capacity(512);
+        let mut encoder = BinEncoder::new(&mut bytes);
+        encoder.set_max_size(self.max_size);
+        let info = response.destructive_emit(&mut encoder)?;
+        Ok((info, bytes))
+    }
+}
+
+#[async_trait::async_trait]
+impl ResponseHandler for UdpResponder {
+    async fn send_response<'a>(
+        &mut self,
+        response: MessageResponse<
+            '_,
+            'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+        >,
+    ) -> Result<ResponseInfo, NetError> {
+        let (info, bytes) = self.encode(response)?;
+        lock(&self.outbox).push((bytes, self.dst));
+        Ok(info)
+    }
+}
