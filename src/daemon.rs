@@ -11,9 +11,8 @@ use anyhow::Context;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, Source};
+use crate::config::Config;
 use crate::events::EventLog;
-use crate::sentinel::admin::SentinelControl;
 use crate::topology::{self, TopologyReader};
 
 /// How long startup waits for a first confirmed state before saying `ready` anyway.
@@ -21,9 +20,6 @@ const FIRST_STATE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Runs the daemon until `shutdown` is cancelled (or a component fails, which stops the rest).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let Source::Sentinels(sentinels) = &config.source else {
-        anyhow::bail!("upstream: following another polestar is not supported by this version yet");
-    };
     let metrics = crate::metrics::install();
     let (writer, reader) = topology::channel();
     let events = Arc::new(EventLog::new());
@@ -36,8 +32,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         None => None,
     };
 
+    crate::sweep::start(&config, reader.clone(), events.clone(), shutdown.clone()).await?;
     let mut tasks = JoinSet::new();
-    let watcher = crate::sentinel::spawn(&config, writer, events.clone(), shutdown.clone());
+    let (watcher, control) =
+        crate::source::spawn(&config, writer, events.clone(), shutdown.clone());
     if let (Some(listeners), Some(d)) = (dns, &config.dns) {
         let (cfg, topology, stop) = (d.clone(), reader.clone(), shutdown.clone());
         tasks.spawn(async move {
@@ -49,7 +47,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             topology: reader.clone(),
             events: events.clone(),
             admin_token: h.admin_token.clone(),
-            control: Arc::new(SentinelControl::new(sentinels)),
+            control,
             metrics,
         };
         let stop = shutdown.clone();
