@@ -379,14 +379,16 @@ async fn dark_primary(cluster: &Cluster, agent: bool) -> anyhow::Result<()> {
 
 /// The upstream goes away (the agent marks stale, keeps the primary) and comes back.
 async fn upstream_restart(cluster: &Cluster, src: &str) -> anyhow::Result<()> {
-    let state = |want: &'static str| async move {
+    // `failover` is fine too: the old primary is dark, so the failover ends only at its timeout.
+    let state = |stale: bool| async move {
         let url = format!("http://127.0.0.1:{HTTP_PORT}/v1/masters/mymaster");
         let m = cluster.get_json(&cluster.app, url).await?;
-        (m["state"] == want).then(|| m["primary"]["ip"].as_str().unwrap_or("").to_string())
+        let is_stale = m["state"] == "stale";
+        (is_stale == stale).then(|| m["primary"]["ip"].as_str().unwrap_or("").to_string())
     };
-    let before = until("agent ok", Duration::from_secs(10), || state("ok")).await?;
+    let before = until("agent ok", Duration::from_secs(10), || state(false)).await?;
     cluster.net.stop("ctl-polestar");
-    let stale = until("agent stale", Duration::from_secs(10), || state("stale")).await?;
+    let stale = until("agent stale", Duration::from_secs(10), || state(true)).await?;
     anyhow::ensure!(stale == before, "the agent lost its primary when the upstream went away");
     let started = SystemTime::now();
     cluster
@@ -398,7 +400,7 @@ async fn upstream_restart(cluster: &Cluster, src: &str) -> anyhow::Result<()> {
             "",
         )
         .await?;
-    let after = until("agent ok again", Duration::from_secs(20), || state("ok")).await?;
+    let after = until("agent ok again", Duration::from_secs(20), || state(false)).await?;
     anyhow::ensure!(after == before, "the agent's primary moved across the restart");
     eprintln!(
         "RECOVERY agent-upstream-restart: agent ok again {:.3}s after the upstream was started",

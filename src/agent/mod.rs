@@ -26,6 +26,8 @@ use state::Labels;
 
 /// The upstream sends a keep-alive every 15 s; three missed ones mean the stream is dead.
 const IDLE_LIMIT: Duration = Duration::from_secs(45);
+/// Not every change has an event (a failover's end, replica health): re-read this often anyway.
+const RESYNC: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// For `GET /v1/masters`, which the upstream answers from memory.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -141,13 +143,22 @@ impl Agent {
 
     async fn follow(&self, mut stream: reqwest::Response) -> UpstreamError {
         let mut reader = sse::Reader::default();
+        let mut idle = Duration::ZERO;
         loop {
-            let chunk = match tokio::time::timeout(IDLE_LIMIT, stream.chunk()).await {
-                Err(_) => return UpstreamError::Idle(IDLE_LIMIT),
+            let chunk = match tokio::time::timeout(RESYNC, stream.chunk()).await {
+                Err(_) if idle + RESYNC >= IDLE_LIMIT => return UpstreamError::Idle(IDLE_LIMIT),
+                Err(_) => {
+                    idle += RESYNC;
+                    match self.refresh().await {
+                        Ok(()) => continue,
+                        Err(e) => return e,
+                    }
+                }
                 Ok(Err(e)) => return e.into(),
                 Ok(Ok(None)) => return UpstreamError::Ended,
                 Ok(Ok(Some(chunk))) => chunk,
             };
+            idle = Duration::ZERO;
             let items = match reader.feed(&chunk) {
                 Ok(items) => items,
                 Err(e) => return e.into(),
