@@ -191,6 +191,7 @@ impl Drop for Net {
         }
         for host in self.lock_hosts().iter() {
             remove_namespace(&host.ns);
+            let _ = ip(&["link", "del", &host.veth]);
         }
         let _ = ip(&["link", "del", &self.bridge]);
     }
@@ -203,7 +204,9 @@ fn reap(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Kills whatever still runs in the namespace, then deletes it (its veth goes with it).
+/// Kills whatever still runs in the namespace, destroys its remaining TCP sockets (orphans
+/// retransmitting to a dark host would keep the namespace, and its veth, alive for minutes),
+/// then deletes it (its veth goes with it).
 fn remove_namespace(ns: &str) {
     for pid in ip_out(&["netns", "pids", ns]).split_whitespace() {
         if let Ok(pid) = pid.parse::<i32>() {
@@ -211,6 +214,7 @@ fn remove_namespace(ns: &str) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
     }
+    let _ = Command::new("ip").args(["netns", "exec", ns, "ss", "-K", "-ta"]).output();
     let _ = ip(&["netns", "del", ns]);
 }
 
@@ -227,8 +231,10 @@ pub fn clean_leftovers() {
             remove_namespace(name);
         }
     }
-    for line in ip_out(&["-o", "link", "show", "type", "bridge"]).lines() {
+    // Bridges, and veths whose namespace outlived its name.
+    for line in ip_out(&["-o", "link", "show"]).lines() {
         let name = line.split(':').nth(1).unwrap_or("").trim();
+        let name = name.split('@').next().unwrap_or("");
         if owner_gone(name) {
             let _ = ip(&["link", "del", name]);
         }
