@@ -13,10 +13,9 @@ use tokio_util::sync::CancellationToken;
 
 use futures::FutureExt;
 
-use crate::config::{Config, Source};
+use crate::config::Config;
 use crate::drain::Coordinator;
 use crate::events::EventLog;
-use crate::sentinel::admin::SentinelControl;
 use crate::topology::{self, TopologyReader};
 
 /// How long startup waits for a first confirmed state before saying `ready` anyway.
@@ -24,9 +23,6 @@ const FIRST_STATE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Runs the daemon until `shutdown` is cancelled (or a component fails, which stops the rest).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let Source::Sentinels(sentinels) = &config.source else {
-        anyhow::bail!("upstream: following another polestar is not supported by this version yet");
-    };
     let metrics = crate::metrics::install();
     let (writer, reader) = topology::channel();
     let events = Arc::new(EventLog::new());
@@ -39,6 +35,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         None => None,
     };
 
+    crate::sweep::start(&config, reader.clone(), events.clone(), shutdown.clone()).await?;
     let mut tasks = JoinSet::new();
     let (drain_tx, drain_rx) = tokio::sync::mpsc::unbounded_channel();
     let coordinator = Coordinator::new(
@@ -49,8 +46,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     );
     let drain = coordinator.handle();
     tasks.spawn(coordinator.run(drain_rx, shutdown.clone()).map(Ok));
-    let watcher =
-        crate::sentinel::spawn(&config, writer, events.clone(), Some(drain_tx), shutdown.clone());
+    let (watcher, control) =
+        crate::source::spawn(&config, writer, events.clone(), drain_tx, shutdown.clone());
     if let (Some(listeners), Some(d)) = (dns, &config.dns) {
         let (cfg, topology, stop) = (d.clone(), reader.clone(), shutdown.clone());
         tasks.spawn(async move {
@@ -62,7 +59,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             topology: reader.clone(),
             events: events.clone(),
             admin_token: h.admin_token.clone(),
-            control: Arc::new(SentinelControl::new(sentinels)),
+            control,
             metrics,
             drain: Some(drain),
         };

@@ -1,6 +1,7 @@
 //! polestar: serves the current primary of every Sentinel-managed Redis/Valkey master by DNS
 //! and HTTP, and makes stale client connections fail fast on failover.
 
+pub mod agent;
 pub mod client;
 pub mod config;
 pub mod control;
@@ -13,4 +14,6 @@ pub mod http;
 pub mod lab;
 pub mod metrics;
 pub mod sentinel;
+pub mod source;
+pub mod sweep;
 pub mod topology;

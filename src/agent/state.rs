@@ -1,0 +1,96 @@
+//! Turning an upstream's `GET /v1/masters` answer into this polestar's next snapshot (pure).
+//!
+//! The upstream's view is taken as published truth, with the same two guards the Sentinel side
+//! applies: a known primary is never replaced by "unknown" (an upstream that has just restarted
+//! answers before it has a confirmed state), and a lower epoch is never published.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::http::view::{MasterView, NodeView};
+use crate::topology::{Master, MasterState, Node, Replica, SentinelCounts, Snapshot};
+
+/// Which masters to follow and under which DNS labels (from this polestar's own config).
+pub trait Labels {
+    /// `None`: not followed. `Some(label)`: followed under `label`.
+    fn label(&self, master: &str, upstream_label: &str) -> Option<String>;
+}
+
+/// The snapshot after reading `views` from the upstream, given the current one.
+pub fn merge(current: &Snapshot, views: &[MasterView], labels: &dyn Labels) -> Snapshot {
+    let mut masters = BTreeMap::new();
+    for view in views {
+        let Some(label) = labels.label(&view.name, &view.dns_name) else { continue };
+        let old = current.master(&view.name);
+        let master = from_view(view, label, old.map(|m| &**m));
+        masters.insert(view.name.clone(), Arc::new(master));
+    }
+    if views.is_empty() {
+        // An upstream with no masters at all is still loading: keep ours, marked stale.
+        return stale(current);
+    }
+    next(current, masters, true)
+}
+
+/// Every master kept as it is, marked `stale`: the upstream is unreachable.
+pub fn stale(current: &Snapshot) -> Snapshot {
+    let masters = current
+        .masters
+        .iter()
+        .map(|(name, m)| {
+            let state = if m.primary.is_some() { MasterState::Stale } else { MasterState::Unknown };
+            (name.clone(), Arc::new(Master { state, ..(**m).clone() }))
+        })
+        .collect();
+    next(current, masters, false)
+}
+
+fn next(current: &Snapshot, masters: BTreeMap<String, Arc<Master>>, reachable: bool) -> Snapshot {
+    Snapshot { version: current.version + 1, masters, source_reachable: reachable }
+}
+
+fn from_view(view: &MasterView, label: String, old: Option<&Master>) -> Master {
+    let mut master = Master {
+        name: view.name.clone(),
+        label,
+        primary: view.primary.as_ref().map(node),
+        epoch: view.epoch,
+        since: view.since.as_deref().and_then(|s| humantime::parse_rfc3339(s).ok()),
+        state: state(&view.state),
+        replicas: view.replicas.iter().map(replica).collect(),
+        sentinels: SentinelCounts {
+            configured: view.sentinels.configured,
+            reachable: view.sentinels.reachable,
+            agreeing: view.sentinels.agreeing,
+        },
+    };
+    if let Some(old) = old.filter(|old| keeps_old_primary(old, &master)) {
+        master.primary = old.primary.clone();
+        master.epoch = old.epoch;
+        master.since = old.since;
+        if master.state == MasterState::Unknown {
+            master.state = MasterState::Stale;
+        }
+    }
+    master
+}
+
+/// An unknown primary or a lower epoch upstream never replaces what this polestar published.
+fn keeps_old_primary(old: &Master, new: &Master) -> bool {
+    old.primary.is_some() && (new.primary.is_none() || new.epoch < old.epoch)
+}
+
+fn node(view: &NodeView) -> Node {
+    Node { ip: view.ip, port: view.port, hostname: view.hostname.clone() }
+}
+
+fn replica(view: &crate::http::view::ReplicaView) -> Replica {
+    Replica { ip: view.ip, port: view.port, hostname: view.hostname.clone(), healthy: view.healthy }
+}
+
+fn state(text: &str) -> MasterState {
+    MasterState::ALL.into_iter().find(|s| s.as_str() == text).unwrap_or(MasterState::Unknown)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,48 @@
+//! Where the truth comes from: the Sentinels, or an upstream polestar (agent mode).
+//!
+//! Either way exactly one task writes the topology; this picks it, and the matching answer to
+//! the API's planned-failover request, so that `daemon::run` does not branch on the source.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, Source};
+use crate::control::{BoxFuture, Control, ControlError};
+use crate::drain::Signal;
+use crate::events::EventLog;
+use crate::sentinel::admin::SentinelControl;
+use crate::topology::TopologyWriter;
+
+/// Starts the topology's writer; returns it and what serves `POST .../failover`. Only the
+/// Sentinel side sends fence/drain signals: an agent leaves that to the polestar it follows.
+pub fn spawn(
+    config: &Config,
+    writer: TopologyWriter,
+    events: Arc<EventLog>,
+    drain: mpsc::UnboundedSender<Signal>,
+    shutdown: CancellationToken,
+) -> (JoinHandle<()>, Arc<dyn Control>) {
+    match &config.source {
+        Source::Sentinels(s) => {
+            let task = crate::sentinel::spawn(config, writer, events, Some(drain), shutdown);
+            (task, Arc::new(SentinelControl::new(s)))
+        }
+        Source::Upstream(url) => {
+            let task = crate::agent::spawn(config, url, writer, events, shutdown);
+            (task, Arc::new(NotHere(url.clone())))
+        }
+    }
+}
+
+/// An agent has no Sentinels to ask: planned failovers go to the upstream (or the Sentinels).
+struct NotHere(String);
+
+impl Control for NotHere {
+    fn failover<'a>(&'a self, _master: &'a str) -> BoxFuture<'a, Result<String, ControlError>> {
+        let message = format!("this polestar follows {}: ask it for a failover", self.0);
+        Box::pin(async move { Err(ControlError::Unreachable(message)) })
+    }
+}

@@ -1,0 +1,118 @@
+//! One sweep job: destroy the target's sockets at once, then again every `drain.interval`
+//! until its deadline, so that a client which reconnects to the old primary (a hung process
+//! still completes handshakes from its accept queue; a stale DNS cache still names O) is cut
+//! again.
+//!
+//! A node-side job ends early once the local node answers `ROLE` as a replica (it is no longer
+//! hung and no longer claims master; the drain takes it from there). Any job ends when the node
+//! it sweeps is published as the primary again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::Context;
+use super::diag::{self, States, TcpSocket};
+use super::plan::{Change, Target};
+use crate::sentinel::{Endpoint, connect};
+
+/// Peers named in one event at most (the count is always complete).
+const PEERS_IN_EVENT: usize = 50;
+/// The `ROLE` check of the local node; a hung process does not answer within it.
+const ROLE_TIMEOUT: Duration = Duration::from_millis(300);
+
+pub async fn run(context: Arc<Context>, change: Change, target: Target) {
+    let started = Instant::now();
+    let deadline = started + lifetime(&context, &target);
+    let mut total = 0;
+    for round in 1.. {
+        if republished(&context, &change) {
+            break;
+        }
+        total += sweep_once(&context, &change, &target, round).await;
+        let next = Instant::now() + context.interval;
+        if next >= deadline || settled(&context, &change, &target).await {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = context.shutdown.cancelled() => break,
+        }
+    }
+    let elapsed = started.elapsed();
+    tracing::info!(
+        master = %change.master, node = %change.from, side = target.side(),
+        "sweep of {} done: {total} socket(s) destroyed in {elapsed:?}", change.from
+    );
+}
+
+fn lifetime(context: &Context, target: &Target) -> Duration {
+    match target {
+        Target::Local { .. } => context.window,
+        Target::Remote { .. } => context.grace,
+    }
+}
+
+/// Whether the swept node is the published primary again (a failback): stop cutting it.
+fn republished(context: &Context, change: &Change) -> bool {
+    let snapshot = context.topology.borrow().clone();
+    snapshot.master(&change.master).and_then(|m| m.primary.as_ref()) == Some(&change.from)
+}
+
+/// Node side: the local node answers as a replica, so it is neither hung nor a false master.
+async fn settled(context: &Context, change: &Change, target: &Target) -> bool {
+    if !matches!(target, Target::Local { .. }) {
+        return false;
+    }
+    let endpoint = Endpoint::new(change.from.ip.to_string(), change.from.port, &context.nodes);
+    let check = async {
+        let mut conn = connect(&endpoint, None).await.ok()?;
+        let reply = redis::cmd("ROLE").query_async::<redis::Value>(&mut conn).await.ok()?;
+        crate::sentinel::message::role(&reply)
+    };
+    let role = tokio::time::timeout(ROLE_TIMEOUT, check).await.ok().flatten();
+    role.as_deref() == Some("slave")
+}
+
+/// Destroys the target's sockets once; reports and returns how many.
+async fn sweep_once(context: &Context, change: &Change, target: &Target, round: u32) -> usize {
+    let states = match target {
+        Target::Local { .. } => States::Established,
+        Target::Remote { .. } => States::EstablishedOrOpening,
+    };
+    let select = target.clone();
+    match diag::destroy_where(states, move |s| select.selects(s)).await {
+        Ok(destroyed) => {
+            report(context, change, target, round, &destroyed);
+            destroyed.len()
+        }
+        Err(e) => {
+            tracing::error!(master = %change.master, node = %change.from, "sweep failed: {e}");
+            0
+        }
+    }
+}
+
+fn report(context: &Context, change: &Change, target: &Target, round: u32, gone: &[TcpSocket]) {
+    if gone.is_empty() {
+        return;
+    }
+    let peers: Vec<String> = gone.iter().take(PEERS_IN_EVENT).map(|s| s.peer.to_string()).collect();
+    tracing::info!(
+        master = %change.master, node = %change.from, side = target.side(), round,
+        "swept {} socket(s) of {} (sock_destroy): peers {}", gone.len(), change.from, peers.join(", ")
+    );
+    let labels = [("master", change.master.clone()), ("method", "sock_destroy".to_string())];
+    metrics::counter!(crate::metrics::DRAIN_KILLED, &labels).increment(gone.len() as u64);
+    let data = json!({
+        "node": change.from.to_string(),
+        "side": target.side(),
+        "method": "sock_destroy",
+        "round": round,
+        "destroyed": gone.len(),
+        "peers": peers,
+    });
+    context.events.push("sweep", Some(&change.master), data);
+}

@@ -1,0 +1,123 @@
+//! Kernel socket sweeping (SPEC "Failover behaviour" step 5): when a master's primary moves
+//! from O to N, destroy this host's TCP sockets that still tie clients to O.
+//!
+//! `CLIENT KILL` needs O to answer; a stopped redis-server or a dark host does not. The kernel
+//! of O's host can still reset O's clients (node side, `sweep.local_ports`), and the kernel of
+//! an application host can abort its own sockets to O (client side, `sweep.remote`). Both are
+//! driven only by published topology changes, read from the [`TopologyReader`] like DNS and
+//! HTTP, so they work the same whether this polestar follows Sentinels or an upstream polestar,
+//! and never because contact was lost (a `stale` master keeps its primary).
+
+pub mod diag;
+mod job;
+mod local;
+pub mod plan;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Auth, Config, Source, Sweep};
+use crate::events::EventLog;
+use crate::topology::TopologyReader;
+pub use diag::DiagError;
+use plan::{Change, Target};
+
+#[derive(Debug, thiserror::Error)]
+#[error("sweep: {0}")]
+pub struct SweepError(#[from] DiagError);
+
+/// What every sweep job shares.
+struct Context {
+    sweep: Sweep,
+    /// Node side: repeat while the old primary is hung or still claims master, this long.
+    window: Duration,
+    /// Client side: repeat this long, for clients whose DNS cache still names O.
+    grace: Duration,
+    interval: Duration,
+    /// Configured Sentinel hosts: their connections to a local node are never swept.
+    sentinel_hosts: BTreeSet<IpAddr>,
+    /// For the `ROLE` check that ends a node-side sweep early.
+    nodes: Auth,
+    topology: TopologyReader,
+    events: Arc<EventLog>,
+    shutdown: CancellationToken,
+}
+
+/// Starts the sweeper when `sweep` is configured, after checking that this process may destroy
+/// sockets (a missing capability is a startup error, never a surprise during a failover).
+pub async fn start(
+    config: &Config,
+    topology: TopologyReader,
+    events: Arc<EventLog>,
+    shutdown: CancellationToken,
+) -> Result<(), SweepError> {
+    let Some(sweep) = config.sweep.clone() else { return Ok(()) };
+    tokio::task::spawn_blocking(diag::probe)
+        .await
+        .unwrap_or_else(|e| Err(DiagError::Probe(format!("the probe task failed: {e}"))))?;
+    let context = Arc::new(Context {
+        sweep,
+        window: config.drain.window,
+        grace: config.drain.grace,
+        interval: config.drain.interval,
+        sentinel_hosts: sentinel_hosts(config),
+        nodes: config.nodes.clone(),
+        topology: topology.clone(),
+        events,
+        shutdown,
+    });
+    tracing::info!(
+        local_ports = ?context.sweep.local_ports,
+        remote = context.sweep.remote,
+        "sweeping sockets on primary changes (SOCK_DESTROY permitted)"
+    );
+    tokio::spawn(follow(topology, context));
+    Ok(())
+}
+
+/// The configured Sentinel addresses that are IP addresses (hostnames are resolved when
+/// connecting and are not known here).
+fn sentinel_hosts(config: &Config) -> BTreeSet<IpAddr> {
+    let Source::Sentinels(s) = &config.source else { return BTreeSet::new() };
+    s.addresses
+        .iter()
+        .filter_map(|a| a.host.parse::<IpAddr>().ok())
+        .map(|ip| ip.to_canonical())
+        .collect()
+}
+
+/// Follows the topology until shutdown and starts the jobs for every primary change.
+async fn follow(mut topology: TopologyReader, context: Arc<Context>) {
+    let mut last = topology.borrow_and_update().clone();
+    loop {
+        tokio::select! {
+            _ = context.shutdown.cancelled() => return,
+            changed = topology.changed() => if changed.is_err() { return },
+        }
+        let next = topology.borrow_and_update().clone();
+        for change in plan::changes(&last, &next) {
+            for target in targets(&context, &change) {
+                tokio::spawn(job::run(context.clone(), change.clone(), target));
+            }
+        }
+        last = next;
+    }
+}
+
+/// The sweeps one change calls for on this host.
+fn targets(context: &Context, change: &Change) -> Vec<Target> {
+    let mut targets = Vec::new();
+    let old = &change.from;
+    if context.sweep.local_ports.contains(&old.port) && local::is_local(old.ip) {
+        let spared = change.data_hosts.union(&context.sentinel_hosts).copied().collect();
+        targets.push(Target::Local { port: old.port, spared });
+    }
+    if context.sweep.remote {
+        targets.push(Target::Remote { peer: old.addr() });
+    }
+    targets
+}
