@@ -3,6 +3,9 @@
 //! Startup is a short sequence of named steps: bind every listener (so a busy port fails the
 //! start, before anything is served), start the Sentinel watcher, serve, and say `ready` once
 //! a first state is loaded. Shutdown cancels one token that every task holds.
+//!
+//! Settings that a reload can change reach the components through the configuration channel
+//! of [`crate::reload`]; systemd hears about each stage through [`crate::service`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,13 +16,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Source};
 use crate::events::EventLog;
-use crate::sentinel::admin::SentinelControl;
+use crate::reload::{self, Reloader, watcher};
+use crate::sentinel::{admin::SentinelControl, spawn};
+use crate::service;
 use crate::topology::{self, TopologyReader};
 
 /// How long startup waits for a first confirmed state before saying `ready` anyway.
 const FIRST_STATE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Runs the daemon until `shutdown` is cancelled (or a component fails, which stops the rest).
+/// SIGHUP reloads `config.file`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let Source::Sentinels(sentinels) = &config.source else {
         anyhow::bail!("upstream: following another polestar is not supported by this version yet");
@@ -32,13 +38,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         None => None,
     };
 
+    let (reloader, live) = Reloader::new(config.clone());
     let mut tasks = JoinSet::new();
-    let watcher = crate::sentinel::spawn(&config, writer, events.clone(), shutdown.clone());
-    if let (Some(listener), Some(h)) = (http, &config.http) {
+    tasks.spawn(reload::on_sighup(reloader, shutdown.clone()));
+    let watch = watcher::supervise(live.clone(), writer, events.clone(), shutdown.clone(), spawn);
+    let watcher = tokio::spawn(watch);
+    if let Some(listener) = http {
         let api = crate::http::Api {
             topology: reader.clone(),
             events: events.clone(),
-            admin_token: h.admin_token.clone(),
+            admin_token: reload::project(&live, |c| c.http.as_ref()?.admin_token.clone()),
             control: Arc::new(SentinelControl::new(sentinels)),
             metrics,
         };
@@ -49,13 +58,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
 
     tokio::select! {
-        _ = wait_first_state(reader.clone()) => tracing::info!("ready"),
+        _ = wait_first_state(reader.clone()) => {
+            tracing::info!("ready");
+            service::ready();
+        }
         _ = shutdown.cancelled() => {}
     }
+    tasks.spawn(service::watchdog(shutdown.clone()));
     let result = supervise(&mut tasks, &shutdown).await;
+    service::stopping();
     shutdown.cancel();
     while tasks.join_next().await.is_some() {}
-    watcher.await.context("the Sentinel watcher failed")?;
+    watcher.await.context("the Sentinel watcher supervisor failed")?;
     result
 }
 

@@ -10,5 +10,7 @@ pub mod events;
 pub mod http;
 pub mod lab;
 pub mod metrics;
+pub mod reload;
 pub mod sentinel;
+pub mod service;
 pub mod topology;

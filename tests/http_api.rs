@@ -77,7 +77,7 @@ async fn start(admin_token: Option<&str>) -> Server {
     let api = Api {
         topology: reader,
         events: events.clone(),
-        admin_token: admin_token.map(polestar::config::Secret::new),
+        admin_token: http::fixed_token(admin_token.map(polestar::config::Secret::new)),
         control: control.clone(),
         metrics: metrics_handle(),
     };
