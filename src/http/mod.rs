@@ -12,6 +12,7 @@ mod error;
 mod events;
 mod health;
 mod masters;
+mod page;
 mod params;
 pub mod view;
 mod wait;
@@ -94,6 +95,7 @@ pub fn router(api: Api) -> Router {
 
 fn routes(shared: Arc<Shared>) -> Router {
     Router::new()
+        .route("/", get(page::index))
         .route("/v1/masters", get(masters::list))
         .route("/v1/masters/{name}", get(masters::one))
         .route("/v1/masters/{name}/primary", get(masters::primary))
