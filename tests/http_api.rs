@@ -196,7 +196,7 @@ async fn an_unconfirmed_master_has_a_null_primary() {
 async fn unknown_masters_and_routes_are_json_errors() {
     let server = start(Some(TOKEN)).await;
     server.publish_one(Some("10.0.0.1:6379"), Some(1));
-    for path in ["/v1/masters/nope", "/v1/masters/nope/primary", "/v1/nothing", "/"] {
+    for path in ["/v1/masters/nope", "/v1/masters/nope/primary", "/v1/nothing", "/nothing"] {
         let (status, body) = server.get_json(path).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
         assert!(!error_of(&body).is_empty());
