@@ -1,27 +1,34 @@
 //! `polestar run`: load, bind, spawn, wait for shutdown.
 //!
 //! Startup is a short sequence of named steps: bind every listener (so a busy port fails the
-//! start, before anything is served), start the Sentinel watcher, serve, and say `ready` once
-//! a first state is loaded. Shutdown cancels one token that every task holds.
+//! start, before anything is served), check the socket sweeper's permission, start the drain
+//! coordinator and the topology's writer (Sentinels or an upstream polestar), serve, and say
+//! `ready` once a first state is loaded. Shutdown cancels one token that every task holds.
+//!
+//! Settings that a reload can change reach the components through the configuration channel
+//! of [`crate::reload`]; systemd hears about each stage through [`crate::service`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use futures::FutureExt;
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-
-use futures::FutureExt;
 
 use crate::config::Config;
 use crate::drain::Coordinator;
 use crate::events::EventLog;
-use crate::topology::{self, TopologyReader};
+use crate::reload::{self, Reloader, watcher};
+use crate::service;
+use crate::topology::{self, TopologyReader, TopologyWriter};
 
 /// How long startup waits for a first confirmed state before saying `ready` anyway.
 const FIRST_STATE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Runs the daemon until `shutdown` is cancelled (or a component fails, which stops the rest).
+/// SIGHUP reloads `config.file`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let metrics = crate::metrics::install();
     let (writer, reader) = topology::channel();
@@ -34,10 +41,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         Some(h) => Some(crate::http::bind(h.listen).await?),
         None => None,
     };
-
     crate::sweep::start(&config, reader.clone(), events.clone(), shutdown.clone()).await?;
+
+    let (reloader, live) = Reloader::new(config.clone());
     let mut tasks = JoinSet::new();
-    let (drain_tx, drain_rx) = tokio::sync::mpsc::unbounded_channel();
+    tasks.spawn(reload::on_sighup(reloader, shutdown.clone()));
+    let (drain_tx, drain_rx) = mpsc::unbounded_channel();
     let coordinator = Coordinator::new(
         config.drain.clone(),
         config.nodes.clone(),
@@ -46,20 +55,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     );
     let drain = coordinator.handle();
     tasks.spawn(coordinator.run(drain_rx, shutdown.clone()).map(Ok));
-    let (watcher, control) =
-        crate::source::spawn(&config, writer, events.clone(), drain_tx, shutdown.clone());
+    let start = move |c: &Config, w: TopologyWriter, e: Arc<EventLog>, s: CancellationToken| {
+        crate::source::spawn(c, w, e, drain_tx.clone(), s)
+    };
+    let watch = watcher::supervise(live.clone(), writer, events.clone(), shutdown.clone(), start);
+    let watcher = tokio::spawn(watch);
     if let (Some(listeners), Some(d)) = (dns, &config.dns) {
         let (cfg, topology, stop) = (d.clone(), reader.clone(), shutdown.clone());
         tasks.spawn(async move {
             crate::dns::serve(listeners, cfg, topology, stop).await.context("DNS server failed")
         });
     }
-    if let (Some(listener), Some(h)) = (http, &config.http) {
+    if let Some(listener) = http {
         let api = crate::http::Api {
             topology: reader.clone(),
             events: events.clone(),
-            admin_token: h.admin_token.clone(),
-            control,
+            admin_token: reload::project(&live, |c| c.http.as_ref()?.admin_token.clone()),
+            control: crate::source::control(&config),
             metrics,
             drain: Some(drain),
         };
@@ -70,13 +82,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
 
     tokio::select! {
-        _ = wait_first_state(reader.clone()) => tracing::info!("ready"),
+        _ = wait_first_state(reader.clone()) => {
+            tracing::info!("ready");
+            service::ready();
+        }
         _ = shutdown.cancelled() => {}
     }
+    tasks.spawn(service::watchdog(shutdown.clone()));
     let result = supervise(&mut tasks, &shutdown).await;
+    service::stopping();
     shutdown.cancel();
     while tasks.join_next().await.is_some() {}
-    watcher.await.context("the Sentinel watcher failed")?;
+    watcher.await.context("the topology watcher's supervisor failed")?;
     result
 }
 

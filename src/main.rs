@@ -178,24 +178,19 @@ fn runtime(work: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitC
     }
 }
 
-/// SIGTERM and SIGINT stop gracefully; SIGHUP is acknowledged (reload comes with operation
-/// support) rather than killing the process.
+/// SIGTERM and SIGINT stop gracefully. SIGHUP (reload) is the daemon's own: see
+/// `polestar::reload`.
 async fn signals(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
+    let (Ok(mut term), Ok(mut int)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
         tracing::error!("cannot install signal handlers");
         return;
     };
-    loop {
-        tokio::select! {
-            _ = term.recv() => break,
-            _ = int.recv() => break,
-            _ = hup.recv() => tracing::warn!("SIGHUP: reloading is not supported yet; restart to apply changes"),
-        }
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
     }
     tracing::info!("shutting down");
     shutdown.cancel();

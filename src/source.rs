@@ -16,24 +16,28 @@ use crate::events::EventLog;
 use crate::sentinel::admin::SentinelControl;
 use crate::topology::TopologyWriter;
 
-/// Starts the topology's writer; returns it and what serves `POST .../failover`. Only the
-/// Sentinel side sends fence/drain signals: an agent leaves that to the polestar it follows.
+/// Starts the topology's writer. Only the Sentinel side sends fence/drain signals: an agent
+/// leaves that to the polestar it follows.
 pub fn spawn(
     config: &Config,
     writer: TopologyWriter,
     events: Arc<EventLog>,
     drain: mpsc::UnboundedSender<Signal>,
     shutdown: CancellationToken,
-) -> (JoinHandle<()>, Arc<dyn Control>) {
+) -> JoinHandle<()> {
     match &config.source {
-        Source::Sentinels(s) => {
-            let task = crate::sentinel::spawn(config, writer, events, Some(drain), shutdown);
-            (task, Arc::new(SentinelControl::new(s)))
+        Source::Sentinels(_) => {
+            crate::sentinel::spawn(config, writer, events, Some(drain), shutdown)
         }
-        Source::Upstream(url) => {
-            let task = crate::agent::spawn(config, url, writer, events, shutdown);
-            (task, Arc::new(NotHere(url.clone())))
-        }
+        Source::Upstream(url) => crate::agent::spawn(config, url, writer, events, shutdown),
+    }
+}
+
+/// What serves `POST .../failover`: the Sentinels, or a refusal naming the upstream.
+pub fn control(config: &Config) -> Arc<dyn Control> {
+    match &config.source {
+        Source::Sentinels(s) => Arc::new(SentinelControl::new(s)),
+        Source::Upstream(url) => Arc::new(NotHere(url.clone())),
     }
 }
 

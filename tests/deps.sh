@@ -9,6 +9,10 @@ command -v dig            >/dev/null || need+=(dnsutils)
 command -v knotd          >/dev/null || need+=(knot)
 command -v ip             >/dev/null || need+=(iproute2)
 command -v pgrep          >/dev/null || need+=(procps)
+command -v systemd-analyze >/dev/null || need+=(systemd)      # the unit: systemd-analyze verify
+command -v chromium       >/dev/null || need+=(chromium)     # the status page, headless
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
+command -v runuser        >/dev/null || need+=(util-linux)   # tests/package.sh
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "missing: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}" >&2
@@ -18,6 +22,13 @@ if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q >/dev/null
   apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
+fi
+# The Debian package is built with cargo-deb from crates.io (pinned: tests/package.sh builds
+# from the dev profile, which this version accepts).
+CARGO_DEB_VERSION=3.8.0
+if ! cargo deb --version 2>/dev/null | grep -q "$CARGO_DEB_VERSION"; then
+  echo "installing cargo-deb $CARGO_DEB_VERSION" >&2
+  cargo install cargo-deb --version "$CARGO_DEB_VERSION" --locked --quiet
 fi
 # The packaged services are not used (every test starts its own processes on free ports);
 # stop them where they were started so they do not hold memory or ports.

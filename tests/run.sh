@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 bash tests/deps.sh
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
+# Builds the debug binary the tests use too, packages it, installs, checks and purges it.
+bash tests/package.sh
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --locked --no-fail-fast
 else

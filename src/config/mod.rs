@@ -179,6 +179,8 @@ pub struct Config {
     pub http: Option<Http>,
     pub drain: Drain,
     pub sweep: Option<Sweep>,
+    /// The file it was loaded from (`None` when parsed from text): what SIGHUP reloads.
+    pub file: Option<PathBuf>,
 }
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
@@ -188,12 +190,13 @@ impl Config {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         let base = path.parent().unwrap_or(Path::new("."));
-        Self::parse(&text, base).map_err(|e| match e {
+        let config = Self::parse(&text, base).map_err(|e| match e {
             ParseError::Yaml(message) => ConfigError::Yaml { path: path.to_owned(), message },
             ParseError::Invalid(problems) => {
                 ConfigError::Invalid { path: path.to_owned(), problems }
             }
-        })
+        })?;
+        Ok(Self { file: Some(path.to_owned()), ..config })
     }
 
     /// Parses YAML text; relative secret files are read relative to `base`.
@@ -291,6 +294,7 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
         http: http.flatten(),
         drain: drain?,
         sweep: sweep.flatten(),
+        file: None,
     })
 }
 

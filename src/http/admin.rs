@@ -100,7 +100,8 @@ fn timed_out(name: &str, sentinel: &str, limit: std::time::Duration) -> ApiError
 
 /// 403 when no token is configured, 401 when the request's bearer token is missing or wrong.
 fn authorize(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(expected) = &s.api.admin_token else {
+    let expected = s.api.admin_token.borrow().clone();
+    let Some(expected) = expected else {
         let message = "the admin endpoints are disabled: no http.admin_token_file is configured";
         return Err(ApiError::new(StatusCode::FORBIDDEN, message));
     };

@@ -12,6 +12,7 @@ mod error;
 mod events;
 mod health;
 mod masters;
+mod page;
 mod params;
 pub mod view;
 mod wait;
@@ -27,7 +28,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Secret;
@@ -48,12 +49,23 @@ pub struct Api {
     /// Read end of the topology; the Sentinel side holds the only writer.
     pub topology: TopologyReader,
     pub events: Arc<EventLog>,
-    /// `http.admin_token_file`; without it the POST endpoints answer 403.
-    pub admin_token: Option<Secret>,
+    /// `http.admin_token_file` as currently configured (a reload replaces it); without one the
+    /// POST endpoints answer 403.
+    pub admin_token: AdminToken,
     pub control: Arc<dyn Control>,
     pub metrics: PrometheusHandle,
     /// Manual drains (`POST /v1/masters/{name}/drain`); `None` answers 501.
     pub drain: Option<crate::drain::DrainHandle>,
+}
+
+/// The admin token: the daemon keeps it up to date from the configuration
+/// ([`crate::reload::project`]); a fixed one comes from [`fixed_token`].
+pub type AdminToken = watch::Receiver<Option<Secret>>;
+
+/// A token that never changes (tests, embedding).
+pub fn fixed_token(token: Option<Secret>) -> AdminToken {
+    // A receiver keeps the last value after its sender is gone.
+    watch::channel(token).1
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +97,7 @@ pub fn router(api: Api) -> Router {
 
 fn routes(shared: Arc<Shared>) -> Router {
     Router::new()
+        .route("/", get(page::index))
         .route("/v1/masters", get(masters::list))
         .route("/v1/masters/{name}", get(masters::one))
         .route("/v1/masters/{name}/primary", get(masters::primary))

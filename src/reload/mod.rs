@@ -1,0 +1,207 @@
+//! Reloading the configuration on SIGHUP without dropping DNS or HTTP service.
+//!
+//! The running configuration lives in one `watch` channel of `Arc<Config>`: the [`Reloader`]
+//! holds its only sender and every component that can change its settings while running holds
+//! a [`ConfigReader`] (or a narrower [`project`]ion of it, like the HTTP admin token) and reads
+//! the current value when it needs it. A reload parses and checks the whole file first; a bad
+//! file is rejected with every problem logged and the old configuration keeps running. What
+//! cannot change in place (the listeners: their sockets are bound once, before anything is
+//! served) is kept as it was and logged as needing a restart.
+//!
+//! The Sentinel watcher is restarted rather than reconfigured, through [`watcher::supervise`]:
+//! a new one starts beside the old, takes over once it has a full picture, and only then is the
+//! old one stopped, so the published topology never goes blank in between.
+
+pub mod watcher;
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ConfigError};
+
+/// The running configuration; `borrow()` for the current one, `changed()` to follow reloads.
+pub type ConfigReader = watch::Receiver<Arc<Config>>;
+
+/// Re-reads the configuration file and publishes it; holds the channel's only sender.
+pub struct Reloader {
+    tx: watch::Sender<Arc<Config>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("the configuration was not read from a file: nothing to reload")]
+    NoFile,
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+impl ReloadError {
+    /// Each problem on its own line.
+    pub fn problems(&self) -> Vec<String> {
+        match self {
+            Self::Config(e) => e.problems(),
+            other => vec![other.to_string()],
+        }
+    }
+}
+
+impl Reloader {
+    /// The channel starts with `config`; reloads re-read `config.file`.
+    pub fn new(config: Config) -> (Self, ConfigReader) {
+        let (tx, rx) = watch::channel(Arc::new(config));
+        (Self { tx }, rx)
+    }
+
+    pub fn subscribe(&self) -> ConfigReader {
+        self.tx.subscribe()
+    }
+
+    /// Loads the file again and publishes it (listeners kept as they are); on error nothing
+    /// changes. Returns what changed.
+    pub fn reload(&self) -> Result<Changes, ReloadError> {
+        let old = self.tx.borrow().clone();
+        let new = Config::load(old.file.as_deref().ok_or(ReloadError::NoFile)?)?;
+        let changes = Changes::between(&old, &new);
+        if !changes.is_empty() {
+            self.tx.send_replace(Arc::new(keep_listeners(&old, new)));
+        }
+        Ok(changes)
+    }
+
+    /// Reloads and logs the outcome in the words an operator reads after `systemctl reload`.
+    pub fn reload_and_log(&self) {
+        let config = self.tx.borrow().clone();
+        let file = config.file.as_deref().unwrap_or(Path::new("configuration")).display();
+        match self.reload() {
+            Ok(changes) if changes.is_empty() => tracing::info!("reloaded {file}: no changes"),
+            Ok(changes) => {
+                for setting in &changes.restart {
+                    tracing::warn!("reloaded {file}: {setting} changed; restart polestar to apply");
+                }
+                tracing::info!("reloaded {file}: {changes}");
+            }
+            Err(e) => {
+                for problem in e.problems() {
+                    tracing::error!("reload rejected: {problem}");
+                }
+                tracing::error!("reload rejected: keeping the running configuration");
+            }
+        }
+    }
+}
+
+/// The sections that differ between two configurations.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Applied while running (for each, the component that follows the channel).
+    pub applied: Vec<&'static str>,
+    /// Not applied: they take a restart.
+    pub restart: Vec<&'static str>,
+}
+
+impl Changes {
+    pub fn between(old: &Config, new: &Config) -> Self {
+        let mut c = Changes::default();
+        let mut applied = |yes: bool, what| yes.then(|| c.applied.push(what));
+        applied(old.source != new.source, "sentinels");
+        applied(old.masters != new.masters, "masters");
+        applied(old.nodes != new.nodes, "nodes");
+        applied(old.drain != new.drain, "drain");
+        applied(old.sweep != new.sweep, "sweep");
+        applied(admin_token(old) != admin_token(new), "http.admin_token_file");
+        let http_listen = |c: &Config| c.http.as_ref().map(|h| h.listen);
+        if http_listen(old) != http_listen(new) {
+            c.restart.push("http.listen");
+        }
+        // The DNS server binds and builds its zone at start; a DNS component that follows the
+        // channel can move its settings (all but `listen`) to `applied`.
+        if old.dns != new.dns {
+            c.restart.push("dns");
+        }
+        c
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.applied.is_empty() && self.restart.is_empty()
+    }
+
+    /// Whether the Sentinel watcher must be restarted for the new configuration.
+    pub fn watcher(old: &Config, new: &Config) -> bool {
+        old.source != new.source || old.masters != new.masters || old.nodes != new.nodes
+    }
+}
+
+impl fmt::Display for Changes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let applied =
+            if self.applied.is_empty() { "nothing".into() } else { self.applied.join(", ") };
+        write!(f, "applied {applied}")?;
+        if !self.restart.is_empty() {
+            write!(f, "; needs a restart: {}", self.restart.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+/// `new`, with the listener settings of `old`: those are bound once, so the published
+/// configuration keeps saying what is actually being served.
+fn keep_listeners(old: &Config, mut new: Config) -> Config {
+    new.dns = old.dns.clone();
+    match (&old.http, &mut new.http) {
+        (Some(old), Some(new)) => new.listen = old.listen,
+        (old, new) => *new = old.clone(),
+    }
+    new
+}
+
+fn admin_token(config: &Config) -> Option<&crate::config::Secret> {
+    config.http.as_ref()?.admin_token.as_ref()
+}
+
+/// A `watch` channel of one part of the configuration, kept up to date by a small task that
+/// ends with the configuration channel. Readers see a new value only when that part changed.
+pub fn project<T, F>(config: &ConfigReader, part: F) -> watch::Receiver<T>
+where
+    T: PartialEq + Send + Sync + 'static,
+    F: Fn(&Config) -> T + Send + 'static,
+{
+    let mut config = config.clone();
+    let (tx, rx) = watch::channel(part(&config.borrow_and_update()));
+    tokio::spawn(async move {
+        while config.changed().await.is_ok() {
+            let value = part(&config.borrow_and_update());
+            tx.send_if_modified(|current| {
+                let modified = *current != value;
+                if modified {
+                    *current = value;
+                }
+                modified
+            });
+        }
+    });
+    rx
+}
+
+/// Reloads on every SIGHUP until `shutdown`, telling systemd (`RELOADING=1`, then `READY=1`).
+pub async fn on_sighup(reloader: Reloader, shutdown: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup())
+        .map_err(|e| anyhow::anyhow!("cannot install the SIGHUP handler: {e}"))?;
+    loop {
+        tokio::select! {
+            _ = hup.recv() => {
+                crate::service::reloading();
+                reloader.reload_and_log();
+                crate::service::ready();
+            }
+            _ = shutdown.cancelled() => return Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

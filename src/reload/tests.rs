@@ -1,0 +1,82 @@
+use std::path::Path;
+
+use super::*;
+
+const BASE: &str = "sentinels: { addresses: [\"127.0.0.1:26379\"] }\n\
+                    masters: [{ name: a }]\n\
+                    http: { listen: \"127.0.0.1:8053\" }\n";
+
+fn parse(text: &str) -> Config {
+    Config::parse(text, Path::new("/")).expect("a valid test config")
+}
+
+#[test]
+fn nothing_changed_is_empty() {
+    assert!(Changes::between(&parse(BASE), &parse(BASE)).is_empty());
+}
+
+#[test]
+fn masters_drain_and_sweep_are_applied_listeners_need_a_restart() {
+    let new = BASE.replace("name: a", "name: b").replace("8053", "8054")
+        + "drain: { rate: 10 }\nsweep: { local_ports: [6379] }\n";
+    let changes = Changes::between(&parse(BASE), &parse(&new));
+    assert_eq!(changes.applied, ["masters", "drain", "sweep"]);
+    assert_eq!(changes.restart, ["http.listen"]);
+    assert!(Changes::watcher(&parse(BASE), &parse(&new)));
+}
+
+#[test]
+fn drain_alone_leaves_the_watcher_running() {
+    let new = format!("{BASE}drain: {{ enabled: false }}\n");
+    assert!(!Changes::watcher(&parse(BASE), &parse(&new)));
+}
+
+#[test]
+fn the_published_config_keeps_the_bound_listeners() {
+    let new = BASE.replace("8053", "8054") + "dns: { listen: [\"127.0.0.1:53\"], zone: x. }\n";
+    let kept = keep_listeners(&parse(BASE), parse(&new));
+    assert_eq!(kept.http.map(|h| h.listen.port()), Some(8053));
+    assert_eq!(kept.dns, None);
+}
+
+fn reloader(dir: &Path, text: &str) -> (Reloader, ConfigReader) {
+    let path = dir.join("polestar.yaml");
+    std::fs::write(&path, text).expect("write the config");
+    Reloader::new(Config::load(&path).expect("a valid config"))
+}
+
+#[test]
+fn a_bad_file_is_rejected_and_the_old_config_stays() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (reloader, reader) = reloader(dir.path(), BASE);
+    std::fs::write(dir.path().join("polestar.yaml"), "sentinels: 3\nbogus: 1\n").expect("write");
+    let error = reloader.reload().expect_err("an invalid file");
+    assert!(error.problems().iter().any(|p| p.contains("bogus")), "{error}");
+    assert_eq!(reader.borrow().masters, parse(BASE).masters);
+    assert!(!reader.has_changed().expect("the reloader is alive"));
+}
+
+#[test]
+fn a_good_file_is_published() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (reloader, reader) = reloader(dir.path(), BASE);
+    let new = BASE.replace("name: a", "name: b");
+    std::fs::write(dir.path().join("polestar.yaml"), &new).expect("write");
+    let changes = reloader.reload().expect("a valid file");
+    assert_eq!(changes.to_string(), "applied masters");
+    assert!(reader.has_changed().expect("the reloader is alive"));
+    assert_eq!(reader.borrow().masters, parse(&new).masters);
+}
+
+#[tokio::test]
+async fn a_projection_follows_its_part_only() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (reloader, reader) = reloader(dir.path(), BASE);
+    let mut rate = project(&reader, |c| c.drain.rate);
+    assert_eq!(*rate.borrow_and_update(), 2000);
+    std::fs::write(dir.path().join("polestar.yaml"), format!("{BASE}drain: {{ rate: 7 }}\n"))
+        .expect("write");
+    reloader.reload().expect("a valid file");
+    rate.changed().await.expect("the projection follows");
+    assert_eq!(*rate.borrow_and_update(), 7);
+}

@@ -1,0 +1,296 @@
+//! Issue 6's operation contract against the real binary and a real cluster: systemd
+//! notifications (through a fake `NOTIFY_SOCKET`), SIGHUP reloads that never drop service,
+//! SIGTERM during a long-poll, and JSON logs.
+
+mod common;
+
+use std::os::unix::net::UnixDatagram;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use polestar::lab::{Lab, LabOptions, leftovers};
+use serde_json::Value;
+use tokio::time::{Instant, sleep};
+
+/// A daemon started by hand, for what the shared harness does not do: environment, flags,
+/// signals and its exit status.
+struct Daemon {
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+    config_path: PathBuf,
+    http: String,
+    dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    async fn start(config: &PolestarConfig, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let dir = leftovers::new_dir().expect("a daemon directory");
+        let config_path = dir.path().join("polestar.yaml");
+        std::fs::write(&config_path, config.yaml(dir.path())).expect("write the config");
+        let mut command = Command::new(BIN);
+        command.args(args).args(["run", "-c"]).arg(&config_path).current_dir(dir.path());
+        command.env("NO_COLOR", "1").env("POLESTAR_LOG", "info").envs(env.iter().copied());
+        command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = command.spawn().expect("the polestar binary starts");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        collect_lines(child.stderr.take().expect("stderr is piped"), log.clone());
+        let mut d = Daemon { child, log, config_path, http: String::new(), dir };
+        d.http = d.wait_message(STARTUP, |m| m.starts_with("listening for HTTP on ")).await;
+        d.http = d.http.trim_start_matches("listening for HTTP on ").to_string();
+        d.wait_message(STARTUP, |m| m == "ready").await;
+        d
+    }
+
+    /// The log messages so far (the `message` field of JSON lines).
+    fn messages(&self) -> Vec<String> {
+        lock(&self.log).iter().map(|l| message(l)).collect()
+    }
+
+    async fn wait_message(&self, deadline: Duration, want: impl Fn(&str) -> bool) -> String {
+        let end = Instant::now() + deadline;
+        while Instant::now() < end {
+            if let Some(m) = self.messages().into_iter().find(|m| want(m)) {
+                return m;
+            }
+            sleep(POLL).await;
+        }
+        panic!("no such log line within {deadline:?}:\n{}", lock(&self.log).join("\n"));
+    }
+
+    fn signal(&self, signal: Signal) {
+        let pid = Pid::from_raw(self.child.id() as i32);
+        kill(pid, signal).expect("the daemon is running");
+    }
+
+    /// Waits for the process to exit; its exit code.
+    async fn exit_code(&mut self, deadline: Duration) -> Option<i32> {
+        let end = Instant::now() + deadline;
+        while Instant::now() < end {
+            if let Some(status) = self.child.try_wait().expect("wait for the daemon") {
+                return status.code();
+            }
+            sleep(POLL).await;
+        }
+        panic!("still running after {deadline:?}:\n{}", lock(&self.log).join("\n"));
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http)
+    }
+
+    fn rewrite(&self, config: &PolestarConfig) {
+        let yaml = config.yaml(self.dir.path());
+        let tmp = self.config_path.with_extension("new");
+        std::fs::write(&tmp, yaml).expect("write the new config");
+        std::fs::rename(&tmp, &self.config_path).expect("replace the config");
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `message` of a log line: `fields.message` of a JSON line, or what follows the target
+/// (`TIME LEVEL target: message`) of a human one.
+fn message(line: &str) -> String {
+    match serde_json::from_str::<Value>(line) {
+        Ok(v) => v["fields"]["message"].as_str().unwrap_or_default().to_string(),
+        Err(_) => line.split_once(": ").map_or(line, |(_, m)| m).to_string(),
+    }
+}
+
+/// A fake service manager: the unix datagram socket `NOTIFY_SOCKET` names.
+struct Notifications {
+    socket: UnixDatagram,
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Notifications {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("notify");
+        let socket = UnixDatagram::bind(&path).expect("bind the notify socket");
+        socket.set_nonblocking(true).expect("non-blocking");
+        Notifications { socket, path, _dir: dir }
+    }
+
+    /// Every datagram received so far.
+    fn drain(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = self.socket.recv(&mut buf) {
+            out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        out
+    }
+
+    /// Collects datagrams until one contains `what`; all of them.
+    async fn until(&self, what: &str, deadline: Duration, seen: &mut Vec<String>) {
+        let end = Instant::now() + deadline;
+        loop {
+            seen.extend(self.drain());
+            if seen.iter().any(|m| m.lines().any(|l| l == what)) {
+                return;
+            }
+            assert!(Instant::now() < end, "no {what} within {deadline:?}: {seen:?}");
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn count(seen: &[String], what: &str) -> usize {
+    seen.iter().filter(|m| m.lines().any(|l| l == what)).count()
+}
+
+/// READY once serving, WATCHDOG at half of WATCHDOG_USEC, RELOADING then READY around a
+/// SIGHUP, STOPPING on SIGTERM; a long-poll open at SIGTERM returns at once, the process exits
+/// 0; and every log line of `--log-format json` is a JSON object.
+#[tokio::test]
+async fn systemd_notifications_sigterm_and_json_logs() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let notify = Notifications::new();
+    let socket = notify.path.to_string_lossy().to_string();
+    let env = [("NOTIFY_SOCKET", socket.as_str()), ("WATCHDOG_USEC", "1000000")];
+    let started = Instant::now();
+    let mut d =
+        Daemon::start(&PolestarConfig::for_lab(&lab), &["--log-format", "json"], &env).await;
+    let mut seen = Vec::new();
+    notify.until("READY=1", Duration::from_secs(5), &mut seen).await;
+    sleep(Duration::from_millis(1600)).await;
+    seen.extend(notify.drain());
+    let pings = count(&seen, "WATCHDOG=1");
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(pings >= 3 && pings as f64 <= elapsed * 2.0 + 2.0, "{pings} pings: {seen:?}");
+
+    d.signal(Signal::SIGHUP);
+    let mut reload = Vec::new();
+    notify.until("READY=1", Duration::from_secs(5), &mut reload).await;
+    let reloading = reload.iter().position(|m| m.starts_with("RELOADING=1\nMONOTONIC_USEC="));
+    let ready = reload.iter().position(|m| m.starts_with("READY=1"));
+    assert!(reloading.is_some() && reloading < ready, "RELOADING before READY: {reload:?}");
+    d.wait_message(STARTUP, |m| m.contains("no changes")).await;
+
+    let master = lab.master_name().to_string();
+    let client = reqwest::Client::new();
+    let epoch: Value = client
+        .get(d.url(&format!("/v1/masters/{master}")))
+        .send()
+        .await
+        .expect("GET master")
+        .json()
+        .await
+        .expect("JSON");
+    let after = epoch["epoch"].as_u64().expect("an epoch");
+    let poll = client.get(d.url(&format!("/v1/masters/{master}?wait=60s&after={after}"))).send();
+    let poll = tokio::spawn(poll);
+    sleep(Duration::from_millis(300)).await;
+    let stop = Instant::now();
+    d.signal(Signal::SIGTERM);
+    let answer = tokio::time::timeout(Duration::from_secs(3), poll).await;
+    let answer = answer.expect("the long-poll returns promptly").expect("no panic");
+    assert!(answer.is_ok(), "the long-poll got an answer: {answer:?}");
+    assert_eq!(d.exit_code(Duration::from_secs(10)).await, Some(0));
+    assert!(stop.elapsed() < Duration::from_secs(5), "stopped in {:?}", stop.elapsed());
+    let mut last = Vec::new();
+    notify.until("STOPPING=1", Duration::from_secs(1), &mut last).await;
+
+    let log = lock(&d.log).clone();
+    for line in &log {
+        let parsed: Result<Value, _> = serde_json::from_str(line);
+        assert!(parsed.is_ok_and(|v| v.is_object()), "not a JSON object: {line:?}");
+    }
+    for stable in ["ready", "shutting down"] {
+        assert!(d.messages().iter().any(|m| m == stable), "no {stable:?} line: {log:?}");
+    }
+    assert!(d.messages().iter().any(|m| m.starts_with("listening for HTTP on 127.0.0.1:")));
+}
+
+/// Requests `paths` over and over until stopped; every answer that is not 200, as text.
+fn hammer(base: String, paths: Vec<String>) -> (tokio::task::JoinHandle<Vec<String>>, Arc<()>) {
+    let running = Arc::new(());
+    let token = Arc::downgrade(&running);
+    let task = tokio::spawn(async move {
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build();
+        let client = client.expect("an HTTP client");
+        let mut failures = Vec::new();
+        while token.strong_count() > 0 {
+            for path in &paths {
+                match client.get(format!("{base}{path}")).send().await {
+                    Ok(r) if r.status() == 200 => {}
+                    Ok(r) => failures.push(format!("{path}: {}", r.status())),
+                    Err(e) => failures.push(format!("{path}: {e}")),
+                }
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+        failures
+    });
+    (task, running)
+}
+
+/// The status of `POST /v1/masters/nosuch/failover` with `token`: 401 for a wrong token, 404
+/// (the unknown master) once the token is accepted.
+async fn admin_status(d: &Daemon, token: &str) -> u16 {
+    let client = reqwest::Client::new();
+    let response = client.post(d.url("/v1/masters/nosuch/failover")).bearer_auth(token).send();
+    response.await.expect("POST failover").status().as_u16()
+}
+
+/// SIGHUP applies a new masters list (a new label) and admin token while HTTP keeps answering
+/// (and /readyz stays 200); a listener change is logged as needing a restart; a bad file is
+/// rejected with an error and the running configuration stays.
+#[tokio::test]
+async fn sighup_reloads_without_dropping_service() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.admin_token = Some("first".into());
+    let d = Daemon::start(&config, &[], &[]).await;
+    let master = lab.master_name().to_string();
+    let paths = vec![format!("/v1/masters/{master}/primary"), "/readyz".to_string()];
+    let (hammer, running) = hammer(format!("http://{}", d.http), paths);
+    assert_eq!(admin_status(&d, "first").await, 404);
+
+    config.admin_token = Some("second".into());
+    config.masters = vec![(master.clone(), Some("cache".into()))];
+    d.rewrite(&config);
+    d.signal(Signal::SIGHUP);
+    d.wait_message(STARTUP, |m| m.contains("applied masters, http.admin_token_file")).await;
+    assert_eq!(admin_status(&d, "first").await, 401, "the old token is refused");
+    assert_eq!(admin_status(&d, "second").await, 404, "the new token is accepted");
+    let end = Instant::now() + FAILOVER;
+    let url = d.url(&format!("/v1/masters/{master}"));
+    loop {
+        let m: Value = reqwest::get(&url).await.expect("GET").json().await.expect("JSON");
+        if m["dns_name"] == "cache" && m["state"] == "ok" {
+            break;
+        }
+        assert!(Instant::now() < end, "the new label is not served: {m}");
+        sleep(POLL).await;
+    }
+
+    let moved = config.yaml(d.dir.path()).replace("127.0.0.1:0", "127.0.0.1:1");
+    std::fs::write(&d.config_path, moved).expect("write");
+    d.signal(Signal::SIGHUP);
+    d.wait_message(STARTUP, |m| m.contains("http.listen changed; restart polestar")).await;
+
+    std::fs::write(&d.config_path, "sentinels: []\nbogus: 1\n").expect("write");
+    d.signal(Signal::SIGHUP);
+    d.wait_message(STARTUP, |m| m.contains("reload rejected: keeping the running")).await;
+    assert!(d.messages().iter().any(|m| m.contains("reload rejected") && m.contains("bogus")));
+    assert_eq!(admin_status(&d, "second").await, 404, "the running token stays");
+    let m: Value = reqwest::get(&url).await.expect("GET").json().await.expect("JSON");
+    assert_eq!(m["dns_name"], "cache", "{m}");
+
+    drop(running);
+    let failures = hammer.await.expect("the hammer ends");
+    assert!(failures.is_empty(), "service dropped during reloads: {failures:?}");
+}
