@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs what the demo and the test suite need on Debian, when it is missing. Idempotent.
+# Installs what the test suite needs on Debian, when it is missing. Idempotent.
+# `tests/deps.sh demo` installs only what the demo needs.
 set -euo pipefail
 need=()
 command -v redis-server   >/dev/null || need+=(redis-server)
 command -v redis-sentinel >/dev/null || need+=(redis-sentinel)
 command -v redis-cli      >/dev/null || need+=(redis-tools)
 command -v dig            >/dev/null || need+=(dnsutils)
+if [ "${1:-}" != demo ]; then
 command -v knotd          >/dev/null || need+=(knot)
 command -v ip             >/dev/null || need+=(iproute2)
 command -v pgrep          >/dev/null || need+=(procps)
@@ -13,6 +15,7 @@ command -v systemd-analyze >/dev/null || need+=(systemd)      # the unit: system
 command -v chromium       >/dev/null || need+=(chromium)     # the status page, headless
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 command -v runuser        >/dev/null || need+=(util-linux)   # tests/package.sh
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "missing: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}" >&2
@@ -26,7 +29,7 @@ fi
 # The Debian package is built with cargo-deb from crates.io (pinned: tests/package.sh builds
 # from the dev profile, which this version accepts).
 CARGO_DEB_VERSION=3.8.0
-if ! cargo deb --version 2>/dev/null | grep -q "$CARGO_DEB_VERSION"; then
+if [ "${1:-}" != demo ] && ! cargo deb --version 2>/dev/null | grep -q "$CARGO_DEB_VERSION"; then
   echo "installing cargo-deb $CARGO_DEB_VERSION" >&2
   cargo install cargo-deb --version "$CARGO_DEB_VERSION" --locked --quiet
 fi
