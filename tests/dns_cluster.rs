@@ -118,3 +118,96 @@ async fn killed_primary_moves_the_name() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(dns_primary(&env).await.expect("DNS"), new);
 }
+
+/// A real `knotd` secondary of polestar's zone on loopback, killed on drop.
+struct Knot {
+    addr: SocketAddr,
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+}
+
+impl Knot {
+    fn start(primary: SocketAddr, addr: SocketAddr) -> Knot {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let d = dir.path().display();
+        let conf = format!(
+            "server:\n  rundir: \"{d}\"\n  listen: {ip}@{port}\n\
+             log:\n  - target: stderr\n    any: info\n\
+             database:\n  storage: \"{d}\"\n\
+             remote:\n  - id: polestar\n    address: {pip}@{pport}\n\
+             acl:\n  - id: notify\n    address: {pip}\n    action: notify\n\
+             template:\n  - id: default\n    storage: \"{d}\"\n\
+             zone:\n  - domain: {ZONE}\n    master: polestar\n    acl: notify\n",
+            ip = addr.ip(),
+            port = addr.port(),
+            pip = primary.ip(),
+            pport = primary.port(),
+        );
+        let path = dir.path().join("knot.conf");
+        std::fs::write(&path, conf).expect("write knot.conf");
+        let log = std::fs::File::create(dir.path().join("knotd.log")).expect("knotd.log");
+        let child = std::process::Command::new("knotd")
+            .arg("-c")
+            .arg(&path)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("knotd starts (apt-get install knot)");
+        Knot { addr, child, dir }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("knotd.log")).unwrap_or_default()
+    }
+
+    /// The SRV port knotd serves for the master.
+    async fn srv_port(&self) -> anyhow::Result<u16> {
+        let output = tokio::process::Command::new("dig")
+            .args(["@127.0.0.1", "-p", &self.addr.port().to_string(), "+short", "+tries=1"])
+            .args([&name("_redis._tcp."), "SRV"])
+            .kill_on_drop(true)
+            .output()
+            .await?;
+        let text = String::from_utf8_lossy(&output.stdout).to_string();
+        let port = text.split_whitespace().nth(2).context("no SRV answer from knotd")?;
+        Ok(port.parse()?)
+    }
+}
+
+impl Drop for Knot {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_knot_secondary_follows_a_sentinel_failover() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let knot_port = std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr());
+    // Polestar must know where to NOTIFY before it starts; knotd then binds that address.
+    let knot_addr = SocketAddr::from(([127, 0, 0, 1], knot_port.expect("a free port").port()));
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.masters = vec![(lab.master_name().to_string(), Some(LABEL.to_string()))];
+    config.dns = true;
+    config.dns_notify = vec![format!("\"{knot_addr}\"")];
+    let env = Env::with_config(lab, &config).await;
+    let knot = Knot::start(env.ps.dns.expect("DNS listener"), knot_addr);
+    let old = env.lab.primary().await.expect("primary");
+    env.wait_until(FAILOVER, "knotd serves the zone", || async {
+        let port = knot.srv_port().await?;
+        ensure!(port == old.port(), "knotd answers port {port}");
+        Ok(())
+    })
+    .await;
+    let new = env.failover().await;
+    let flipped = tokio::time::Instant::now();
+    env.wait_until(Duration::from_secs(5), "knotd follows the failover", || async {
+        let port = knot.srv_port().await?;
+        ensure!(port == new.port(), "knotd still answers port {port}:\n{}", knot.log());
+        Ok(())
+    })
+    .await;
+    eprintln!("knotd followed the failover {:?} after the API", flipped.elapsed());
+    assert!(knot.log().contains("notify"), "the change reached knotd by NOTIFY:\n{}", knot.log());
+}

@@ -38,6 +38,8 @@ pub struct PolestarConfig {
     /// `(name, dns_name)`; empty: every monitored master.
     pub masters: Vec<(String, Option<String>)>,
     pub dns: bool,
+    /// Secondaries to NOTIFY (and allow to AXFR from 127.0.0.1).
+    pub dns_notify: Vec<String>,
     pub drain: bool,
     pub admin_token: Option<String>,
     /// More `drain:` settings, one `key: value` per line (unindented).
@@ -53,6 +55,7 @@ impl PolestarConfig {
             sentinels: lab.sentinel_addrs().iter().map(ToString::to_string).collect(),
             masters: vec![(lab.master_name().to_string(), None)],
             dns: false,
+            dns_notify: Vec::new(),
             drain: false,
             admin_token: None,
             drain_settings: Vec::new(),
@@ -74,6 +77,10 @@ impl PolestarConfig {
         }
         if self.dns {
             y.push_str("dns:\n  listen: [\"127.0.0.1:0\"]\n  zone: redis.test.\n  ttl: 1s\n");
+            if !self.dns_notify.is_empty() {
+                let _ = writeln!(y, "  notify: [{}]", self.dns_notify.join(", "));
+                y.push_str("  transfer_allow: [\"127.0.0.1/32\"]\n");
+            }
         }
         y.push_str("http:\n  listen: \"127.0.0.1:0\"\n");
         if let Some(token) = &self.admin_token {
