@@ -29,8 +29,15 @@ use crate::topology::{
 
 /// How long a `ROLE` check of a candidate primary may take.
 const ROLE_DEADLINE: Duration = Duration::from_millis(1000);
+/// After the leader sent `SLAVEOF NO ONE`, the chosen replica's `ROLE` is asked this often...
+const PROMOTION_POLL: Duration = Duration::from_millis(20);
+/// ...for at most this long (Sentinel itself notices within about a second).
+const PROMOTION_WATCH: Duration = Duration::from_secs(10);
 /// A discovered Sentinel unreachable this long is forgotten (configured ones never are).
 const FORGET_DISCOVERED: Duration = Duration::from_secs(300);
+
+/// How a publication made on the promoted replica's own `ROLE` is labelled.
+const VIA_ROLE_POLL: &str = "role-poll";
 
 /// A primary as some Sentinel reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -42,6 +49,10 @@ struct Candidate {
 struct Published {
     candidate: Candidate,
     since: SystemTime,
+    /// Published on the promoted replica's own `ROLE` before the leader announced
+    /// `+promoted-slave`; confirmed by that announcement or a Sentinel's report, undone if the
+    /// failover is aborted instead.
+    provisional: bool,
 }
 
 #[derive(Default)]
@@ -53,6 +64,8 @@ struct Entry {
     /// Links that currently report a failover in progress.
     failover: HashSet<LinkId>,
     replicas: Vec<Replica>,
+    /// What was published before a provisional publication, to restore on an abort.
+    before: Option<Published>,
     /// Role checks in flight, so a candidate is checked once at a time.
     checking: HashSet<Candidate>,
 }
@@ -199,13 +212,17 @@ impl Decider {
                     };
                 }
                 if aborted {
+                    self.revert(&master);
                     self.signal(Signal::Aborted { master });
                 }
             }
-            Observation::Promoting { link, master, replica, at } => {
+            Observation::Promoting { link, master, replica, promoted, at } => {
                 let Some(e) = self.masters.get_mut(&master) else { return };
                 e.failover.insert(link);
                 let old = e.published.as_ref().map(|p| p.candidate.node.clone());
+                if let Some((node, epoch)) = promoted {
+                    self.watch_promotion(&master, Candidate { node, epoch }, at);
+                }
                 if let Some(old) = old.filter(|o| !names(o, &replica)) {
                     self.signal(Signal::Promoting { master, old, at });
                 }
@@ -363,6 +380,12 @@ impl Decider {
         let majority = self.majority();
         let agreeing = self.agreeing(master, &candidate);
         let Some(entry) = self.masters.get_mut(master) else { return };
+        let confirms = |p: &&mut Published| p.provisional && p.candidate == candidate;
+        if let Some(p) = entry.published.as_mut().filter(confirms) {
+            p.provisional = false;
+            entry.before = None;
+            tracing::debug!(%master, node = %candidate.node, via, "promotion confirmed");
+        }
         if !newer(entry, &candidate) {
             return;
         }
@@ -405,7 +428,10 @@ impl Decider {
             tracing::debug!(%master, %node, epoch, "epoch confirmed");
             return;
         }
-        entry.published = Some(Published { candidate, since: SystemTime::now() });
+        let provisional = via == VIA_ROLE_POLL;
+        let before = entry.published.take();
+        entry.before = if provisional { before } else { None };
+        entry.published = Some(Published { candidate, since: SystemTime::now(), provisional });
         // The snapshot goes out before anything else is done with the change.
         self.publish_snapshot();
         let latency = at.elapsed();
@@ -429,6 +455,42 @@ impl Decider {
             // The coordinator lives as long as the daemon; a send after it stopped is moot.
             let _ = tx.send(signal);
         }
+    }
+
+    /// Watches the replica the leader just told to become master, and flips the moment it
+    /// answers `ROLE` master: a second before the leader's `+promoted-slave`, which waits for
+    /// its next `INFO` of that replica.
+    fn watch_promotion(&mut self, master: &str, candidate: Candidate, at: Instant) {
+        let Some(entry) = self.masters.get_mut(master) else { return };
+        if !newer(entry, &candidate) || !entry.checking.insert(candidate.clone()) {
+            return;
+        }
+        let (tx, master, nodes) = (self.checks_tx.clone(), master.to_string(), self.nodes.clone());
+        let stop = self.shutdown.clone();
+        tokio::spawn(async move {
+            let addr = candidate.node.addr();
+            let mut is_master = false;
+            while !is_master && at.elapsed() < PROMOTION_WATCH && !stop.is_cancelled() {
+                is_master = nodes.role(addr, ROLE_DEADLINE).await.as_deref() == Some("master");
+                if !is_master {
+                    tokio::time::sleep(PROMOTION_POLL).await;
+                }
+            }
+            let _ = tx.send(Checked { master, candidate, is_master, via: VIA_ROLE_POLL, at });
+        });
+    }
+
+    /// Undoes a provisional publication when the failover it anticipated was aborted.
+    fn revert(&mut self, master: &str) {
+        let Some(entry) = self.masters.get_mut(master) else { return };
+        if !entry.published.as_ref().is_some_and(|p| p.provisional) {
+            return;
+        }
+        let undone = entry.published.take().map(|p| p.candidate.node.to_string());
+        entry.published = entry.before.take();
+        let back = entry.published.as_ref().map(|p| p.candidate.node.to_string());
+        tracing::warn!(%master, undone = ?undone, back = ?back, "failover aborted: provisional primary withdrawn");
+        self.events.push("revert", Some(master), json!({ "from": undone, "to": back }));
     }
 
     fn majority(&self) -> usize {
@@ -647,6 +709,56 @@ mod tests {
         assert_eq!(m.state, MasterState::Stale);
         assert_eq!(m.primary.as_ref().map(|p| p.port), Some(7001));
         assert!(!snapshot.source_reachable);
+    }
+
+    fn role_poll(d: &mut Decider, port: u16, epoch: u64) {
+        let candidate = Candidate { node: node(port), epoch };
+        let at = Instant::now();
+        d.checked(Checked {
+            master: "m".into(),
+            candidate,
+            is_master: true,
+            via: VIA_ROLE_POLL,
+            at,
+        });
+    }
+
+    fn abort(d: &mut Decider) {
+        let master = "m".to_string();
+        d.observe(Observation::Failover { link: 0, master, in_progress: false, aborted: true });
+    }
+
+    #[tokio::test]
+    async fn a_provisional_promotion_is_withdrawn_when_the_failover_aborts() {
+        let (mut d, _r) = decider();
+        for l in 0..3 {
+            up(&mut d, l);
+            d.observe(report(l, 7001, 1));
+        }
+        role_poll(&mut d, 7002, 2);
+        assert_eq!(primary(&mut d), Some((7002, 2)), "flipped on the replica's own ROLE");
+        abort(&mut d);
+        assert_eq!(primary(&mut d), Some((7001, 1)), "the aborted failover is undone");
+    }
+
+    #[tokio::test]
+    async fn a_confirmed_promotion_stays_after_a_late_abort() {
+        let (mut d, _r) = decider();
+        for l in 0..3 {
+            up(&mut d, l);
+            d.observe(report(l, 7001, 1));
+        }
+        role_poll(&mut d, 7002, 2);
+        let at = Instant::now();
+        d.observe(Observation::Promoted {
+            link: 0,
+            master: "m".into(),
+            node: node(7002),
+            epoch: 2,
+            at,
+        });
+        abort(&mut d);
+        assert_eq!(primary(&mut d), Some((7002, 2)));
     }
 
     #[tokio::test]

@@ -167,8 +167,13 @@ impl Link {
                     aborted: false,
                 });
             }
-            Event::Promoting { master, replica } => {
-                self.send(Observation::Promoting { link, master, replica, at });
+            Event::Promoting { master, replica, sent } => {
+                let epoch = state.failover_epoch.get(&master).copied().filter(|_| sent);
+                let promoted = match epoch {
+                    Some(epoch) => resolve(&replica).await.map(|node| (node, epoch)),
+                    None => None,
+                };
+                self.send(Observation::Promoting { link, master, replica, promoted, at });
             }
             Event::Promoted { master, primary } => {
                 let epoch = match state.failover_epoch.remove(&master) {

@@ -31,7 +31,9 @@ pub enum Event {
     FailoverStarted { master: String },
     /// The leader chose the replica and is promoting it (`+selected-slave`,
     /// `+failover-state-send-slaveof-noone`): time to fence the old primary.
-    Promoting { master: String, replica: Addr },
+    /// `sent`: the leader has sent `SLAVEOF NO ONE` (`+failover-state-send-slaveof-noone`),
+    /// so the replica may answer `ROLE` master before `+promoted-slave` is announced.
+    Promoting { master: String, replica: Addr, sent: bool },
     /// `+promoted-slave`: the chosen replica confirmed it is a master.
     Promoted { master: String, primary: Addr },
     /// `+switch-master <name> <old-ip> <old-port> <new-ip> <new-port>`.
@@ -88,7 +90,8 @@ fn instance_event(channel: &str, i: Instance<'_>) -> Option<Event> {
     let event = match channel {
         "+try-failover" | "+elected-leader" => Event::FailoverStarted { master },
         "+selected-slave" | "+failover-state-send-slaveof-noone" if i.kind == "slave" => {
-            Event::Promoting { master, replica: i.addr? }
+            let sent = channel == "+failover-state-send-slaveof-noone";
+            Event::Promoting { master, replica: i.addr?, sent }
         }
         "+promoted-slave" if i.kind == "slave" => Event::Promoted { master, primary: i.addr? },
         "+failover-end" | "+failover-end-for-timeout" => {
@@ -242,7 +245,11 @@ mod tests {
         );
         assert_eq!(
             Event::parse("+selected-slave", p),
-            Some(Event::Promoting { master: "mymaster".into(), replica: addr("127.0.0.1", 7002) })
+            Some(Event::Promoting {
+                master: "mymaster".into(),
+                replica: addr("127.0.0.1", 7002),
+                sent: false
+            })
         );
         assert_eq!(Event::parse("+new-epoch", "7"), Some(Event::NewEpoch(7)));
         assert_eq!(Event::parse("+vote-for-leader", "6a4e12b3c 8"), Some(Event::NewEpoch(8)));

@@ -56,6 +56,10 @@ pub enum Observation {
         link: LinkId,
         master: String,
         replica: Addr,
+        /// The replica, resolved, and the failover's epoch: present once the leader has sent
+        /// `SLAVEOF NO ONE` and the epoch of this failover is known, so the decider may watch
+        /// the replica's `ROLE` and flip the moment it is a master.
+        promoted: Option<(Node, u64)>,
         at: Instant,
     },
     /// A replica of `master` came back or changed role; it may be a returning old primary.
