@@ -48,6 +48,8 @@ pub struct Log {
     acked: Mutex<Vec<(String, Instant)>>,
     incrs: AtomicU64,
     errors: AtomicU64,
+    /// Why sessions ended, with how often (for the report).
+    reasons: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl Log {
@@ -66,6 +68,10 @@ impl Log {
 
     pub fn errors(&self) -> u64 {
         self.errors.load(Ordering::SeqCst)
+    }
+
+    pub fn reasons(&self) -> Vec<(String, u64)> {
+        lock(&self.reasons).iter().map(|(k, v)| (k.clone(), *v)).collect()
     }
 
     fn ok(&self, node: SocketAddr) {
@@ -104,11 +110,13 @@ async fn run(name: &str, find: &Find, mode: Mode, log: &Log, stop: &Cancellation
                 .map_err(|_| std::io::Error::other("connect timed out"))??;
             serve(BufReader::new(stream), primary, name, mode, log, &mut seq).await
         };
-        tokio::select! {
-            _ = session => {}
+        let error = tokio::select! {
+            r = session => r.err().map(|e| e.to_string()).unwrap_or_default(),
             _ = stop.cancelled() => return,
-        }
+        };
         log.errors.fetch_add(1, Ordering::SeqCst);
+        let reason: String = error.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+        *lock(&log.reasons).entry(reason).or_default() += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -73,6 +73,8 @@ pub struct Report {
     incr_acked: u64,
     counter: u64,
     reconnects: u64,
+    /// Why client sessions ended, summed over the clients.
+    reasons: BTreeMap<String, u64>,
 }
 
 impl Report {
@@ -108,7 +110,20 @@ impl Report {
         answers(samples, &faults, &mut by_kind);
         let incr_acked = clients.iter().map(|c| c.log.incrs()).sum();
         let reconnects = clients.iter().map(|c| c.log.errors()).sum();
-        Report { seed: settings.seed, elapsed, faults, by_kind, incr_acked, counter, reconnects }
+        let mut reasons = BTreeMap::new();
+        for (reason, n) in clients.iter().flat_map(|c| c.log.reasons()) {
+            *reasons.entry(reason).or_default() += n;
+        }
+        Report {
+            seed: settings.seed,
+            elapsed,
+            faults,
+            by_kind,
+            incr_acked,
+            counter,
+            reconnects,
+            reasons,
+        }
     }
 
     /// Where the run missed the issue's goals: a stuck client, a wrong answer beyond the
@@ -145,6 +160,7 @@ impl Report {
             self.counter,
             self.reconnects
         );
+        let _ = writeln!(out, "client sessions ended by: {:?}", self.reasons);
         out.push_str(
             "kind              n  recovery med/max s  switch->ok med/max s  lost/acked    \
              wrong>grace s dns/http/agent  no answer s dns/http/agent  stuck\n",
