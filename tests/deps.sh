@@ -10,6 +10,7 @@ command -v dig            >/dev/null || need+=(dnsutils)
 if [ "${1:-}" != demo ]; then
 command -v knotd          >/dev/null || need+=(knot)
 command -v ip             >/dev/null || need+=(iproute2)
+command -v iptables       >/dev/null || need+=(iptables)     # tests/chaos_netns.rs: partitions
 command -v pgrep          >/dev/null || need+=(procps)
 command -v systemd-analyze >/dev/null || need+=(systemd)      # the unit: systemd-analyze verify
 command -v chromium       >/dev/null || need+=(chromium)     # the status page, headless

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Scale: MASTERS master groups (tiny redis-servers on loopback), STORM of them with a replica,
+# 3 Sentinels monitoring all of them, one release polestar serving DNS and HTTP with drain.
+# Prints the time from polestar's start to every master published, its RSS, its CPU at idle
+# over IDLE seconds, and during a failover storm of the STORM masters at once: its CPU, DNS
+# QPS (dnsperf) and HTTP requests/s (a bounded load loop), and how long until all were
+# published on their new primary.
+#
+#   bench/scale.sh [MASTERS] [STORM] [IDLE]      (defaults: 1000 50 30)
+#
+# Loopback only; ports from 21000 up (below the ephemeral range). About 3 MB of RSS per
+# redis-server; everything started is killed on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tests/deps.sh
+if ! command -v dnsperf >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q dnsperf >/dev/null
+fi
+masters=${1:-1000}
+storm=${2:-50}
+# Sentinel and the servers need a descriptor per link: 3 per master per Sentinel and more.
+ulimit -n "$(( masters * 8 + 4096 ))" 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+cargo build --release --quiet --bin polestar --example scale
+exec target/release/examples/scale "$masters" "$storm" "${3:-30}"

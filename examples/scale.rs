@@ -1,0 +1,395 @@
+//! Scale: many master groups on loopback, watched by 3 Sentinels, served by one polestar.
+//!
+//! Starts MASTERS redis-server processes (tiny: no persistence, `maxmemory 2mb`, `hz 1`), a
+//! replica for each of the first STORM of them, and 3 Sentinels monitoring all of them (from
+//! their config file); then the release polestar (DNS, HTTP, drain). Prints: time from
+//! polestar's start to every master published, its RSS, its CPU at idle over IDLE seconds, and
+//! during a failover storm (`SENTINEL FAILOVER` for the STORM masters at once) with dnsperf and
+//! a bounded HTTP load loop running: DNS QPS, HTTP requests/s, CPU, and how long until every
+//! stormed master was published on its new primary. Loopback only; every process it started
+//! is killed on exit.
+//!
+//! Run with `bench/scale.sh [MASTERS] [STORM] [IDLE]`.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use polestar::lab::query;
+use serde_json::Value;
+
+const FIRST_PORT: u16 = 21000;
+const LOAD_SECONDS: u64 = 15;
+const HTTP_WORKERS: usize = 8;
+
+/// Kills every process it holds when dropped, also on an error or a panic.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+        }
+        for child in &mut self.0 {
+            let _ = child.wait();
+        }
+    }
+}
+
+fn arg(i: usize, default: usize) -> usize {
+    std::env::args().nth(i).and_then(|a| a.parse().ok()).unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let (masters, storm, idle) = (arg(1, 1000), arg(2, 50), arg(3, 30));
+    let dir = tempfile::tempdir()?;
+    let mut procs = Procs(Vec::new());
+    let mut ports = free_ports(masters + storm + 3 + 2)?.into_iter();
+    let nodes: Vec<u16> = ports.by_ref().take(masters).collect();
+    let replicas: Vec<u16> = ports.by_ref().take(storm).collect();
+    let sentinels: Vec<u16> = ports.by_ref().take(3).collect();
+    let (http_port, dns_port) = (ports.next().context("ports")?, ports.next().context("ports")?);
+
+    let t = Instant::now();
+    for (i, port) in nodes.iter().enumerate() {
+        procs.0.push(redis(dir.path(), *port, None).with_context(|| format!("master {i}"))?);
+    }
+    for (i, port) in replicas.iter().enumerate() {
+        procs.0.push(redis(dir.path(), *port, Some(nodes[i]))?);
+    }
+    wait_all_up(&nodes).await?;
+    println!("{masters} masters ({storm} with a replica) up in {:.1}s", t.elapsed().as_secs_f64());
+    let t = Instant::now();
+    for port in &sentinels {
+        procs.0.push(sentinel(dir.path(), *port, &nodes)?);
+    }
+    wait_sentinels(&sentinels, masters, &nodes[..storm]).await?;
+    println!("3 sentinels know every master in {:.1}s", t.elapsed().as_secs_f64());
+
+    let config = polestar_config(dir.path(), &sentinels, http_port, dns_port)?;
+    let started = Instant::now();
+    procs.0.push(polestar(&config, dir.path())?);
+    let pid = procs.0.last().map(Child::id).context("polestar")?;
+    let api = format!("http://127.0.0.1:{http_port}");
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    let all = wait_published(&http, &api, masters, Duration::from_secs(120), |_| true).await?;
+    println!(
+        "polestar: all {masters} masters published {:.2}s after start; RSS {:.1} MB",
+        started.elapsed().as_secs_f64(),
+        rss_mb(pid)?
+    );
+    let cpu = cpu_over(pid, Duration::from_secs(idle as u64)).await?;
+    println!("polestar idle CPU over {idle}s: {:.2}% of one core", cpu * 100.0);
+
+    let names: Vec<String> = (0..storm).map(|i| format!("m{i}")).collect();
+    let old: Vec<String> = names.iter().map(|n| primary_of(&all, n)).collect();
+    let queries = query_file(dir.path(), masters)?;
+    let before = cpu_ticks(pid)?;
+    let load_started = Instant::now();
+    let dnsperf = dnsperf(&queries, dns_port)?;
+    let http_load = tokio::spawn(http_load(http.clone(), api.clone(), masters));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let storm_started = Instant::now();
+    failover_storm(&sentinels, &names).await?;
+    let moved = |m: &Value| {
+        let name = m["name"].as_str().unwrap_or("");
+        match names.iter().position(|n| n == name) {
+            Some(i) => m["primary"]["port"].as_u64().map(|p| p.to_string()) != Some(old[i].clone()),
+            None => true,
+        }
+    };
+    let storm_result = wait_published(&http, &api, masters, Duration::from_secs(60), moved).await;
+    let storm_secs = storm_started.elapsed().as_secs_f64();
+    let requests = http_load.await??;
+    let dns_out = dnsperf.wait_with_output()?;
+    let load_secs = load_started.elapsed().as_secs_f64();
+    let cpu_storm = (cpu_ticks(pid)? - before) as f64 / clk_tck() / load_secs;
+    storm_result?;
+    println!(
+        "storm: {storm} failovers at once, all published on their new primary {storm_secs:.2}s after the SENTINEL FAILOVERs"
+    );
+    println!(
+        "during the storm ({load_secs:.1}s window): polestar CPU {:.1}% of one core, RSS {:.1} MB",
+        cpu_storm * 100.0,
+        rss_mb(pid)?
+    );
+    println!(
+        "  DNS: {} (dnsperf -c 4 -T 1 -q 200 over {masters} names)",
+        dnsperf_qps(&dns_out.stdout)
+    );
+    println!(
+        "  HTTP: {requests} GET /v1/masters/{{name}}/primary in {LOAD_SECONDS}s = {:.0} req/s ({HTTP_WORKERS} keep-alive workers)",
+        requests as f64 / LOAD_SECONDS as f64
+    );
+    drop(procs);
+    Ok(())
+}
+
+/// `count` loopback ports from FIRST_PORT up (below the ephemeral range, so the Sentinels'
+/// and clients' own sockets do not take them), skipping those in use.
+fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
+    let ports: Vec<u16> = (FIRST_PORT..u16::MAX)
+        .filter(|p| TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .take(count)
+        .collect();
+    anyhow::ensure!(ports.len() == count, "not enough free ports from {FIRST_PORT}");
+    Ok(ports)
+}
+
+fn redis(dir: &Path, port: u16, replica_of: Option<u16>) -> anyhow::Result<Child> {
+    let mut cmd = Command::new("redis-server");
+    let port_s = port.to_string();
+    cmd.args(["--port", &port_s, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--maxmemory", "2mb", "--hz", "1", "--daemonize", "no", "--logfile", ""])
+        .args(["--dir", dir.to_str().unwrap_or("/tmp"), "--dbfilename", &format!("{port}.rdb")])
+        .args(["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]);
+    if let Some(primary) = replica_of {
+        cmd.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
+    }
+    Ok(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn()?)
+}
+
+fn sentinel(dir: &Path, port: u16, nodes: &[u16]) -> anyhow::Result<Child> {
+    let sdir = dir.join(format!("sentinel-{port}"));
+    std::fs::create_dir_all(&sdir)?;
+    let mut conf = format!(
+        "port {port}\nbind 127.0.0.1\ndaemonize no\nprotected-mode no\ndir {}\nlogfile \"\"\n",
+        sdir.display()
+    );
+    for (i, node) in nodes.iter().enumerate() {
+        conf.push_str(&format!(
+            "sentinel monitor m{i} 127.0.0.1 {node} 2\nsentinel down-after-milliseconds m{i} 5000\n\
+             sentinel failover-timeout m{i} 10000\n"
+        ));
+    }
+    let path = sdir.join("sentinel.conf");
+    std::fs::write(&path, conf)?;
+    let child = Command::new("redis-sentinel")
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    Ok(child)
+}
+
+fn polestar_config(dir: &Path, sentinels: &[u16], http: u16, dns: u16) -> anyhow::Result<PathBuf> {
+    let list: Vec<String> = sentinels.iter().map(|p| format!("\"127.0.0.1:{p}\"")).collect();
+    let yaml = format!(
+        "sentinels:\n  addresses: [{}]\nhttp:\n  listen: \"127.0.0.1:{http}\"\n\
+         dns:\n  listen: [\"127.0.0.1:{dns}\"]\n  zone: scale.test.\ndrain:\n  enabled: true\n",
+        list.join(", ")
+    );
+    let path = dir.join("polestar.yaml");
+    std::fs::write(&path, yaml)?;
+    Ok(path)
+}
+
+fn polestar(config: &Path, dir: &Path) -> anyhow::Result<Child> {
+    let bin = std::env::var("POLESTAR_BIN").unwrap_or_else(|_| "target/release/polestar".into());
+    let log = std::fs::File::create(dir.join("polestar.log"))?;
+    let child = Command::new(&bin)
+        .args(["run", "-c", config.to_str().unwrap_or("")])
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("cannot start {bin}"))?;
+    Ok(child)
+}
+
+async fn wait_all_up(ports: &[u16]) -> anyhow::Result<()> {
+    for port in ports {
+        let addr = SocketAddr::from(([127, 0, 0, 1], *port));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while query::<String>(addr, &redis::cmd("PING")).await.is_err() {
+            if Instant::now() > deadline {
+                bail!("redis on {addr} never answered");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Until every Sentinel lists every master, the other two Sentinels on m0, and the replica
+/// of each master that has one (a failover needs it).
+async fn wait_sentinels(
+    sentinels: &[u16],
+    masters: usize,
+    with_replica: &[u16],
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    for port in sentinels {
+        let addr = SocketAddr::from(([127, 0, 0, 1], *port));
+        loop {
+            let ready = sentinel_ready(addr, masters, with_replica.len()).await.unwrap_or(false);
+            if ready {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("sentinel {addr} did not learn every master and replica");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    Ok(())
+}
+
+async fn sentinel_ready(
+    addr: SocketAddr,
+    masters: usize,
+    with_replica: usize,
+) -> anyhow::Result<bool> {
+    let list: Vec<std::collections::HashMap<String, String>> =
+        query(addr, redis::cmd("SENTINEL").arg("MASTERS")).await?;
+    let slaves = |m: &std::collections::HashMap<String, String>| {
+        m.get("num-slaves").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0)
+    };
+    let with = list.iter().filter(|m| slaves(m) >= 1).count();
+    let others = list
+        .iter()
+        .filter(|m| m.get("num-other-sentinels").map(String::as_str) == Some("2"))
+        .count();
+    Ok(list.len() == masters && with >= with_replica && others == masters)
+}
+
+/// Polls `/v1/masters` until every one of `masters` has a primary, state `ok`, and `done`.
+async fn wait_published(
+    http: &reqwest::Client,
+    api: &str,
+    masters: usize,
+    limit: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> anyhow::Result<Vec<Value>> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(response) = http.get(format!("{api}/v1/masters")).send().await
+            && let Ok(Value::Array(list)) = response.json::<Value>().await
+        {
+            let ok = list
+                .iter()
+                .filter(|m| m["state"] == "ok" && m["primary"]["port"].is_u64() && done(m))
+                .count();
+            if list.len() == masters && ok == masters {
+                return Ok(list);
+            }
+            if Instant::now() > deadline {
+                bail!("after {limit:?}: {ok} of {masters} published ({} listed)", list.len());
+            }
+        } else if Instant::now() > deadline {
+            bail!("polestar's HTTP API never answered");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn primary_of(all: &[Value], name: &str) -> String {
+    let m = all.iter().find(|m| m["name"] == name);
+    m.and_then(|m| m["primary"]["port"].as_u64()).map(|p| p.to_string()).unwrap_or_default()
+}
+
+/// `SENTINEL FAILOVER` for every name at once, spread over the Sentinels.
+async fn failover_storm(sentinels: &[u16], names: &[String]) -> anyhow::Result<()> {
+    let calls = names.iter().enumerate().map(|(i, name)| {
+        let addr = SocketAddr::from(([127, 0, 0, 1], sentinels[i % sentinels.len()]));
+        async move { query::<String>(addr, redis::cmd("SENTINEL").arg("FAILOVER").arg(name)).await }
+    });
+    let results = futures::future::join_all(calls).await;
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} SENTINEL FAILOVER refused: {:?}",
+        results.iter().find(|r| r.is_err())
+    );
+    Ok(())
+}
+
+fn query_file(dir: &Path, masters: usize) -> anyhow::Result<PathBuf> {
+    let text: String = (0..masters).map(|i| format!("m{i}.scale.test. A\n")).collect();
+    let path = dir.join("queries");
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+fn dnsperf(queries: &Path, port: u16) -> anyhow::Result<Child> {
+    let child = Command::new("dnsperf")
+        .args(["-s", "127.0.0.1", "-p", &port.to_string(), "-d", queries.to_str().unwrap_or("")])
+        .args(["-c", "4", "-T", "1", "-q", "200", "-l", &LOAD_SECONDS.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start dnsperf (apt-get install -y dnsperf)")?;
+    Ok(child)
+}
+
+fn dnsperf_qps(out: &[u8]) -> String {
+    let text = String::from_utf8_lossy(out);
+    let find = |key: &str| text.lines().find(|l| l.contains(key)).map(|l| l.trim().to_string());
+    format!(
+        "{}; {}",
+        find("Queries per second").unwrap_or_else(|| "no QPS figure".into()),
+        find("Queries lost").unwrap_or_default()
+    )
+}
+
+/// GETs `/v1/masters/m<i>/primary` round-robin from HTTP_WORKERS keep-alive workers for
+/// LOAD_SECONDS (and at most a million requests); returns how many answered 200.
+async fn http_load(http: reqwest::Client, api: String, masters: usize) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + Duration::from_secs(LOAD_SECONDS);
+    let workers = (0..HTTP_WORKERS).map(|w| {
+        let (http, api) = (http.clone(), api.clone());
+        tokio::spawn(async move {
+            let mut ok = 0u64;
+            for n in 0..1_000_000 / HTTP_WORKERS {
+                if Instant::now() > deadline {
+                    break;
+                }
+                let url = format!("{api}/v1/masters/m{}/primary", (n * HTTP_WORKERS + w) % masters);
+                if let Ok(r) = http.get(url).send().await
+                    && r.status().is_success()
+                    && r.bytes().await.is_ok()
+                {
+                    ok += 1;
+                }
+            }
+            ok
+        })
+    });
+    let mut total = 0;
+    for worker in futures::future::join_all(workers).await {
+        total += worker?;
+    }
+    Ok(total)
+}
+
+fn clk_tck() -> f64 {
+    let out = Command::new("getconf").arg("CLK_TCK").output().ok();
+    out.and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok()).unwrap_or(100.0)
+}
+
+fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start at the last ')'.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    Ok(field(11) + field(12)) // utime + stime (fields 14 and 15 of stat)
+}
+
+async fn cpu_over(pid: u32, span: Duration) -> anyhow::Result<f64> {
+    let before = cpu_ticks(pid)?;
+    tokio::time::sleep(span).await;
+    Ok((cpu_ticks(pid)? - before) as f64 / clk_tck() / span.as_secs_f64())
+}
+
+fn rss_mb(pid: u32) -> anyhow::Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .context("no VmRSS")?;
+    Ok(kb / 1024.0)
+}
