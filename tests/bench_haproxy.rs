@@ -35,6 +35,8 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 const HTTP_PORT: u16 = 8053;
+/// Where a failed round's error and process logs go.
+const FAILURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-haproxy-failures.log");
 const NOONE: &str = "+failover-state-send-slaveof-noone";
 const HAPROXY_PORT: u16 = 6380;
 /// Longest a client may take to recover before the round counts it as not recovered.
@@ -223,7 +225,7 @@ impl Cluster {
             "global\n    maxconn 1024\n    log stdout format raw local0 info\n\
              defaults\n    mode tcp\n    log global\n    timeout connect 1s\n\
              \x20   timeout client 1h\n    timeout server 1h\n\
-             frontend redis\n    bind 127.0.0.1:{HAPROXY_PORT}\n    default_backend redis_primary\n\
+             frontend redis\n    no log\n    bind 127.0.0.1:{HAPROXY_PORT}\n    default_backend redis_primary\n\
              backend redis_primary\n    option tcp-check\n    tcp-check connect\n\
              \x20   tcp-check send PING\\r\\n\n    tcp-check expect string +PONG\n\
              \x20   tcp-check send info\\ replication\\r\\n\n    tcp-check expect string role:master\n\
@@ -560,8 +562,17 @@ async fn haproxy_comparison() {
                     Ok(row) => row,
                     Err(e) => {
                         let what = format!("round {r} {} {}", case.name(), method.name());
-                        eprintln!("{what} FAILED: {e:#}");
-                        emit(&mut out, format!("{what} FAILED (not counted)"));
+                        let first = format!("{e:#}");
+                        let first = first.lines().next().unwrap_or("").to_string();
+                        emit(&mut out, format!("{what} FAILED (not counted): {first}"));
+                        let _ = std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(FAILURES)
+                            .and_then(|mut f| {
+                                use std::io::Write;
+                                writeln!(f, "=== {what}\n{e:#}")
+                            });
                         continue;
                     }
                 };
