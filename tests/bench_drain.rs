@@ -1,0 +1,389 @@
+//! Issue 4's figures, as a measurement (not a check), on the loopback lab with the real binary:
+//! over several planned failovers (`SENTINEL FAILOVER`), how long an INCR writer and a
+//! `BLPOP 0` client that find the primary through polestar's DNS name (SRV) take to succeed on
+//! the new primary, from the failover command and from the leader's `+promoted-slave` as a
+//! subscriber on every Sentinel saw it; and how many acknowledged INCRs the final primary lacks.
+//!
+//! Both clients behave like Lettuce: one persistent connection, no read timeout, re-resolve and
+//! reconnect only on an error (socket closed, or an error reply such as READONLY).
+//!
+//! Run with `bench/drain.sh` (`BENCH_ROUNDS`, default 5). Results also go to
+//! `target/bench-drain.txt`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use common::*;
+use futures::StreamExt;
+use hickory_proto::op::{Message, Query};
+use hickory_proto::rr::{Name, RData, RecordType};
+use polestar::lab::{Lab, LabOptions};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpStream, UdpSocket};
+use tokio::time::{sleep, timeout};
+
+/// A client not on the new primary by then counts as not recovered.
+const RECOVERY_LIMIT: Duration = Duration::from_secs(20);
+/// Reconnections of one client in one round, at most.
+const MAX_ATTEMPTS: usize = 5_000;
+
+type Seen = Arc<Mutex<Vec<(String, SystemTime)>>>;
+
+/// Every success with the node that gave it.
+#[derive(Default)]
+struct Log {
+    ok: Mutex<Vec<(SystemTime, SocketAddr)>>,
+    acked: AtomicU64,
+}
+
+impl Log {
+    fn first_ok_elsewhere(&self, old: SocketAddr, after: SystemTime) -> Option<SystemTime> {
+        let ok = self.ok.lock().unwrap_or_else(|p| p.into_inner());
+        ok.iter().find(|(t, a)| *a != old && *t >= after).map(|(t, _)| *t)
+    }
+
+    fn last_ok(&self) -> Option<(SystemTime, SocketAddr)> {
+        self.ok.lock().unwrap_or_else(|p| p.into_inner()).last().copied()
+    }
+
+    fn ok(&self, node: SocketAddr) {
+        self.ok.lock().unwrap_or_else(|p| p.into_inner()).push((SystemTime::now(), node));
+    }
+}
+
+/// The primary as polestar's DNS names it (SRV for the port, as a client library would).
+async fn resolve(dns: SocketAddr) -> anyhow::Result<SocketAddr> {
+    let socket = UdpSocket::bind("127.0.0.1:0").await?;
+    let mut query = Message::query();
+    query.add_query(Query::query(
+        Name::from_ascii("_redis._tcp.cache.redis.test.")?,
+        RecordType::SRV,
+    ));
+    socket.send_to(&query.to_vec()?, dns).await?;
+    let mut buf = vec![0u8; 1500];
+    let (n, _) = timeout(Duration::from_secs(1), socket.recv_from(&mut buf)).await??;
+    let answer = Message::from_vec(&buf[..n])?;
+    let port = answer.answers.iter().find_map(|r| match &r.data {
+        RData::SRV(srv) => Some(srv.port),
+        _ => None,
+    });
+    Ok(SocketAddr::from(([127, 0, 0, 1], port.context("no SRV answer")?)))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `INCR <key>` with a 2 ms gap; counts the acknowledged ones.
+    Writer,
+    /// `PING`, then `BLPOP <key> 0`.
+    Blocked,
+}
+
+fn client(
+    dns: SocketAddr,
+    key: String,
+    mode: Mode,
+    stop: Arc<AtomicBool>,
+) -> (Arc<Log>, tokio::task::JoinHandle<()>) {
+    let log = Arc::new(Log::default());
+    let log2 = log.clone();
+    let task = tokio::spawn(async move {
+        for _ in 0..MAX_ATTEMPTS {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let Ok(addr) = resolve(dns).await else {
+                sleep(Duration::from_millis(10)).await;
+                continue;
+            };
+            let _ = session(addr, &key, mode, &log2, &stop).await;
+            sleep(Duration::from_millis(10)).await;
+        }
+    });
+    (log, task)
+}
+
+async fn session(
+    addr: SocketAddr,
+    key: &str,
+    mode: Mode,
+    log: &Log,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
+    let stream = timeout(Duration::from_secs(5), TcpStream::connect(addr))
+        .await
+        .map_err(|_| std::io::Error::other("connect timed out"))??;
+    let _ = stream.set_nodelay(true);
+    let mut stream = BufReader::new(stream);
+    let incr = format!("*2\r\n$4\r\nINCR\r\n${}\r\n{key}\r\n", key.len());
+    let blpop = format!("*3\r\n$5\r\nBLPOP\r\n${}\r\n{key}\r\n$1\r\n0\r\n", key.len());
+    while !stop.load(Ordering::Relaxed) {
+        match mode {
+            Mode::Writer => {
+                command(&mut stream, &incr, 1).await?;
+                log.acked.fetch_add(1, Ordering::SeqCst);
+                log.ok(addr);
+                sleep(Duration::from_millis(2)).await;
+            }
+            Mode::Blocked => {
+                command(&mut stream, "*1\r\n$4\r\nPING\r\n", 1).await?;
+                log.ok(addr);
+                // Blocks until killed; `stop` ends the round by pushing to the list.
+                command(&mut stream, &blpop, 5).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sends a command and reads `lines` reply lines, with no timeout.
+async fn command(
+    stream: &mut BufReader<TcpStream>,
+    cmd: &str,
+    lines: usize,
+) -> std::io::Result<()> {
+    stream.get_mut().write_all(cmd.as_bytes()).await?;
+    for _ in 0..lines {
+        let mut line = String::new();
+        if stream.read_line(&mut line).await? == 0 {
+            return Err(std::io::Error::other("connection closed"));
+        }
+        if line.starts_with('-') {
+            return Err(std::io::Error::other(line.trim().to_string()));
+        }
+    }
+    Ok(())
+}
+
+fn watch_sentinels(lab: &Lab, seen: &Seen) {
+    for addr in lab.sentinel_addrs() {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            let client = redis::Client::open(format!("redis://{addr}"))?;
+            let mut pubsub = client.get_async_pubsub().await?;
+            let channels =
+                ["+failover-state-send-slaveof-noone", "+promoted-slave", "+switch-master"];
+            pubsub.subscribe(&channels).await?;
+            let mut stream = pubsub.on_message();
+            while let Some(msg) = stream.next().await {
+                let at = SystemTime::now();
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((msg.get_channel_name().to_string(), at));
+            }
+            anyhow::Ok(())
+        });
+    }
+}
+
+fn first_seen(seen: &Seen, channel: &str, after: SystemTime) -> Option<SystemTime> {
+    let seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+    seen.iter().filter(|(c, t)| c == channel && *t >= after).map(|(_, t)| *t).min()
+}
+
+fn secs(from: SystemTime, to: SystemTime) -> f64 {
+    to.duration_since(from).map(|d| d.as_secs_f64()).unwrap_or_else(|e| -e.duration().as_secs_f64())
+}
+
+async fn get_u64(addr: SocketAddr, key: &str) -> anyhow::Result<u64> {
+    let client = redis::Client::open(format!("redis://{addr}/"))?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let value: Option<u64> = redis::cmd("GET").arg(key).query_async(&mut conn).await?;
+    Ok(value.unwrap_or(0))
+}
+
+async fn push(addr: SocketAddr, key: &str) {
+    if let Ok(client) = redis::Client::open(format!("redis://{addr}/"))
+        && let Ok(mut conn) = client.get_multiplexed_async_connection().await
+    {
+        let _: Result<i64, _> = redis::cmd("RPUSH").arg(key).arg("x").query_async(&mut conn).await;
+    }
+}
+
+/// The time polestar published the last switch (Unix ms in the event).
+async fn flip_time(env: &Env) -> Option<SystemTime> {
+    let (_, events) = env.ps.get_json("/v1/events").await.ok()?;
+    let ms = events
+        .as_array()?
+        .iter()
+        .filter(|e| e["kind"] == "switch" && !e["from"].is_null())
+        .filter_map(|e| e["time_ms"].as_u64())
+        .max()?;
+    Some(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+#[derive(Default)]
+struct Round {
+    noone: Option<f64>,
+    promoted: Option<f64>,
+    switched: Option<f64>,
+    flip: Option<f64>,
+    writer: Option<f64>,
+    blocked: Option<f64>,
+    acked: u64,
+    stored: u64,
+}
+
+async fn one_failover(env: &Env, seen: &Seen, r: usize) -> anyhow::Result<Round> {
+    let dns = env.ps.dns.context("no DNS listener")?;
+    let old = env.lab.primary().await?;
+    let (wkey, bkey) = (format!("counter:{r}"), format!("queue:{r}"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (writer, wtask) = client(dns, wkey.clone(), Mode::Writer, stop.clone());
+    let (blocked, btask) = client(dns, bkey.clone(), Mode::Blocked, stop.clone());
+    env.wait_until(FAILOVER, "the clients on the primary", || async {
+        for log in [&writer, &blocked] {
+            anyhow::ensure!(log.last_ok().is_some_and(|(_, a)| a == old), "not yet");
+        }
+        Ok(())
+    })
+    .await;
+    sleep(Duration::from_millis(500)).await;
+
+    let fault = SystemTime::now();
+    env.lab.failover().await?;
+    let accepted = secs(fault, SystemTime::now());
+    let mut out = Round::default();
+    let limit = tokio::time::Instant::now() + RECOVERY_LIMIT;
+    while tokio::time::Instant::now() < limit {
+        out.writer = writer.first_ok_elsewhere(old, fault).map(|t| secs(fault, t));
+        out.blocked = blocked.first_ok_elsewhere(old, fault).map(|t| secs(fault, t));
+        out.noone =
+            first_seen(seen, "+failover-state-send-slaveof-noone", fault).map(|t| secs(fault, t));
+        out.promoted = first_seen(seen, "+promoted-slave", fault).map(|t| secs(fault, t));
+        out.switched = first_seen(seen, "+switch-master", fault).map(|t| secs(fault, t));
+        if out.writer.is_some() && out.blocked.is_some() && out.switched.is_some() {
+            break;
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+    out.flip = flip_time(env).await.map(|t| secs(fault, t));
+    if accepted > 0.5 {
+        eprintln!("(round {r}: SENTINEL FAILOVER accepted only after {accepted:.3} s)");
+    }
+    // Let the writer go on for a while on the new primary, then stop both clients.
+    sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    let new = env.lab.wait_for_primary_change(old, FAILOVER).await?;
+    push(new, &bkey).await;
+    for mut task in [wtask, btask] {
+        if timeout(Duration::from_secs(10), &mut task).await.is_err() {
+            eprintln!("(round {r}: a client did not stop within 10 s; aborted)");
+            task.abort();
+        }
+    }
+    out.acked = writer.acked.load(Ordering::SeqCst);
+    out.stored = get_u64(new, &wkey).await?;
+    Ok(out)
+}
+
+fn median_max(values: &[f64]) -> Option<(f64, f64)> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let max = *v.last()?;
+    let n = v.len();
+    let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+    Some((median, max))
+}
+
+fn fmt(v: Option<f64>) -> String {
+    v.map(|s| format!("{s:.3}")).unwrap_or_else(|| "-".to_string())
+}
+
+fn emit(out: &mut String, line: String) {
+    println!("{line}");
+    out.push_str(&line);
+    out.push('\n');
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: several planned failovers; run with bench/drain.sh"]
+async fn planned_failover_recovery() {
+    let rounds: usize =
+        std::env::var("BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    let opts = LabOptions::default();
+    let down_after = opts.down_after;
+    let lab = Lab::start(opts).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.masters = vec![(lab.master_name().to_string(), Some("cache".to_string()))];
+    config.dns = true;
+    config.drain = true;
+    let env = Env::with_config(lab, &config).await;
+    let seen: Seen = Arc::default();
+    watch_sentinels(&env.lab, &seen);
+
+    let mut out = String::new();
+    emit(
+        &mut out,
+        format!(
+            "# issue 4: {rounds} planned failovers (SENTINEL FAILOVER), loopback lab, down-after {down_after:?}, drain defaults (dns.ttl 1s)"
+        ),
+    );
+    emit(
+        &mut out,
+        "# seconds from the failover command; Sentinel events as first seen by a subscriber: noone = \
+         leader's +failover-state-send-slaveof-noone, promoted = +promoted-slave, switch = first \
+         +switch-master; recovery = first success on the new primary (found via polestar's DNS)"
+            .into(),
+    );
+    let mut rows = Vec::new();
+    for r in 1..=rounds {
+        env.lab.wait_converged(FAILOVER * 4).await.expect("the lab converges");
+        env.wait_state("ok", FAILOVER).await;
+        let row =
+            one_failover(&env, &seen, r).await.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
+        emit(
+            &mut out,
+            format!(
+                "round {r}: noone {}  promoted {}  switch {}  polestar flip {}  writer {}  blocked {}  acked {}  stored {}  lost {}",
+                fmt(row.noone),
+                fmt(row.promoted),
+                fmt(row.switched),
+                fmt(row.flip),
+                fmt(row.writer),
+                fmt(row.blocked),
+                row.acked,
+                row.stored,
+                row.acked.saturating_sub(row.stored)
+            ),
+        );
+        rows.push(row);
+    }
+    emit(&mut out, String::new());
+    for (name, pick) in [
+        ("writer", (|r: &Round| r.writer) as fn(&Round) -> Option<f64>),
+        ("blocked", |r: &Round| r.blocked),
+    ] {
+        let from_cmd: Vec<f64> = rows.iter().filter_map(pick).collect();
+        let from_promoted: Vec<f64> =
+            rows.iter().filter_map(|r| Some(pick(r)? - r.promoted?)).collect();
+        let show = |v: &[f64]| {
+            median_max(v).map(|(m, x)| format!("median {m:.3} s, max {x:.3} s")).unwrap_or_default()
+        };
+        emit(
+            &mut out,
+            format!(
+                "{name:<7} command->success: {}; promoted->success: {}; not recovered in {}/{rounds}",
+                show(&from_cmd),
+                show(&from_promoted),
+                rows.len() - from_cmd.len()
+            ),
+        );
+    }
+    let flips: Vec<f64> = rows.iter().filter_map(|r| Some(r.flip? - r.promoted?)).collect();
+    if let Some((m, x)) = median_max(&flips) {
+        emit(
+            &mut out,
+            format!("promoted->polestar flip: median {:.1} ms, max {:.1} ms", m * 1e3, x * 1e3),
+        );
+    }
+    let lost: u64 = rows.iter().map(|r| r.acked.saturating_sub(r.stored)).sum();
+    let acked: u64 = rows.iter().map(|r| r.acked).sum();
+    emit(&mut out, format!("lost acknowledged writes: {lost} of {acked} over {rounds} failovers"));
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-drain.txt");
+    let _ = std::fs::write(file, out);
+}
