@@ -16,6 +16,10 @@ use super::{Kind, Settings};
 /// grace: `dns.ttl` 1 s + 0.5 s). Naming the promoted replica before the other Sentinels do is
 /// no error: the leader Sentinel names it from the promotion on.
 pub const GRACE: Duration = Duration::from_millis(1500);
+/// How long before the Sentinels name a node polestar may already name it: polestar flips
+/// when the promoted replica answers `ROLE` master, and the leader names it only after its next
+/// `INFO` of that replica, up to about a second later.
+pub const AHEAD: Duration = Duration::from_millis(1500);
 
 pub struct Fault {
     pub kind: Kind,
@@ -218,15 +222,20 @@ fn switch_time(fault: &Fault, samples: &[Sample]) -> Option<Instant> {
 }
 
 /// Adds up, per fault window and source, the seconds polestar named a node no Sentinel named
-/// within the grace, and the seconds it did not answer while a Sentinel did.
+/// within the grace before or `AHEAD` after, and the seconds it did not answer while a
+/// Sentinel did.
 fn answers(samples: &[Sample], faults: &[Fault], by_kind: &mut BTreeMap<Option<Kind>, Figures>) {
-    let mut from = 0;
+    let (mut from, mut to) = (0, 0);
     for (i, s) in samples.iter().enumerate().skip(1) {
         while samples[from].at + GRACE < s.at {
             from += 1;
         }
+        while to + 1 < samples.len() && samples[to + 1].at <= s.at + AHEAD {
+            to += 1;
+        }
+        let window = &samples[from..=to.max(i)];
         let recent: HashSet<SocketAddr> =
-            samples[from..=i].iter().flat_map(|x| x.sentinels.iter().flatten().copied()).collect();
+            window.iter().flat_map(|x| x.sentinels.iter().flatten().copied()).collect();
         if recent.is_empty() {
             continue;
         }
