@@ -1,21 +1,18 @@
 //! What a request gets: the DNS semantics of polestar's zone, independent of the transport.
 //!
-//! [`Service::respond`] is called by the UDP loops (with their own response sink) and, through
-//! [`TcpHandler`], by hickory-server's `Server` for TCP. Both read the same immutable zone.
+//! [`Service::respond`] is called by the UDP loops and the TCP connections, each with its own
+//! response sink. Both read the same immutable zone.
 
 use std::iter;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use hickory_proto::op::{Edns, Header, HeaderCounts, LowerQuery, Metadata, OpCode, ResponseCode};
 use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
-use hickory_server::net::runtime::Time;
 use hickory_server::net::xfer::Protocol;
-use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::server::{Request, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
 use ipnet::IpNet;
 use metrics::Counter;
-use tokio::sync::watch;
 
 use super::zone::{Answer, Zone, serial_gt};
 use crate::metrics::DNS_QUERIES;
@@ -233,24 +230,5 @@ impl<'q> Reply<'q> {
         tracing::debug!(src = %self.request.src(), %error, "failed to send DNS response");
         let metadata = self.metadata(ResponseCode::ServFail);
         ResponseInfo::from(Header { metadata, counts: HeaderCounts::default() })
-    }
-}
-
-/// Adapts [`Service`] to hickory-server's `Server`, which serves TCP.
-pub struct TcpHandler {
-    pub service: Arc<Service>,
-    /// The current zone; the other end is held by the zone publisher in `server.rs`.
-    pub zone: watch::Receiver<Arc<Zone>>,
-}
-
-#[async_trait::async_trait]
-impl RequestHandler for TcpHandler {
-    async fn handle_request<R: ResponseHandler, T: Time>(
-        &self,
-        request: &Request,
-        handle: R,
-    ) -> ResponseInfo {
-        let zone = self.zone.borrow().clone();
-        self.service.respond(&zone, request, handle).await
     }
 }

@@ -151,3 +151,6 @@ impl ResponseHandler for UdpResponder {
         Ok(info)
     }
 }
+
+#[cfg(test)]
+mod fuzz;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -60,10 +61,12 @@ pub async fn drain(
     State(s): State<Arc<Shared>>,
     Name(name): Name,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     authorize(&s, &headers)?;
     s.master(&name)?;
+    // axum's own rejection (413 past the body limit) is plain text; errors here are JSON.
+    let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
     let body: DrainBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!("body must be {{\"node\":\"ip:port\"}}: {e}"))
     })?;
