@@ -20,11 +20,12 @@ use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "s3cret-token";
 
-struct NoControl;
+/// Accepts every failover; nothing is ever published after it.
+struct AcceptingControl;
 
-impl Control for NoControl {
+impl Control for AcceptingControl {
     fn failover<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<String, ControlError>> {
-        Box::pin(async { Err(ControlError::Unreachable("not in this test".into())) })
+        Box::pin(async { Ok("127.0.0.1:26379".to_string()) })
     }
 }
 
@@ -65,7 +66,7 @@ async fn start() -> Server {
         topology: reader,
         events: Arc::new(EventLog::new()),
         admin_token: http::fixed_token(Some(polestar::config::Secret::new(TOKEN))),
-        control: Arc::new(NoControl),
+        control: Arc::new(AcceptingControl),
         metrics: metrics_handle(),
         drain: None,
     };
@@ -268,9 +269,9 @@ async fn wrong_tokens_are_401_json() {
     let bytes = reqwest::header::HeaderValue::from_bytes(b"Bearer \xff\xfe").expect("opaque");
     let (status, _) = server.json(server.client.post(&url).header("authorization", bytes)).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    // The right token gets through to the (here unreachable) Sentinel side.
+    // The right token gets through to the Sentinel side.
     let (status, _) = server.json(server.client.post(&url).bearer_auth(TOKEN)).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(status, StatusCode::ACCEPTED);
 }
 
 /// Opens a raw connection and sends `GET path`, without reading the answer.
@@ -282,7 +283,7 @@ async fn hold(addr: SocketAddr, path: &str) -> TcpStream {
 }
 
 #[tokio::test]
-async fn more_long_polls_and_streams_than_the_cap_get_503_json() {
+async fn more_long_polls_streams_and_waiting_failovers_than_the_cap_get_503_json() {
     const CAP: usize = 1024; // http::MAX_WAITERS
     let server = start().await;
     let mut held = Vec::with_capacity(CAP);
@@ -308,6 +309,7 @@ async fn more_long_polls_and_streams_than_the_cap_get_503_json() {
     server.assert_serving().await;
     let (status, _) = server.json(server.client.get(format!("{}/v1/masters", server.url))).await;
     assert_eq!(status, StatusCode::OK);
+    a_waiting_failover_counts_against_the_cap(&server).await;
     // Closing the held ones frees their slots.
     drop(held);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -320,4 +322,12 @@ async fn more_long_polls_and_streams_than_the_cap_get_503_json() {
         assert!(Instant::now() < deadline, "slots were not freed: {status}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Regression: `POST .../failover?wait=` held its request open outside the cap.
+async fn a_waiting_failover_counts_against_the_cap(server: &Server) {
+    let url = format!("{}/v1/masters/mymaster/failover?wait=3s", server.url);
+    let (status, body) = server.json(server.client.post(url).bearer_auth(TOKEN)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(error_of(&body).contains("too many"), "{body}");
 }

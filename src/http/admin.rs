@@ -37,6 +37,9 @@ pub async fn failover(
 ) -> Result<Response, ApiError> {
     authorize(&s, &headers)?;
     let limit = params::wait(query.wait.as_deref())?;
+    // A waiting failover is held open like a long-poll, so it counts against the same cap
+    // (taken before asking Sentinel, so a refused request has not started a failover).
+    let _slot = limit.map(|_| s.waiter()).transpose()?;
     let before = s.master(&name)?.epoch;
     let sentinel = s.api.control.failover(&name).await?;
     tracing::info!(master = %name, %sentinel, "failover requested through the API");
