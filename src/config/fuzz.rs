@@ -271,3 +271,20 @@ fn durations_too_long_for_instant_arithmetic_are_rejected() {
     let text = format!("{head}dns: {{listen: ['127.0.0.1:0'], zone: z., ttl: 5000000000000h}}\n");
     assert!(matches!(Config::parse(&text, base()), Err(ParseError::Invalid(_))));
 }
+
+#[test]
+fn a_zone_or_nameserver_the_dns_server_refuses_is_a_config_problem() {
+    // Found by a long run of `mutations_of_the_example_never_panic_and_name_their_paths`:
+    // `nameservers: ["-"]` passed `polestar check`, then `run` failed to start DNS with it.
+    let head = "sentinels: {addresses: ['127.0.0.1:26379']}\n";
+    for (key, dns) in [
+        ("dns.nameservers[0]", "{listen: ['127.0.0.1:0'], zone: z., nameservers: ['-']}"),
+        ("dns.zone", "{listen: ['127.0.0.1:0'], zone: '-.'}"),
+    ] {
+        let problems = match Config::parse(&format!("{head}dns: {dns}\n"), base()) {
+            Err(ParseError::Invalid(p)) => p,
+            other => panic!("{dns}: {other:?}"),
+        };
+        assert!(problems.iter().any(|p| p.starts_with(&format!("{key}:"))), "{problems:?}");
+    }
+}

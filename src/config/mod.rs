@@ -485,7 +485,10 @@ fn parse_zone(text: &str) -> Result<String, String> {
             && l.len() <= 63
             && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
     };
-    if name.len() > 254 || !labels.iter().all(valid) {
+    // What the DNS server will parse it with: `check` must not pass a name `run` then refuses
+    // (such as a label `-`).
+    let hickory_accepts = hickory_proto::rr::Name::from_ascii(&name).is_ok();
+    if name.len() > 254 || !labels.iter().all(valid) || !hickory_accepts {
         return Err(format!("{text:?} is not a domain name"));
     }
     Ok(name)

@@ -4,7 +4,7 @@
 //! response sink. Both read the same immutable zone.
 
 use std::iter;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use hickory_proto::op::{Edns, Header, HeaderCounts, LowerQuery, Metadata, OpCode, ResponseCode};
 use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
@@ -34,6 +34,28 @@ const RCODES: [(ResponseCode, &str); 8] = [
     (ResponseCode::NotAuth, "NOTAUTH"),
     (ResponseCode::BADVERS, "BADVERS"),
 ];
+
+/// Decodes a request, or `None` for one that gets a header-only FORMERR. Besides what
+/// hickory refuses, that is a question with a compression pointer: answers repeat the question
+/// bytes as received, and a pointer into the request's header (or past the question) would
+/// point at other bytes in the answer, making it undecodable. No client compresses its one
+/// question; several questions are a FORMERR anyway.
+pub fn decode(bytes: Vec<u8>, src: SocketAddr, protocol: Protocol) -> Option<Request> {
+    let request = Request::from_bytes(bytes, src, protocol).ok()?;
+    (!has_pointer(request.queries.as_bytes())).then_some(request)
+}
+
+/// Whether the wire form of a question section holds a compression pointer.
+fn has_pointer(mut questions: &[u8]) -> bool {
+    while let Some((&len, rest)) = questions.split_first() {
+        match len {
+            0 => questions = rest.get(4..).unwrap_or_default(), // QTYPE and QCLASS follow
+            l if l & 0xc0 != 0 => return true,
+            l => questions = rest.get(usize::from(l)..).unwrap_or_default(),
+        }
+    }
+    false
+}
 
 /// Answers requests from a zone; shared by every listener.
 pub struct Service {

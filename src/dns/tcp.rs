@@ -19,7 +19,7 @@ use hickory_proto::rr::Record;
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncoder};
 use hickory_server::net::NetError;
 use hickory_server::net::xfer::Protocol;
-use hickory_server::server::{Request, ResponseHandler, ResponseInfo};
+use hickory_server::server::{ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponse;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -27,7 +27,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 
-use super::handler::Service;
+use super::handler::{self, Service};
 use super::zone::Zone;
 
 /// A client that sends no whole message (or reads no answer) for this long is disconnected.
@@ -106,13 +106,13 @@ async fn answer(
     if header.metadata.message_type == MessageType::Response {
         return false;
     }
-    match Request::from_bytes(message, src, Protocol::Tcp) {
-        Ok(request) => {
+    match handler::decode(message, src, Protocol::Tcp) {
+        Some(request) => {
             // A failed write is logged by the service; the next read then ends the connection.
             service.respond(zone, &request, responder).await;
             true
         }
-        Err(_) => {
+        None => {
             service.count(ResponseCode::FormErr);
             let error = hickory_proto::op::Message::error_msg(
                 header.metadata.id,

@@ -217,3 +217,20 @@ proptest! {
         check(&packet, &answer(&service, &zone, &packet));
     }
 }
+
+#[test]
+fn a_question_with_a_compression_pointer_gets_a_header_only_formerr() {
+    // Found by a long run of `mutated_queries_get_no_answer_or_a_well_formed_one`: the second
+    // question's name pointed into the header (offset 2); the FORMERR repeated the question
+    // bytes, and in the answer that offset holds other flags, so it did not decode.
+    let packet: &[u8] = &[
+        32, 136, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 4, 110, 111, 112, 101, 5, 70, 101, 100, 105, 115, 8,
+        105, 110, 116, 101, 114, 110, 97, 108, 0, 0, 41, 0, 1, 5, 99, 97, 99, 104, 101, 192, 2, 0,
+        41, 0, 1,
+    ];
+    let answers = answer(&Service::new(vec![]), &zone(), packet);
+    check(packet, &answers);
+    let reply = Message::from_vec(&answers[0].0).unwrap();
+    assert_eq!(reply.metadata.response_code, ResponseCode::FormErr);
+    assert!(reply.queries.is_empty());
+}
