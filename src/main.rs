@@ -129,6 +129,9 @@ fn init_logging(format: LogFormat) {
 fn check(path: &std::path::Path) -> ExitCode {
     match Config::load(path) {
         Ok(config) => {
+            for warning in &config.warnings {
+                eprintln!("{}: warning: {warning}", path.display());
+            }
             println!("{}: {}", path.display(), config.summary());
             ExitCode::SUCCESS
         }
@@ -151,6 +154,9 @@ fn run(path: &std::path::Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for warning in &config.warnings {
+        tracing::warn!("{}: {warning}", path.display());
+    }
     runtime(async move {
         let shutdown = CancellationToken::new();
         tokio::spawn(signals(shutdown.clone()));

@@ -32,14 +32,24 @@ pub struct LineTooLong;
 impl Reader {
     /// Feeds one chunk; returns the items it completed.
     pub fn feed(&mut self, chunk: &[u8]) -> Result<Vec<Item>, LineTooLong> {
-        self.buffer.extend_from_slice(chunk);
+        // The buffered bytes hold no newline (they were searched before): look in the chunk
+        // only, and cut the consumed lines off once, so a line dribbled in small chunks or
+        // thousands of lines in one chunk cost linear time.
+        let mut buffer = std::mem::take(&mut self.buffer);
+        let mut start = 0;
+        let mut from = buffer.len();
+        buffer.extend_from_slice(chunk);
         let mut items = Vec::new();
-        while let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = self.buffer.drain(..=end).collect();
-            let line = String::from_utf8_lossy(&line);
-            let line = line.trim_end_matches(['\n', '\r']);
-            items.extend(self.line(line));
+        while let Some(offset) = buffer.get(from..).and_then(|b| b.iter().position(|&b| b == b'\n'))
+        {
+            let end = from + offset;
+            let line = String::from_utf8_lossy(buffer.get(start..end).unwrap_or_default());
+            items.extend(self.line(line.trim_end_matches('\r')));
+            start = end + 1;
+            from = start;
         }
+        buffer.drain(..start);
+        self.buffer = buffer;
         if self.buffer.len() > MAX_LINE {
             return Err(LineTooLong);
         }
@@ -73,6 +83,9 @@ impl Reader {
         Some(Item::Event { kind: kind.unwrap_or_else(|| "message".into()), id })
     }
 }
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {

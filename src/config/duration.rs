@@ -2,6 +2,11 @@
 
 use std::time::Duration;
 
+/// The longest duration accepted: far beyond any sensible setting, and small enough that
+/// adding it to an `Instant` (as the drain does with its grace at every failover) cannot
+/// overflow.
+pub const MAX: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Parses `<number><unit>` with unit `ms`, `s`, `m` or `h`; the number may have a fraction.
 pub fn parse(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -17,7 +22,10 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     let value: f64 = number
         .parse()
         .map_err(|_| format!("{text:?} is not a duration (write it like 500ms, 2s, 1m)"))?;
-    Duration::try_from_secs_f64(value * scale).map_err(|_| format!("{text:?} is out of range"))
+    Duration::try_from_secs_f64(value * scale)
+        .ok()
+        .filter(|d| *d <= MAX)
+        .ok_or_else(|| format!("{text:?} is out of range (at most 365 days)"))
 }
 
 /// The short form `parse` accepts, for messages and summaries.
@@ -43,6 +51,14 @@ mod tests {
     fn rejects_what_is_not_a_duration() {
         for bad in ["", "2", "s", "2 weeks", "-1s", "1.2.3s", "ms500"] {
             assert!(parse(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn durations_beyond_a_year_are_out_of_range() {
+        assert_eq!(parse("8760h"), Ok(MAX));
+        for bad in ["8761h", "5000000000000h", "18446744073709551615s"] {
+            assert!(parse(bad).is_err_and(|e| e.contains("out of range")), "{bad:?}");
         }
     }
 

@@ -181,6 +181,9 @@ pub struct Config {
     pub sweep: Option<Sweep>,
     /// The file it was loaded from (`None` when parsed from text): what SIGHUP reloads.
     pub file: Option<PathBuf>,
+    /// What works but should be fixed, each as `path: message` (`polestar check` prints them,
+    /// `run` logs them).
+    pub warnings: Vec<String>,
 }
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
@@ -206,8 +209,8 @@ impl Config {
         let mut problems = Problems::default();
         let config = build(value, base, &mut problems);
         match config {
-            Some(c) if problems.0.is_empty() => Ok(c),
-            _ => Err(ParseError::Invalid(problems.0)),
+            Some(c) if problems.errors.is_empty() => Ok(Self { warnings: problems.warnings, ..c }),
+            _ => Err(ParseError::Invalid(problems.errors)),
         }
     }
 
@@ -295,6 +298,7 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
         drain: drain?,
         sweep: sweep.flatten(),
         file: None,
+        warnings: Vec::new(),
     })
 }
 
@@ -322,7 +326,7 @@ fn auth(mut s: Section, base: &Path, p: &mut Problems, tls_allowed: bool) -> Aut
     let password_path = s.path("password_file");
     let password = s
         .take::<PathBuf>("password_file", p)
-        .and_then(|f| read_secret(&base.join(f)).map_err(|e| p.push(&password_path, e)).ok());
+        .and_then(|f| secret_file(&base.join(f), &password_path, p));
     let tls = if tls_allowed || s.has("tls") {
         s.raw("tls").map(|v| tls(Section::new(&s.path("tls"), v, p), base, p)).unwrap_or_default()
     } else {
@@ -352,6 +356,23 @@ fn tls(mut s: Section, base: &Path, p: &mut Problems) -> Tls {
     }
     s.finish(p);
     Tls { enabled, ca_file, cert_file, key_file }
+}
+
+/// The secret of the file named at `key`; a problem when it cannot be read, a warning when
+/// every user of the host can read it.
+fn secret_file(file: &Path, key: &str, p: &mut Problems) -> Option<Secret> {
+    let secret = read_secret(file).map_err(|e| p.push(key, e)).ok()?;
+    if world_readable(file) {
+        let advice = "readable by every user of this host; make it private (chmod 600, or 640 \
+                      with the polestar group)";
+        p.warn(key, format!("{} is {advice}", file.display()));
+    }
+    Some(secret)
+}
+
+fn world_readable(file: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(file).is_ok_and(|m| m.permissions().mode() & 0o004 != 0)
 }
 
 /// Reads a secret file: the first line, trimmed; an empty secret is an error.
@@ -464,7 +485,10 @@ fn parse_zone(text: &str) -> Result<String, String> {
             && l.len() <= 63
             && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
     };
-    if name.len() > 254 || !labels.iter().all(valid) {
+    // What the DNS server will parse it with: `check` must not pass a name `run` then refuses
+    // (such as a label `-`).
+    let hickory_accepts = hickory_proto::rr::Name::from_ascii(&name).is_ok();
+    if name.len() > 254 || !labels.iter().all(valid) || !hickory_accepts {
         return Err(format!("{text:?} is not a domain name"));
     }
     Ok(name)
@@ -477,7 +501,7 @@ fn http(value: Value, base: &Path, p: &mut Problems) -> Option<Http> {
     let token_path = s.path("admin_token_file");
     let admin_token = s
         .take::<PathBuf>("admin_token_file", p)
-        .and_then(|f| read_secret(&base.join(f)).map_err(|e| p.push(&token_path, e)).ok());
+        .and_then(|f| secret_file(&base.join(f), &token_path, p));
     s.finish(p);
     if listen.is_none() {
         p.push(&listen_path, "missing");
@@ -533,5 +557,7 @@ fn sweep(value: Value, p: &mut Problems) -> Option<Sweep> {
     Some(Sweep { local_ports, remote })
 }
 
+#[cfg(test)]
+mod fuzz;
 #[cfg(test)]
 mod tests;

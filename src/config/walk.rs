@@ -4,13 +4,21 @@
 use serde::de::DeserializeOwned;
 use serde_yaml::{Mapping, Value};
 
-/// Every problem found so far, each as `path: message`.
+/// Every problem found so far, each as `path: message`, and the warnings: things that work
+/// but should be fixed (a secret file every user can read).
 #[derive(Default)]
-pub struct Problems(pub Vec<String>);
+pub struct Problems {
+    pub errors: Vec<String>,
+    pub warnings: Vec<String>,
+}
 
 impl Problems {
     pub fn push(&mut self, path: &str, message: impl std::fmt::Display) {
-        self.0.push(format!("{path}: {message}"));
+        self.errors.push(format!("{path}: {message}"));
+    }
+
+    pub fn warn(&mut self, path: &str, message: impl std::fmt::Display) {
+        self.warnings.push(format!("{path}: {message}"));
     }
 }
 

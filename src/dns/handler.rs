@@ -1,21 +1,18 @@
 //! What a request gets: the DNS semantics of polestar's zone, independent of the transport.
 //!
-//! [`Service::respond`] is called by the UDP loops (with their own response sink) and, through
-//! [`TcpHandler`], by hickory-server's `Server` for TCP. Both read the same immutable zone.
+//! [`Service::respond`] is called by the UDP loops and the TCP connections, each with its own
+//! response sink. Both read the same immutable zone.
 
 use std::iter;
-use std::net::IpAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
 
 use hickory_proto::op::{Edns, Header, HeaderCounts, LowerQuery, Metadata, OpCode, ResponseCode};
 use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
-use hickory_server::net::runtime::Time;
 use hickory_server::net::xfer::Protocol;
-use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::server::{Request, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
 use ipnet::IpNet;
 use metrics::Counter;
-use tokio::sync::watch;
 
 use super::zone::{Answer, Zone, serial_gt};
 use crate::metrics::DNS_QUERIES;
@@ -37,6 +34,28 @@ const RCODES: [(ResponseCode, &str); 8] = [
     (ResponseCode::NotAuth, "NOTAUTH"),
     (ResponseCode::BADVERS, "BADVERS"),
 ];
+
+/// Decodes a request, or `None` for one that gets a header-only FORMERR. Besides what
+/// hickory refuses, that is a question with a compression pointer: answers repeat the question
+/// bytes as received, and a pointer into the request's header (or past the question) would
+/// point at other bytes in the answer, making it undecodable. No client compresses its one
+/// question; several questions are a FORMERR anyway.
+pub fn decode(bytes: Vec<u8>, src: SocketAddr, protocol: Protocol) -> Option<Request> {
+    let request = Request::from_bytes(bytes, src, protocol).ok()?;
+    (!has_pointer(request.queries.as_bytes())).then_some(request)
+}
+
+/// Whether the wire form of a question section holds a compression pointer.
+fn has_pointer(mut questions: &[u8]) -> bool {
+    while let Some((&len, rest)) = questions.split_first() {
+        match len {
+            0 => questions = rest.get(4..).unwrap_or_default(), // QTYPE and QCLASS follow
+            l if l & 0xc0 != 0 => return true,
+            l => questions = rest.get(usize::from(l)..).unwrap_or_default(),
+        }
+    }
+    false
+}
 
 /// Answers requests from a zone; shared by every listener.
 pub struct Service {
@@ -233,24 +252,5 @@ impl<'q> Reply<'q> {
         tracing::debug!(src = %self.request.src(), %error, "failed to send DNS response");
         let metadata = self.metadata(ResponseCode::ServFail);
         ResponseInfo::from(Header { metadata, counts: HeaderCounts::default() })
-    }
-}
-
-/// Adapts [`Service`] to hickory-server's `Server`, which serves TCP.
-pub struct TcpHandler {
-    pub service: Arc<Service>,
-    /// The current zone; the other end is held by the zone publisher in `server.rs`.
-    pub zone: watch::Receiver<Arc<Zone>>,
-}
-
-#[async_trait::async_trait]
-impl RequestHandler for TcpHandler {
-    async fn handle_request<R: ResponseHandler, T: Time>(
-        &self,
-        request: &Request,
-        handle: R,
-    ) -> ResponseInfo {
-        let zone = self.zone.borrow().clone();
-        self.service.respond(&zone, request, handle).await
     }
 }

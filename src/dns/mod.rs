@@ -3,15 +3,16 @@
 //! Every topology change is turned into a new immutable [`zone::Zone`] (with a higher SOA
 //! serial) and swapped in whole, so a query never sees half of a change and never takes a lock
 //! on the zone. UDP is served by one task per `SO_REUSEPORT` socket that decodes with
-//! hickory-server and answers through the same [`handler::Service`] that hickory-server's
-//! [`hickory_server::Server`] uses for TCP (where zone transfers happen). After each change
-//! NOTIFY goes to every `dns.notify` target so standard secondaries follow by AXFR.
+//! hickory-server and answers through the same [`handler::Service`] that the connections of
+//! [`tcp`] use (where zone transfers happen). After each change NOTIFY goes to every
+//! `dns.notify` target so standard secondaries follow by AXFR.
 
 mod batch;
 mod handler;
 mod listen;
 mod notify;
 mod server;
+mod tcp;
 mod udp;
 pub mod zone;
 

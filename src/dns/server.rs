@@ -1,27 +1,18 @@
-//! Wiring: the zone publisher (topology → zone), the UDP loops, hickory-server's `Server` for
-//! TCP, and the NOTIFY senders, all stopped by one cancellation token.
+//! Wiring: the zone publisher (topology → zone), the UDP loops, the TCP listeners and the
+//! NOTIFY senders, all stopped by one cancellation token.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use hickory_server::Server;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::handler::{Service, TcpHandler};
+use super::handler::Service;
 use super::listen::Listeners;
 use super::zone::{Zone, ZoneSettings, initial_serial, next_serial, now_unix};
-use super::{notify, udp};
+use super::{notify, tcp, udp};
 use crate::config;
 use crate::topology::{Snapshot, TopologyReader};
-
-/// A TCP client that sends nothing for this long is disconnected.
-const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Messages queued per TCP connection: hickory-server does not drain the queue while a request
-/// is being answered, so it bounds the messages of one zone transfer (each of up to 100
-/// records, see `handler::TRANSFER_CHUNK`).
-const TCP_RESPONSE_QUEUE: usize = 2048;
 
 /// Serves until `shutdown` is cancelled.
 pub async fn serve(
@@ -43,14 +34,12 @@ pub async fn serve(
     for socket in listeners.udp {
         tasks.spawn(udp::serve_socket(socket, service.clone(), zone_rx.clone()));
     }
-    let mut server = Server::new(TcpHandler { service, zone: zone_rx });
     for listener in listeners.tcp {
-        server.register_listener(listener, TCP_IDLE_TIMEOUT, TCP_RESPONSE_QUEUE);
+        tasks.spawn(tcp::serve_listener(listener, service.clone(), zone_rx.clone()));
     }
 
     shutdown.cancelled().await;
     tasks.abort_all();
-    server.shutdown_gracefully().await?;
     Ok(())
 }
 

@@ -20,7 +20,7 @@ use tokio::net::UdpSocket;
 use tokio::sync::watch;
 
 use super::batch::{self, RecvBuffers};
-use super::handler::{Service, UDP_PAYLOAD};
+use super::handler::{self, Service, UDP_PAYLOAD};
 use super::zone::Zone;
 
 /// Answers waiting to be sent at the end of the current batch. Only the socket's own task
@@ -76,13 +76,13 @@ async fn handle_packet(
     if header.metadata.message_type == MessageType::Response || src.port() == 0 {
         return;
     }
-    match Request::from_bytes(packet.to_vec(), src, Protocol::Udp) {
-        Ok(request) => {
+    match handler::decode(packet.to_vec(), src, Protocol::Udp) {
+        Some(request) => {
             let responder =
                 UdpResponder { outbox: outbox.clone(), dst: src, max_size: max_size(&request) };
             service.respond(zone, &request, responder).await;
         }
-        Err(_) => {
+        None => {
             service.count(ResponseCode::FormErr);
             if let Some(bytes) = error_message(&header, ResponseCode::FormErr) {
                 lock(outbox).push((bytes, src));
@@ -151,3 +151,6 @@ impl ResponseHandler for UdpResponder {
         Ok(info)
     }
 }
+
+#[cfg(test)]
+mod fuzz;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -36,6 +37,9 @@ pub async fn failover(
 ) -> Result<Response, ApiError> {
     authorize(&s, &headers)?;
     let limit = params::wait(query.wait.as_deref())?;
+    // A waiting failover is held open like a long-poll, so it counts against the same cap
+    // (taken before asking Sentinel, so a refused request has not started a failover).
+    let _slot = limit.map(|_| s.waiter()).transpose()?;
     let before = s.master(&name)?.epoch;
     let sentinel = s.api.control.failover(&name).await?;
     tracing::info!(master = %name, %sentinel, "failover requested through the API");
@@ -60,10 +64,12 @@ pub async fn drain(
     State(s): State<Arc<Shared>>,
     Name(name): Name,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     authorize(&s, &headers)?;
     s.master(&name)?;
+    // axum's own rejection (413 past the body limit) is plain text; errors here are JSON.
+    let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
     let body: DrainBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!("body must be {{\"node\":\"ip:port\"}}: {e}"))
     })?;

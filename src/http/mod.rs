@@ -20,12 +20,17 @@ mod wait;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -43,6 +48,13 @@ pub use error::ApiError;
 const BODY_LIMIT: usize = 64 * 1024;
 /// Long-polls and event streams held open at once; past this they answer 503 at once.
 const MAX_WAITERS: usize = 1024;
+/// A client has this long to send a request's headers (also how long an idle keep-alive
+/// connection stays open).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once (long-polls and streams included); the rest wait in the
+/// listen backlog. Well under the usual open-file limits.
+const MAX_CONNECTIONS: usize = 4096;
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 /// What the daemon hands the API: read ends and handles, nothing it must give back.
 pub struct Api {
@@ -85,9 +97,54 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
 
 /// Serves until `shutdown` is cancelled. In-flight requests finish; long-polls answer with the
 /// current state and event streams end at once, so shutdown never waits on a client.
+///
+/// Not `axum::serve`: that sets no header-read timeout and no connection cap, so clients that
+/// send their headers byte by byte (slowloris) or open connections and say nothing would each
+/// hold a connection and a file descriptor forever.
 pub async fn serve(listener: TcpListener, api: Api, shutdown: CancellationToken) -> io::Result<()> {
     let app = routes(Arc::new(Shared::new(api, shutdown.clone())));
-    axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let graceful = GracefulShutdown::new();
+    while let Some((stream, slot)) = accept(&listener, &slots, &shutdown).await {
+        let service = TowerToHyperService::new(app.clone());
+        let mut builder = http1::Builder::new();
+        builder.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            let _ = connection.await; // a client that goes away is not an error of the server
+            drop(slot);
+        });
+    }
+    // Idle connections close at once; the wait is bounded for ones stuck mid-request.
+    let _ = tokio::time::timeout(HEADER_READ_TIMEOUT, graceful.shutdown()).await;
+    Ok(())
+}
+
+/// The next connection and its slot, or `None` at shutdown. Waits for a free slot first, so
+/// past [`MAX_CONNECTIONS`] new clients queue in the listen backlog instead of being served.
+async fn accept(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+    shutdown: &CancellationToken,
+) -> Option<(tokio::net::TcpStream, OwnedSemaphorePermit)> {
+    loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot.ok()?,
+            () = shutdown.cancelled() => return None,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.cancelled() => return None,
+        };
+        match accepted {
+            Ok((stream, _)) => return Some((stream, slot)),
+            Err(error) => {
+                // EMFILE and the like: wait rather than spin; connections ending free slots.
+                tracing::warn!(%error, "HTTP accept failed");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+            }
+        }
+    }
 }
 
 /// The routes, for callers that serve them their own way (long-polls then never see shutdown).

@@ -1,0 +1,167 @@
+//! DNS under hostile clients: garbage and oversized TCP length prefixes, and a flood of open
+//! idle TCP connections against the real binary run with few file descriptors. The server must
+//! keep answering UDP and new TCP queries, and must not spin while it cannot accept. Every
+//! flood here is bounded in count and time.
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+mod dns_support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dns_support::{Proto, Server, master, parse, query};
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket};
+
+const QNAME: &str = "cache.redis.internal.";
+
+#[tokio::test]
+async fn bad_tcp_length_prefixes_cost_one_connection_and_nothing_more() {
+    let server = Server::start(|_| {}).await;
+    server.publish(vec![master("cache", Some(("10.0.0.1", 6379)), &[])]).await;
+    let valid = query(QNAME, RecordType::A).to_vec().unwrap();
+    let cases: Vec<Vec<u8>> = vec![
+        vec![0xff, 0xff],                                   // 64 KiB announced, nothing sent
+        [&[0xff, 0xff][..], &[0u8; 1000]].concat(),         // announced more than sent
+        vec![0, 0],                                         // an empty message
+        vec![0, 0, 0, 0, 0, 0],                             // several empty messages
+        [&[0, 5][..], b"\x00\x01\x00\x00\x00"].concat(),    // a runt
+        [&[0, 2][..], &valid[..2], &[0xff, 0xff]].concat(), // a runt, then a huge one
+        [&(valid.len() as u16).to_be_bytes()[..], &valid[..], &[0xff]].concat(), // half a length
+        vec![0xff],
+    ];
+    let mut held = Vec::new();
+    for bytes in &cases {
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        stream.write_all(bytes).await.unwrap();
+        held.push(stream);
+    }
+    // Each of those connections is either waiting or closed; the server answers others.
+    for proto in [Proto::Udp, Proto::Tcp] {
+        let reply = server.ask(proto, QNAME, RecordType::A).await;
+        assert_eq!(reply.metadata.response_code, ResponseCode::NoError, "{proto:?}");
+    }
+    // A valid query after garbage on the same connection: the runt is dropped (with the
+    // connection, or answered FORMERR), never a crash.
+    let mut stream = TcpStream::connect(server.addr).await.unwrap();
+    let framed = [&(valid.len() as u16).to_be_bytes()[..], &valid[..]].concat();
+    stream.write_all(&[&[0, 3][..], b"abc", &framed].concat()).await.unwrap();
+    let mut buf = [0u8; 512];
+    let _ = tokio::time::timeout(Duration::from_secs(3), stream.read(&mut buf)).await;
+    let reply = server.ask(Proto::Tcp, QNAME, RecordType::A).await;
+    assert_eq!(reply.metadata.response_code, ResponseCode::NoError);
+}
+
+/// CPU time (user + system, in clock ticks) the process has used so far.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5), counted from the state (field 3) here.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+async fn udp_soa(addr: SocketAddr) -> bool {
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let bytes = query("redis.internal.", RecordType::SOA).to_vec().unwrap();
+    socket.send_to(&bytes, addr).await.unwrap();
+    let mut buf = [0u8; 1500];
+    match tokio::time::timeout(Duration::from_secs(2), socket.recv(&mut buf)).await {
+        Ok(Ok(n)) => parse(&buf[..n]).metadata.response_code == ResponseCode::NoError,
+        _ => false,
+    }
+}
+
+async fn tcp_soa(addr: SocketAddr) -> bool {
+    let ask = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        let bytes = query("redis.internal.", RecordType::SOA).to_vec().unwrap();
+        stream.write_all(&[&(bytes.len() as u16).to_be_bytes()[..], &bytes].concat()).await?;
+        let mut len = [0u8; 2];
+        stream.read_exact(&mut len).await?;
+        let mut body = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        stream.read_exact(&mut body).await?;
+        Ok::<_, std::io::Error>(parse(&body).metadata.response_code == ResponseCode::NoError)
+    };
+    matches!(tokio::time::timeout(Duration::from_secs(2), ask).await, Ok(Ok(true)))
+}
+
+#[tokio::test]
+async fn a_flood_of_idle_tcp_connections_neither_stops_udp_nor_spins_the_accept_loop() {
+    const FLOOD: usize = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("polestar.yaml");
+    // An unreachable Sentinel is enough: the zone's SOA is always served.
+    std::fs::write(
+        &config,
+        "sentinels: {addresses: ['127.0.0.1:9']}\n\
+         dns: {listen: ['127.0.0.1:0'], zone: redis.internal.}\n",
+    )
+    .unwrap();
+    // Few descriptors, so that the flood exhausts them.
+    let script = format!(
+        "ulimit -n 96 && exec {} run -c {}",
+        env!("CARGO_BIN_EXE_polestar"),
+        config.display()
+    );
+    let mut child = Command::new("sh")
+        .args(["-c", &script])
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let pid = child.id();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let _child = Kill(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let addr: SocketAddr = loop {
+        let line = rx.recv_timeout(Duration::from_secs(20)).expect("polestar starts");
+        let Some(rest) = line.split("listening for DNS on ").nth(1) else { continue };
+        break rest.split_whitespace().next().unwrap().parse().unwrap();
+    };
+    assert!(udp_soa(addr).await && tcp_soa(addr).await, "serves before the flood");
+
+    let mut flood = Vec::with_capacity(FLOOD);
+    for _ in 0..FLOOD {
+        // The kernel completes handshakes into the backlog even when polestar cannot accept.
+        if let Ok(Ok(s)) =
+            tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(addr)).await
+        {
+            flood.push(s);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (t0, c0) = (Instant::now(), cpu_ticks(pid));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let used = (cpu_ticks(pid) - c0) as f64 / 100.0; // USER_HZ is 100 on Linux
+    let share = used / t0.elapsed().as_secs_f64();
+    assert!(share < 0.3, "polestar used {:.0}% of a core while flooded", share * 100.0);
+    for _ in 0..5 {
+        assert!(udp_soa(addr).await, "UDP stops answering under a TCP flood");
+    }
+    // Once the flood goes away (or its connections time out idle), TCP serves again.
+    drop(flood);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !tcp_soa(addr).await {
+        assert!(Instant::now() < deadline, "TCP never recovered from the flood");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
