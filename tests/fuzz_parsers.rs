@@ -93,7 +93,7 @@ fn well_formed(addr: &Addr) {
 
 fn check_event(event: &Event) {
     match event {
-        Event::Promoting { master, replica: a } | Event::Promoted { master, primary: a } => {
+        Event::Promoting { master, replica: a, .. } | Event::Promoted { master, primary: a } => {
             assert!(!master.is_empty());
             well_formed(a);
         }
