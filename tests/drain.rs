@@ -350,7 +350,7 @@ async fn flip_kills_every_client_but_the_spared_and_the_replication_link() {
     let times = times.unwrap_or_else(|open| panic!("{open} clients still connected"));
     let slowest = times.iter().map(|t| t.duration_since(flipped)).max().unwrap_or_default();
     eprintln!("199 clients killed within {slowest:?} of the flip");
-    assert!(slowest < Duration::from_secs(2), "took {slowest:?}");
+    assert!(slowest < Duration::from_secs(5), "took {slowest:?}");
     assert_eq!(command(&mut keep, &["PING"]).await.as_deref(), Some("+PONG\r\n"));
     assert!(old.info("replication").await.contains("connected_slaves:1"));
     assert!(replica.info("replication").await.contains("master_link_status:up"));
