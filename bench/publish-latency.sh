@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Publish latency on a real local cluster: leader's +promoted-slave -> HTTP long-poll answers
-# the new primary, over ROUNDS planned failovers (default 5). Loopback only.
+# Publish latency on a real local cluster: leader's send-slaveof-noone -> HTTP long-poll and
+# DNS answer the new primary, over ROUNDS planned failovers (default 5). Loopback only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/deps.sh

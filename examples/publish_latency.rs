@@ -1,8 +1,9 @@
 //! Publish latency, measured end to end on a real local cluster: from the moment the leader
-//! Sentinel's `+promoted-slave` reaches a subscriber on loopback to the moment a pending HTTP
-//! long-poll (`?wait=&after=`) returns the new primary, and to the first DNS answer (SRV,
-//! polled over UDP every millisecond) naming it. Also shows when the first `+switch-master`
-//! arrived, which is where a design keyed on that event would flip.
+//! Sentinel's `+failover-state-send-slaveof-noone` (it has just told the replica to become
+//! master) reaches a subscriber on loopback to the moment a pending HTTP long-poll
+//! (`?wait=&after=`) returns the new primary, and to the first DNS answer (SRV, polled over UDP
+//! every millisecond) naming it. Also shows when the leader's `+promoted-slave` and the first
+//! `+switch-master` arrived, which is where designs keyed on those events would flip.
 //!
 //! Run with `bench/publish-latency.sh [ROUNDS]`.
 
@@ -41,23 +42,27 @@ async fn main() -> anyhow::Result<()> {
     let api = format!("http://{http}/v1/masters/{}", lab.master_name());
     let http_client = reqwest::Client::new();
     wait_state(&http_client, &api, "ok").await?;
-    println!("round  promoted->API(ms)  promoted->DNS(ms)  promoted->first +switch-master(ms)");
+    println!(
+        "round  noone->API(ms)  noone->DNS(ms)  noone->+promoted-slave(ms)  noone->first +switch-master(ms)"
+    );
     let (mut api_ms, mut dns_ms) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
         seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clear();
         let old_port = lab.primary().await?.port();
         let dns_flip = tokio::spawn(watch_dns(dns, old_port));
-        let (api_at, promoted, switched) = one_failover(&lab, &http_client, &api, &seen).await?;
+        let (api_at, [noone, promoted, switched]) =
+            one_failover(&lab, &http_client, &api, &seen).await?;
         let dns_at = dns_flip.await??;
         let ms = |a: Instant, b: Instant| a.saturating_duration_since(b).as_secs_f64() * 1e3;
         let sign = |a: Instant, b: Instant| if a >= b { ms(a, b) } else { -ms(b, a) };
-        api_ms.push(sign(api_at, promoted));
-        dns_ms.push(sign(dns_at, promoted));
+        api_ms.push(sign(api_at, noone));
+        dns_ms.push(sign(dns_at, noone));
         println!(
-            "{round:>5}  {:>17.2}  {:>17.2}  {:>34.2}",
-            sign(api_at, promoted),
-            sign(dns_at, promoted),
-            ms(switched, promoted)
+            "{round:>5}  {:>14.2}  {:>14.2}  {:>26.2}  {:>30.2}",
+            sign(api_at, noone),
+            sign(dns_at, noone),
+            ms(promoted, noone),
+            ms(switched, noone)
         );
         wait_state(&http_client, &api, "ok").await?;
     }
@@ -79,7 +84,7 @@ async fn one_failover(
     http: &reqwest::Client,
     api: &str,
     seen: &Seen,
-) -> anyhow::Result<(Instant, Instant, Instant)> {
+) -> anyhow::Result<(Instant, [Instant; 3])> {
     let before: serde_json::Value = http.get(api).send().await?.json().await?;
     let epoch = before["epoch"].as_u64().context("no epoch")?;
     let poll = http.get(format!("{api}?wait=60s&after={epoch}")).send();
@@ -95,8 +100,11 @@ async fn one_failover(
     loop {
         let events = seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone();
         let first = |name: &str| events.iter().find(|(c, _)| c == name).map(|(_, t)| *t);
-        if let (Some(p), Some(s)) = (first("+promoted-slave"), first("+switch-master")) {
-            return Ok((api_at, p, s));
+        let noone = first("+failover-state-send-slaveof-noone");
+        if let (Some(n), Some(p), Some(s)) =
+            (noone, first("+promoted-slave"), first("+switch-master"))
+        {
+            return Ok((api_at, [n, p, s]));
         }
         anyhow::ensure!(Instant::now() < deadline, "no +promoted-slave/+switch-master seen");
         tokio::time::sleep(Duration::from_millis(20)).await;
