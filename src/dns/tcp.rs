@@ -13,10 +13,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hickory_proto::ProtoError;
 use hickory_proto::op::{Header, MessageType, ResponseCode};
 use hickory_proto::rr::Record;
-use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncoder};
+use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
 use hickory_server::net::NetError;
 use hickory_server::net::xfer::Protocol;
 use hickory_server::server::{ResponseHandler, ResponseInfo};
@@ -144,23 +143,6 @@ impl TcpResponder {
         };
         tokio::time::timeout(IDLE_TIMEOUT, write).await.map_err(|_| io::ErrorKind::TimedOut)?
     }
-
-    fn encode<'a>(
-        response: MessageResponse<
-            '_,
-            'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-        >,
-    ) -> Result<(ResponseInfo, Vec<u8>), ProtoError> {
-        let mut bytes = Vec::with_capacity(512);
-        let mut encoder = BinEncoder::new(&mut bytes);
-        encoder.set_max_size(u16::MAX);
-        let info = response.destructive_emit(&mut encoder)?;
-        Ok((info, bytes))
-    }
 }
 
 #[async_trait::async_trait]
@@ -176,7 +158,7 @@ impl ResponseHandler for TcpResponder {
             impl Iterator<Item = &'a Record> + Send + 'a,
         >,
     ) -> Result<ResponseInfo, NetError> {
-        let (info, bytes) = Self::encode(response)?;
+        let (info, bytes) = super::udp::encode(response, u16::MAX)?;
         self.write(&bytes).await?;
         Ok(info)
     }

@@ -113,24 +113,24 @@ struct UdpResponder {
     max_size: u16,
 }
 
-impl UdpResponder {
-    fn encode<'a>(
-        &self,
-        response: MessageResponse<
-            '_,
-            'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-        >,
-    ) -> Result<(ResponseInfo, Vec<u8>), ProtoError> {
-        let mut bytes = Vec::with_capacity(512);
-        let mut encoder = BinEncoder::new(&mut bytes);
-        encoder.set_max_size(self.max_size);
-        let info = response.destructive_emit(&mut encoder)?;
-        Ok((info, bytes))
-    }
+/// Encodes a response into at most `max_size` bytes (truncating, with TC, beyond that); the
+/// one encoder of both transports.
+pub(super) fn encode<'a>(
+    response: MessageResponse<
+        '_,
+        'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+    >,
+    max_size: u16,
+) -> Result<(ResponseInfo, Vec<u8>), ProtoError> {
+    let mut bytes = Vec::with_capacity(512);
+    let mut encoder = BinEncoder::new(&mut bytes);
+    encoder.set_max_size(max_size);
+    let info = response.destructive_emit(&mut encoder)?;
+    Ok((info, bytes))
 }
 
 #[async_trait::async_trait]
@@ -146,7 +146,7 @@ impl ResponseHandler for UdpResponder {
             impl Iterator<Item = &'a Record> + Send + 'a,
         >,
     ) -> Result<ResponseInfo, NetError> {
-        let (info, bytes) = self.encode(response)?;
+        let (info, bytes) = encode(response, self.max_size)?;
         lock(&self.outbox).push((bytes, self.dst));
         Ok(info)
     }
