@@ -70,9 +70,7 @@ async fn main() -> anyhow::Result<()> {
         figures.sort_by(f64::total_cmp);
         let median = figures[figures.len() / 2];
         let max = figures.last().copied().unwrap_or(0.0);
-        println!(
-            "promoted->{what}: median {median:.2} ms, max {max:.2} ms over {rounds} failovers"
-        );
+        println!("noone->{what}: median {median:.2} ms, max {max:.2} ms over {rounds} failovers");
     }
     shutdown.cancel();
     daemon.await??;
