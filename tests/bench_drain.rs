@@ -20,11 +20,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use common::*;
 use futures::StreamExt;
-use hickory_proto::op::{Message, Query};
-use hickory_proto::rr::{Name, RData, RecordType};
 use polestar::lab::{Lab, LabOptions};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpStream, UdpSocket};
+use tokio::net::TcpStream;
 use tokio::time::{sleep, timeout};
 
 /// A client not on the new primary by then counts as not recovered.
@@ -56,25 +54,6 @@ impl Log {
     }
 }
 
-/// The primary as polestar's DNS names it (SRV for the port, as a client library would).
-async fn resolve(dns: SocketAddr) -> anyhow::Result<SocketAddr> {
-    let socket = UdpSocket::bind("127.0.0.1:0").await?;
-    let mut query = Message::query();
-    query.add_query(Query::query(
-        Name::from_ascii("_redis._tcp.cache.redis.test.")?,
-        RecordType::SRV,
-    ));
-    socket.send_to(&query.to_vec()?, dns).await?;
-    let mut buf = vec![0u8; 1500];
-    let (n, _) = timeout(Duration::from_secs(1), socket.recv_from(&mut buf)).await??;
-    let answer = Message::from_vec(&buf[..n])?;
-    let port = answer.answers.iter().find_map(|r| match &r.data {
-        RData::SRV(srv) => Some(srv.port),
-        _ => None,
-    });
-    Ok(SocketAddr::from(([127, 0, 0, 1], port.context("no SRV answer")?)))
-}
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     /// `INCR <key>` with a 2 ms gap; counts the acknowledged ones.
@@ -96,7 +75,7 @@ fn client(
             if stop.load(Ordering::Relaxed) {
                 return;
             }
-            let Ok(addr) = resolve(dns).await else {
+            let Ok(addr) = resolve_srv(dns).await else {
                 sleep(Duration::from_millis(10)).await;
                 continue;
             };

@@ -11,14 +11,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, ensure};
+use anyhow::ensure;
 use common::*;
-use hickory_proto::op::{Message, Query};
-use hickory_proto::rr::{Name, RData, RecordType};
 use polestar::lab::{Lab, LabOptions};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpStream, UdpSocket};
+use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -60,31 +58,12 @@ async fn held_client(
     }
 }
 
-/// The primary as polestar's DNS names it (SRV for the port, as a client library would).
-async fn resolve(dns: SocketAddr) -> anyhow::Result<SocketAddr> {
-    let socket = UdpSocket::bind("127.0.0.1:0").await?;
-    let mut query = Message::query();
-    query.add_query(Query::query(
-        Name::from_ascii("_redis._tcp.cache.redis.test.")?,
-        RecordType::SRV,
-    ));
-    socket.send_to(&query.to_vec()?, dns).await?;
-    let mut buf = vec![0u8; 1500];
-    let (n, _) = timeout(Duration::from_secs(1), socket.recv_from(&mut buf)).await??;
-    let answer = Message::from_vec(&buf[..n])?;
-    let port = answer.answers.iter().find_map(|r| match &r.data {
-        RData::SRV(srv) => Some(srv.port),
-        _ => None,
-    });
-    Ok(SocketAddr::from(([127, 0, 0, 1], port.context("no SRV answer")?)))
-}
-
 /// INCRs `counter` forever through whatever DNS names, reconnecting (after re-resolving) on
 /// any error, like a client with one persistent connection. Counts acknowledged INCRs.
 fn writer(dns: SocketAddr, acked: Arc<AtomicU64>, stop: Arc<AtomicBool>) -> JoinHandle<()> {
     tokio::spawn(async move {
         while !stop.load(Ordering::Relaxed) {
-            let Ok(addr) = resolve(dns).await else { continue };
+            let Ok(addr) = resolve_srv(dns).await else { continue };
             let Ok(client) = redis::Client::open(format!("redis://{addr}/")) else { continue };
             let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
                 sleep(Duration::from_millis(10)).await;

@@ -468,3 +468,24 @@ pub fn shown(output: &Output) -> String {
         String::from_utf8_lossy(&output.stderr)
     )
 }
+
+/// The primary as the daemon's DNS names it for the `cache` label of the `redis.test.` zone
+/// (SRV for the port, as a client library would), asked over UDP.
+pub async fn resolve_srv(dns: SocketAddr) -> anyhow::Result<SocketAddr> {
+    use anyhow::Context;
+    use hickory_proto::op::{Message, Query};
+    use hickory_proto::rr::{Name, RData, RecordType};
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await?;
+    let mut query = Message::query();
+    let name = Name::from_ascii("_redis._tcp.cache.redis.test.")?;
+    query.add_query(Query::query(name, RecordType::SRV));
+    socket.send_to(&query.to_vec()?, dns).await?;
+    let mut buf = vec![0u8; 1500];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(1), socket.recv_from(&mut buf)).await??;
+    let answer = Message::from_vec(&buf[..n])?;
+    let port = answer.answers.iter().find_map(|r| match &r.data {
+        RData::SRV(srv) => Some(srv.port),
+        _ => None,
+    });
+    Ok(SocketAddr::from(([127, 0, 0, 1], port.context("no SRV answer")?)))
+}
