@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::handler::Service;
 use super::listen::Listeners;
-use super::zone::{Zone, ZoneSettings, initial_serial, next_serial, now_unix};
+use super::zone::{Zone, ZoneSettings, initial_serial, next_serial, now_unix, same_records};
 use super::{notify, tcp, udp};
 use crate::config;
 use crate::topology::{Snapshot, TopologyReader};
@@ -50,8 +50,15 @@ async fn publish(
     settings: ZoneSettings,
     zone_tx: watch::Sender<Arc<Zone>>,
 ) {
+    let mut last: Option<Arc<Snapshot>> = None;
     while topology.changed().await.is_ok() {
         let snapshot = topology.borrow_and_update().clone();
+        // Most changes (Sentinel counts, `since`) touch no record: not worth building a zone
+        // of every master to find that out.
+        if last.as_ref().is_some_and(|l| same_records(l, &snapshot)) {
+            continue;
+        }
+        last = Some(snapshot.clone());
         let current = zone_tx.borrow().clone();
         if let Some(next) = next_zone(&snapshot, &settings, &current) {
             tracing::debug!(serial = next.serial(), version = snapshot.version, "DNS zone updated");

@@ -6,7 +6,7 @@
 //! and NS at the apex. A master without a known primary answers SERVFAIL for its A, AAAA and
 //! SRV, never an empty answer that resolvers would cache.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -102,44 +102,26 @@ pub struct Zone {
     serial: u32,
     soa: Vec<Record>,
     names: HashMap<LowerName, NameEntry>,
-    /// Every record but the SOA, in canonical order: the body of an AXFR.
-    transfer: Vec<Record>,
 }
 
 impl Zone {
     /// Builds the zone of `snapshot` with the given SOA serial.
     pub fn build(snapshot: &Snapshot, settings: &ZoneSettings, serial: u32) -> Self {
-        let mut names: BTreeMap<Name, NameEntry> = BTreeMap::new();
+        let mut names = HashMap::with_capacity(1 + 4 * snapshot.masters.len());
         let soa = vec![soa_record(settings, serial)];
-        let apex = names.entry(settings.origin.clone()).or_default();
+        let mut apex = NameEntry::default();
         apex.push(RecordType::SOA, soa.clone());
         apex.push(RecordType::NS, ns_records(settings));
-        let mut used: Vec<&str> = Vec::new();
+        names.insert(LowerName::new(&settings.origin), apex);
+        let mut used: HashSet<&str> = HashSet::with_capacity(snapshot.masters.len());
         for master in snapshot.masters.values() {
-            if used.contains(&master.label.as_str()) {
+            if !used.insert(master.label.as_str()) {
                 tracing::warn!(master = %master.name, label = %master.label, "DNS label already served for another master; skipped");
                 continue;
             }
-            used.push(&master.label);
             add_master(&mut names, settings, master);
         }
-        Self::from_names(settings, serial, soa, names)
-    }
-
-    fn from_names(
-        settings: &ZoneSettings,
-        serial: u32,
-        soa: Vec<Record>,
-        names: BTreeMap<Name, NameEntry>,
-    ) -> Self {
-        let transfer = names
-            .values()
-            .flat_map(|e| e.rrsets.iter())
-            .filter(|(t, _)| *t != RecordType::SOA)
-            .flat_map(|(_, records)| records.iter().cloned())
-            .collect();
-        let names = names.into_iter().map(|(n, e)| (LowerName::new(&n), e)).collect();
-        Self { origin: LowerName::new(&settings.origin), serial, soa, names, transfer }
+        Self { origin: LowerName::new(&settings.origin), serial, soa, names }
     }
 
     /// The same records under another SOA serial.
@@ -170,9 +152,14 @@ impl Zone {
         &self.soa
     }
 
-    /// Every record but the SOA, for zone transfers.
-    pub fn transfer_records(&self) -> &[Record] {
-        &self.transfer
+    /// Every record but the SOA, in canonical order, for zone transfers. Put together for
+    /// each transfer (rare) rather than kept beside the names (a second copy of every record).
+    pub fn transfer_records(&self) -> Vec<&Record> {
+        let mut names: Vec<(&LowerName, &NameEntry)> = self.names.iter().collect();
+        names.sort_by(|a, b| a.0.cmp(b.0));
+        let rrsets = names.into_iter().flat_map(|(_, e)| e.rrsets.iter());
+        let rrsets = rrsets.filter(|(t, _)| *t != RecordType::SOA);
+        rrsets.flat_map(|(_, records)| records.iter()).collect()
     }
 
     pub fn contains(&self, name: &LowerName) -> bool {
@@ -222,7 +209,7 @@ fn ns_records(settings: &ZoneSettings) -> Vec<Record> {
 }
 
 /// Adds the names of one master; a label that does not make a valid name is skipped.
-fn add_master(names: &mut BTreeMap<Name, NameEntry>, settings: &ZoneSettings, master: &Master) {
+fn add_master(names: &mut HashMap<LowerName, NameEntry>, settings: &ZoneSettings, master: &Master) {
     let Some(owner) = child(&settings.origin, &master.label) else {
         tracing::warn!(master = %master.name, label = %master.label, "not a valid DNS label; master not served by DNS");
         return;
@@ -236,10 +223,30 @@ fn add_master(names: &mut BTreeMap<Name, NameEntry>, settings: &ZoneSettings, ma
         return;
     };
     let ttl = settings.ttl;
-    names.insert(owner.clone(), primary_entry(&owner, ttl, master));
-    names.insert(tcp, NameEntry::default());
-    names.insert(srv.clone(), srv_entry(&srv, &owner, ttl, master));
-    names.insert(replicas.clone(), replicas_entry(&replicas, ttl, master));
+    names.insert(LowerName::new(&owner), primary_entry(&owner, ttl, master));
+    names.insert(LowerName::new(&tcp), NameEntry::default());
+    names.insert(LowerName::new(&srv), srv_entry(&srv, &owner, ttl, master));
+    names.insert(LowerName::new(&replicas), replicas_entry(&replicas, ttl, master));
+}
+
+/// Whether two snapshots give the same zone: the same masters with the same label, primary,
+/// epoch, state and healthy replicas (what [`add_master`] reads).
+pub fn same_records(a: &Snapshot, b: &Snapshot) -> bool {
+    fn healthy(m: &Master) -> impl Iterator<Item = IpAddr> + '_ {
+        m.replicas.iter().filter(|r| r.healthy).map(|r| r.ip)
+    }
+    let same = |x: &Master, y: &Master| {
+        x.label == y.label
+            && x.primary == y.primary
+            && x.epoch == y.epoch
+            && x.state == y.state
+            && healthy(x).eq(healthy(y))
+    };
+    a.masters.len() == b.masters.len()
+        && a.masters
+            .iter()
+            .zip(&b.masters)
+            .all(|((na, x), (nb, y))| na == nb && (std::sync::Arc::ptr_eq(x, y) || same(x, y)))
 }
 
 fn primary_entry(owner: &Name, ttl: u32, master: &Master) -> NameEntry {

@@ -18,7 +18,7 @@ use super::conn::Endpoint;
 use super::link::Link;
 use super::message::PeerRecord;
 use super::nodes::Nodes;
-use super::{LinkId, MasterReport, Observation, Report};
+use super::{LinkId, MasterReport, Observation, Report, Scope};
 use crate::config::{Auth, Config, HostPort};
 use crate::drain::Signal;
 use crate::events::EventLog;
@@ -33,6 +33,9 @@ const ROLE_DEADLINE: Duration = Duration::from_millis(1000);
 const PROMOTION_POLL: Duration = Duration::from_millis(20);
 /// ...for at most this long (Sentinel itself notices within about a second).
 const PROMOTION_WATCH: Duration = Duration::from_secs(10);
+/// A connection to a data node unused this long is closed (it is opened again when a failover
+/// of its master starts).
+const NODE_IDLE: Duration = Duration::from_secs(60);
 /// A discovered Sentinel unreachable this long is forgotten (configured ones never are).
 const FORGET_DISCOVERED: Duration = Duration::from_secs(300);
 
@@ -93,7 +96,9 @@ struct Checked {
 pub struct Decider {
     masters: BTreeMap<String, Entry>,
     /// `Some`: only these masters, with their labels.
-    wanted: Option<Vec<(String, String)>>,
+    wanted: Option<BTreeMap<String, String>>,
+    /// The names in `wanted`, shared with the links.
+    wanted_names: Option<Arc<HashSet<String>>>,
     links: Vec<LinkState>,
     sentinel_auth: Auth,
     /// The drain coordinator's inbox (none when draining is off or in tests).
@@ -122,13 +127,15 @@ impl Decider {
         let (tx, rx) = mpsc::unbounded_channel();
         let (checks_tx, checks_rx) = mpsc::unbounded_channel();
         let sentinels = config.sentinels().cloned();
-        let wanted = config
-            .masters
-            .as_ref()
-            .map(|ms| ms.iter().map(|m| (m.name.clone(), m.label.clone())).collect::<Vec<_>>());
+        let wanted = config.masters.as_ref().map(|ms| {
+            ms.iter().map(|m| (m.name.clone(), m.label.clone())).collect::<BTreeMap<_, _>>()
+        });
+        let wanted_names =
+            wanted.as_ref().map(|w| Arc::new(w.keys().cloned().collect::<HashSet<_>>()));
         let mut decider = Self {
             masters: BTreeMap::new(),
             wanted,
+            wanted_names,
             links: Vec::new(),
             sentinel_auth: sentinels.as_ref().map(|s| s.auth.clone()).unwrap_or_default(),
             nodes: Arc::new(Nodes::new(config.nodes.clone())),
@@ -165,7 +172,10 @@ impl Decider {
             tokio::select! {
                 Some(o) = self.rx.recv() => self.observe(o),
                 Some(c) = self.checks_rx.recv() => self.checked(c),
-                _ = housekeeping.tick() => self.forget_discovered(),
+                _ = housekeeping.tick() => {
+                    self.forget_discovered();
+                    self.nodes.prune(NODE_IDLE);
+                }
                 _ = self.shutdown.cancelled() => break,
             }
             self.publish_snapshot();
@@ -181,7 +191,7 @@ impl Decider {
         let link = Link {
             id,
             endpoint: Endpoint::new(addr.host.clone(), addr.port, &self.sentinel_auth),
-            masters: self.wanted.as_ref().map(|w| w.iter().map(|(n, _)| n.clone()).collect()),
+            masters: self.wanted_names.clone(),
             tx: self.tx.clone(),
             stop: stop.clone(),
         };
@@ -206,6 +216,10 @@ impl Decider {
             Observation::Failover { link, master, in_progress, aborted } => {
                 if let Some(e) = self.masters.get_mut(&master) {
                     if in_progress {
+                        // The leader will promote one of them: have a connection ready.
+                        for replica in &e.replicas {
+                            self.nodes.warm(std::net::SocketAddr::new(replica.ip, replica.port));
+                        }
                         e.failover.insert(link)
                     } else {
                         e.failover.remove(&link)
@@ -287,24 +301,35 @@ impl Decider {
         if !link.up {
             return;
         }
-        link.reconciled = true;
         let id = report.link;
         let seen: HashSet<String> = report.masters.iter().map(|m| m.name.clone()).collect();
-        for (name, entry) in self.masters.iter_mut().filter(|(n, _)| !seen.contains(*n)) {
-            tracing::trace!(master = %name, "not reported by this Sentinel");
-            entry.reports.remove(&id);
-            entry.failover.remove(&id);
+        let asked = |name: &str| match &report.scope {
+            Scope::All => true,
+            Scope::Masters(names) => names.contains(name),
+        };
+        let full = report.scope == Scope::All;
+        if full {
+            link.reconciled = true;
+        }
+        for (name, entry) in self.masters.iter_mut() {
+            if asked(name) && !seen.contains(name) {
+                tracing::trace!(master = %name, "not reported by this Sentinel");
+                entry.reports.remove(&id);
+                entry.failover.remove(&id);
+            }
         }
         for master in report.masters {
             self.master_report(id, master);
         }
-        self.drop_unmonitored(id, &seen);
-        self.discover(&report.peers);
+        if full {
+            self.drop_unmonitored(id, &seen);
+            self.discover(&report.peers);
+        }
     }
 
     fn master_report(&mut self, link: LinkId, report: MasterReport) {
         let wanted = match &self.wanted {
-            Some(w) => w.iter().find(|(n, _)| *n == report.name).map(|(_, l)| l.clone()),
+            Some(w) => w.get(&report.name).cloned(),
             None => Some(crate::topology::label_for(&report.name)),
         };
         let Some(label) = wanted else { return };
@@ -321,9 +346,6 @@ impl Decider {
         let current = entry.published.as_ref().map(|p| p.candidate.epoch);
         if current.is_none_or(|e| report.epoch >= e) {
             entry.replicas = report.replicas;
-        }
-        for replica in &entry.replicas {
-            self.nodes.warm(std::net::SocketAddr::new(replica.ip, replica.port));
         }
         self.consider(&report.name, candidate, "reconcile", Instant::now());
     }
@@ -397,7 +419,7 @@ impl Decider {
             let (tx, master, nodes) =
                 (self.checks_tx.clone(), master.to_string(), self.nodes.clone());
             tokio::spawn(async move {
-                let role = nodes.role(candidate.node.addr(), ROLE_DEADLINE).await;
+                let role = nodes.role_once(candidate.node.addr(), ROLE_DEADLINE).await;
                 let is_master = role.as_deref() == Some("master");
                 let _ = tx.send(Checked { master, candidate, is_master, via, at });
             });
@@ -520,12 +542,20 @@ impl Decider {
             }
             self.events.push(kind, None, json!({ "sentinels_reachable": reachable }));
         }
+        let current = self.writer.borrow().clone();
+        // An unchanged master keeps its `Arc`: snapshots share what did not change.
         let masters: BTreeMap<String, Arc<Master>> = self
             .masters
             .iter()
-            .map(|(name, e)| (name.clone(), Arc::new(self.view(name, e))))
+            .map(|(name, e)| {
+                let view = self.view(name, e);
+                let master = match current.masters.get(name) {
+                    Some(m) if **m == view => m.clone(),
+                    _ => Arc::new(view),
+                };
+                (name.clone(), master)
+            })
             .collect();
-        let current = self.writer.borrow().clone();
         if current.masters == masters && current.source_reachable == reachable && self.version > 0 {
             return;
         }
@@ -617,7 +647,12 @@ mod tests {
             failover_in_progress: false,
             replicas: Vec::new(),
         };
-        Observation::Report(Report { link, masters: vec![master], peers: Vec::new() })
+        Observation::Report(Report {
+            link,
+            scope: Scope::All,
+            masters: vec![master],
+            peers: Vec::new(),
+        })
     }
 
     fn up(d: &mut Decider, link: LinkId) {
@@ -641,6 +676,32 @@ mod tests {
         assert_eq!(primary(&mut d), None, "one Sentinel of three is not a majority");
         d.observe(report(1, 7001, 3));
         assert_eq!(primary(&mut d), Some((7001, 3)));
+    }
+
+    fn agreeing(d: &mut Decider) -> usize {
+        d.publish_snapshot();
+        let snapshot = d.writer.borrow().clone();
+        snapshot.master("m").map_or(0, |m| m.sentinels.agreeing)
+    }
+
+    fn scoped(link: LinkId, master: &str) -> Observation {
+        let scope = Scope::Masters([master.to_string()].into());
+        Observation::Report(Report { link, scope, masters: Vec::new(), peers: Vec::new() })
+    }
+
+    #[tokio::test]
+    async fn a_scoped_report_only_speaks_for_the_masters_it_asked_about() {
+        let (mut d, _r) = decider();
+        for l in 0..3 {
+            up(&mut d, l);
+            d.observe(report(l, 7001, 3));
+        }
+        assert_eq!(agreeing(&mut d), 3);
+        d.observe(scoped(1, "other"));
+        assert_eq!(agreeing(&mut d), 3, "a reconciliation of another master says nothing of m");
+        d.observe(scoped(1, "m"));
+        assert_eq!(agreeing(&mut d), 2, "Sentinel 1 asked about m no longer monitors it");
+        assert_eq!(primary(&mut d), Some((7001, 3)), "the published primary stays");
     }
 
     #[tokio::test]

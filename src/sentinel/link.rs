@@ -1,15 +1,19 @@
 //! One Sentinel, watched over one connection: `PSUBSCRIBE *` for its events, a `PING` with a
-//! deadline every second, and a full reconciliation (`SENTINEL MASTERS` and friends) at start,
-//! periodically and whenever an event says something changed.
+//! deadline every second, a reconciliation of the masters an event names as soon as it
+//! arrives, and a full reconciliation (`SENTINEL MASTERS` and friends) at start and
+//! periodically: every second for a few masters, paced by the number of masters for many
+//! (10 ms per master, at most 30 s), so that 1,000 masters cost Sentinel and polestar a
+//! full picture every 10 s rather than 4,000 commands a second per Sentinel.
 //!
 //! A link never gives up: any error ends the session, the decider is told the Sentinel is
 //! down, and the link reconnects to the same address with backoff, forever (or, for a
 //! discovered Sentinel, until the decider stops it).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
@@ -22,12 +26,15 @@ use super::conn::{Endpoint, connect};
 use super::message::{
     Addr, Event, MasterRecord, PeerRecord, ReplicaRecord, master_addr, records, text,
 };
-use super::{LinkId, MasterReport, Observation, Report};
+use super::{LinkId, MasterReport, Observation, Report, Scope};
 use crate::topology::{Node, Replica};
 
 const PING_EVERY: Duration = Duration::from_secs(1);
 const PING_DEADLINE: Duration = Duration::from_millis(1500);
-const RECONCILE_EVERY: Duration = Duration::from_secs(1);
+/// The full reconciliation runs every `RECONCILE_PER_MASTER` × masters, within these bounds.
+const RECONCILE_MIN: Duration = Duration::from_secs(1);
+const RECONCILE_MAX: Duration = Duration::from_secs(30);
+const RECONCILE_PER_MASTER: Duration = Duration::from_millis(10);
 const RESOLVE_DEADLINE: Duration = Duration::from_secs(1);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -46,7 +53,7 @@ pub struct Link {
     pub id: LinkId,
     pub endpoint: Endpoint,
     /// Only these masters are reported (`None`: all).
-    pub masters: Option<Vec<String>>,
+    pub masters: Option<Arc<HashSet<String>>>,
     /// The decider; closing it ends the link.
     pub tx: mpsc::UnboundedSender<Observation>,
     pub stop: CancellationToken,
@@ -88,36 +95,53 @@ impl Link {
         conn.psubscribe("*").await?;
         self.send(Observation::Up { link: self.id, myid: text(&myid) });
         let mut state = Session::default();
-        self.send(Observation::Report(
-            reconcile(self.id, self.masters.clone(), conn.clone()).await?,
-        ));
+        let first = reconcile(self.id, Scope::All, self.masters.clone(), conn.clone()).await?;
+        let mut full_every = full_every(first.masters.len());
+        self.send(Observation::Report(first));
         let mut ping = interval(PING_EVERY);
-        let mut every = interval(RECONCILE_EVERY);
+        let mut every = interval(full_every);
         for timer in [&mut ping, &mut every] {
             timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
+        every.reset();
         // A reconciliation runs beside the event loop on a clone of the connection, so that
         // a `+promoted-slave` arriving meanwhile is passed on at once.
         let mut running: Option<Reconciling> = None;
-        let mut due = false;
+        let mut due = Due::default();
         loop {
             tokio::select! {
                 biased;
                 push = push_rx.recv() => {
                     let push = push.ok_or(LinkError::Closed)?;
-                    due |= self.on_push(push, &mut state, &mut conn).await?;
+                    if let Some(scope) = self.on_push(push, &mut state, &mut conn).await? {
+                        due.add(scope);
+                    }
                 }
                 report = async { running.as_mut().expect("guarded by the condition").await }, if running.is_some() => {
                     running = None;
-                    self.send(Observation::Report(report?));
+                    let report = report?;
+                    if report.scope == Scope::All {
+                        let pace = self::full_every(report.masters.len());
+                        if pace != full_every {
+                            full_every = pace;
+                            every = interval(full_every);
+                            every.set_missed_tick_behavior(MissedTickBehavior::Delay);
+                            every.reset();
+                        }
+                    }
+                    self.send(Observation::Report(report));
                 }
                 _ = ping.tick() => ping_once(&mut conn).await?,
-                _ = every.tick() => due = true,
+                _ = every.tick() => due.add(Scope::All),
             }
-            if due && running.is_none() {
-                running = Some(Box::pin(reconcile(self.id, self.masters.clone(), conn.clone())));
-                due = false;
-                every.reset();
+            if running.is_none()
+                && let Some(scope) = due.take()
+            {
+                if scope == Scope::All {
+                    every.reset();
+                }
+                let only = self.masters.clone();
+                running = Some(Box::pin(reconcile(self.id, scope, only, conn.clone())));
             }
         }
     }
@@ -127,21 +151,21 @@ impl Link {
         let _ = self.tx.send(observation);
     }
 
-    /// Handles one pushed message; returns whether a reconciliation is due.
+    /// Handles one pushed message; returns what it asks to reconcile.
     async fn on_push(
         &self,
         push: PushInfo,
         state: &mut Session,
         conn: &mut MultiplexedConnection,
-    ) -> Result<bool, LinkError> {
+    ) -> Result<Option<Scope>, LinkError> {
         let at = Instant::now();
         let (channel, payload) = match (push.kind, push.data.as_slice()) {
             (PushKind::Disconnection, _) => return Err(LinkError::Closed),
             (PushKind::PMessage, [_, channel, payload]) => (text(channel), text(payload)),
-            _ => return Ok(false),
+            _ => return Ok(None),
         };
-        let (Some(channel), Some(payload)) = (channel, payload) else { return Ok(false) };
-        let Some(event) = Event::parse(&channel, &payload) else { return Ok(false) };
+        let (Some(channel), Some(payload)) = (channel, payload) else { return Ok(None) };
+        let Some(event) = Event::parse(&channel, &payload) else { return Ok(None) };
         tracing::debug!(sentinel = %self.endpoint.name(), %channel, %payload, "sentinel event");
         self.on_event(event, at, state, conn).await
     }
@@ -152,7 +176,7 @@ impl Link {
         at: Instant,
         state: &mut Session,
         conn: &mut MultiplexedConnection,
-    ) -> Result<bool, LinkError> {
+    ) -> Result<Option<Scope>, LinkError> {
         let link = self.id;
         match event {
             Event::NewEpoch(epoch) => state.last_epoch = Some(epoch),
@@ -186,51 +210,124 @@ impl Link {
             }
             Event::FailoverEnded { master, aborted } => {
                 state.failover_epoch.remove(&master);
-                self.send(Observation::Failover { link, master, in_progress: false, aborted });
-                return Ok(true);
+                self.send(Observation::Failover {
+                    link,
+                    master: master.clone(),
+                    in_progress: false,
+                    aborted,
+                });
+                return Ok(self.scope(master));
             }
             Event::NodeBack { master, node } => {
                 if let Some(node) = resolve(&node).await {
-                    self.send(Observation::NodeBack { link, master, node });
+                    self.send(Observation::NodeBack { link, master: master.clone(), node });
                 }
-                return Ok(true);
+                return Ok(self.scope(master));
             }
-            Event::Switched { .. } | Event::Changed { .. } | Event::Topology => return Ok(true),
+            Event::Switched { master, .. } | Event::Changed { master } => {
+                return Ok(self.scope(master));
+            }
+            Event::Topology => return Ok(Some(Scope::All)),
         }
-        Ok(false)
+        Ok(None)
+    }
+
+    /// The reconciliation an event about `master` asks for: none for a master not served.
+    fn scope(&self, master: String) -> Option<Scope> {
+        let wanted = self.masters.as_ref().is_none_or(|names| names.contains(&master));
+        wanted.then(|| Scope::Masters(BTreeSet::from([master])))
     }
 }
 
-/// A full picture of what this Sentinel knows: masters, their primaries, replicas and peers.
+/// What this Sentinel knows of the masters in `scope`: their primaries and replicas, and for
+/// a full reconciliation every master it monitors and the peers it knows.
 async fn reconcile(
     link: LinkId,
-    only: Option<Vec<String>>,
+    scope: Scope,
+    only: Option<Arc<HashSet<String>>>,
     mut conn: MultiplexedConnection,
 ) -> Result<Report, LinkError> {
     let conn = &mut conn;
-    let masters: Value = redis::cmd("SENTINEL").arg("MASTERS").query_async(conn).await?;
-    let masters: Vec<MasterRecord> = records(&masters)
-        .iter()
-        .filter_map(MasterRecord::from_record)
-        .filter(|m| only.as_ref().is_none_or(|names| names.contains(&m.name)))
-        .collect();
+    let full = scope == Scope::All;
     let mut pipe = redis::pipe();
+    let masters: Vec<MasterRecord> = match &scope {
+        Scope::All => {
+            let masters: Value = redis::cmd("SENTINEL").arg("MASTERS").query_async(conn).await?;
+            records(&masters)
+                .iter()
+                .filter_map(MasterRecord::from_record)
+                .filter(|m| only.as_ref().is_none_or(|names| names.contains(&m.name)))
+                .collect()
+        }
+        Scope::Masters(names) => {
+            // A master this Sentinel no longer monitors answers an error: it is left out of
+            // the report, which the scope tells the decider is news.
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for name in names {
+                pipe.cmd("SENTINEL").arg("MASTER").arg(name);
+            }
+            let replies: Vec<Value> = pipe.query_async(conn).await?;
+            let records = replies.iter().filter_map(super::message::record);
+            records.filter_map(|r| MasterRecord::from_record(&r)).collect()
+        }
+    };
     for m in &masters {
         pipe.cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(&m.name);
         pipe.cmd("SENTINEL").arg("REPLICAS").arg(&m.name);
-        pipe.cmd("SENTINEL").arg("SENTINELS").arg(&m.name);
+        if full {
+            pipe.cmd("SENTINEL").arg("SENTINELS").arg(&m.name);
+        }
     }
     let replies: Vec<Value> =
         if masters.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
-    let mut report = Report { link, masters: Vec::new(), peers: Vec::new() };
-    for (m, r) in masters.iter().zip(replies.chunks(3)) {
-        let [addr, replicas, peers] = r else { continue };
-        report.peers.extend(records(peers).iter().filter_map(PeerRecord::from_record));
+    let mut report = Report { link, scope, masters: Vec::new(), peers: Vec::new() };
+    for (m, r) in masters.iter().zip(replies.chunks(if full { 3 } else { 2 })) {
+        let (addr, replicas) = match r {
+            [addr, replicas] => (addr, replicas),
+            [addr, replicas, peers] => {
+                report.peers.extend(records(peers).iter().filter_map(PeerRecord::from_record));
+                (addr, replicas)
+            }
+            _ => continue,
+        };
         if let Some(master) = master_report(m, addr, replicas).await {
             report.masters.push(master);
         }
     }
+    // Every master shares the same peers: keep one record of each.
+    report.peers.sort_by(|a, b| {
+        (&a.runid, &a.addr.host, a.addr.port).cmp(&(&b.runid, &b.addr.host, b.addr.port))
+    });
+    report.peers.dedup();
     Ok(report)
+}
+
+/// The full reconciliation's period for a Sentinel that monitors `masters` masters.
+fn full_every(masters: usize) -> Duration {
+    let masters = u32::try_from(masters).unwrap_or(u32::MAX);
+    RECONCILE_PER_MASTER.saturating_mul(masters).clamp(RECONCILE_MIN, RECONCILE_MAX)
+}
+
+/// What the events since the last reconciliation ask to look at again.
+#[derive(Default)]
+struct Due(Option<Scope>);
+
+impl Due {
+    fn add(&mut self, scope: Scope) {
+        self.0 = Some(match (self.0.take(), scope) {
+            (None, s) => s,
+            (Some(Scope::All), _) | (_, Scope::All) => Scope::All,
+            (Some(Scope::Masters(mut a)), Scope::Masters(b)) => {
+                a.extend(b);
+                Scope::Masters(a)
+            }
+        });
+    }
+
+    fn take(&mut self) -> Option<Scope> {
+        self.0.take()
+    }
 }
 
 /// A reconciliation in flight.
@@ -311,5 +408,36 @@ pub async fn resolve(addr: &Addr) -> Option<Node> {
             tracing::warn!(host = %addr.host, "cannot resolve the hostname Sentinel reported");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn masters(names: &[&str]) -> Scope {
+        Scope::Masters(names.iter().map(|n| n.to_string()).collect())
+    }
+
+    #[test]
+    fn full_reconciliation_is_paced_by_the_number_of_masters() {
+        assert_eq!(full_every(0), RECONCILE_MIN);
+        assert_eq!(full_every(3), Duration::from_secs(1));
+        assert_eq!(full_every(1000), Duration::from_secs(10));
+        assert_eq!(full_every(usize::MAX), RECONCILE_MAX);
+    }
+
+    #[test]
+    fn events_between_reconciliations_add_up() {
+        let mut due = Due::default();
+        assert_eq!(due.take(), None);
+        due.add(masters(&["a"]));
+        due.add(masters(&["b", "a"]));
+        assert_eq!(due.take(), Some(masters(&["a", "b"])));
+        assert_eq!(due.take(), None, "taken");
+        due.add(masters(&["a"]));
+        due.add(Scope::All);
+        due.add(masters(&["c"]));
+        assert_eq!(due.take(), Some(Scope::All), "a full reconciliation covers every master");
     }
 }

@@ -78,12 +78,22 @@ pub enum Observation {
     },
 }
 
-/// A full reconciliation from one Sentinel.
+/// A reconciliation from one Sentinel: of every master it monitors, or of some of them.
 #[derive(Debug)]
 pub struct Report {
     pub link: LinkId,
+    /// What was asked: a master of the scope missing from `masters` is one this Sentinel does
+    /// not monitor (any more).
+    pub scope: Scope,
     pub masters: Vec<MasterReport>,
+    /// The other Sentinels it knows (full reconciliations only).
     pub peers: Vec<PeerRecord>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    All,
+    Masters(std::collections::BTreeSet<String>),
 }
 
 #[derive(Debug, Clone)]

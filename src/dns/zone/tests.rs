@@ -89,7 +89,7 @@ fn every_record_has_the_configured_ttl_also_as_soa_minimum() {
         &settings(&["ns1.redis.internal."]),
         5,
     );
-    assert!(zone.transfer_records().iter().chain(zone.soa()).all(|r| r.ttl == 3));
+    assert!(zone.transfer_records().into_iter().chain(zone.soa()).all(|r| r.ttl == 3));
     let Some(RData::SOA(soa)) = zone.soa().first().map(|r| &r.data) else { panic!("no SOA") };
     assert_eq!(soa.minimum, 3);
     assert_eq!(soa.serial, 5);
@@ -160,4 +160,27 @@ fn serial_follows_the_clock_and_always_grows() {
     assert_eq!(next_serial(300, 200), 301);
     assert_eq!(next_serial(u32::MAX, u64::from(u32::MAX) + 5), 4);
     assert!(serial_gt(next_serial(u32::MAX, 0), u32::MAX));
+}
+
+#[test]
+fn snapshots_that_differ_only_outside_the_records_give_the_same_zone() {
+    let a = snapshot(vec![master("m", Some("10.0.0.1"), &[("10.0.0.2", true)])]);
+    let mut counted = master("m", Some("10.0.0.1"), &[("10.0.0.2", true)]);
+    counted.sentinels = SentinelCounts { configured: 3, reachable: 3, agreeing: 2 };
+    counted.since = Some(std::time::SystemTime::now());
+    let b = snapshot(vec![counted]);
+    assert!(same_records(&a, &b));
+    let settings = settings(&[]);
+    assert_eq!(Zone::build(&a, &settings, 1), Zone::build(&b, &settings, 1));
+
+    let unhealthy = snapshot(vec![master("m", Some("10.0.0.1"), &[("10.0.0.2", false)])]);
+    let moved = snapshot(vec![master("m", Some("10.0.0.3"), &[("10.0.0.2", true)])]);
+    let more = snapshot(vec![
+        master("m", Some("10.0.0.1"), &[("10.0.0.2", true)]),
+        master("n", Some("10.0.0.4"), &[]),
+    ]);
+    for other in [&unhealthy, &moved, &more] {
+        assert!(!same_records(&a, other));
+        assert_ne!(Zone::build(&a, &settings, 1), Zone::build(other, &settings, 1));
+    }
 }
