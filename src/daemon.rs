@@ -41,9 +41,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         Some(h) => Some(crate::http::bind(h.listen).await?),
         None => None,
     };
-    crate::sweep::start(&config, reader.clone(), events.clone(), shutdown.clone()).await?;
-
     let (reloader, live) = Reloader::new(config.clone());
+    crate::sweep::start(live.clone(), reader.clone(), events.clone(), shutdown.clone()).await?;
+
     let mut tasks = JoinSet::new();
     tasks.spawn(reload::on_sighup(reloader, shutdown.clone()));
     let (drain_tx, drain_rx) = mpsc::unbounded_channel();
@@ -53,6 +53,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         events.clone(),
         reader.clone(),
     );
+    let coordinator =
+        coordinator.follow(reload::project(&live, |c| (c.drain.clone(), c.nodes.clone())));
     let drain = coordinator.handle();
     tasks.spawn(coordinator.run(drain_rx, shutdown.clone()).map(Ok));
     let start = move |c: &Config, w: TopologyWriter, e: Arc<EventLog>, s: CancellationToken| {

@@ -294,3 +294,61 @@ async fn sighup_reloads_without_dropping_service() {
     let failures = hammer.await.expect("the hammer ends");
     assert!(failures.is_empty(), "service dropped during reloads: {failures:?}");
 }
+
+/// `POST /v1/masters/{name}/drain` of `node`: the status code.
+async fn drain_status(d: &Daemon, master: &str, node: std::net::SocketAddr) -> u16 {
+    let client = reqwest::Client::new();
+    let url = d.url(&format!("/v1/masters/{master}/drain"));
+    let body = serde_json::json!({ "node": node.to_string() });
+    let response = client.post(url).bearer_auth("t").json(&body).send();
+    response.await.expect("POST drain").status().as_u16()
+}
+
+/// SIGHUP applies the `drain` and `sweep` sections, not only masters (SPEC "Operation"): the
+/// manual drain refused while draining is off is accepted after a reload turns it on; and
+/// client-side sweeping turned on by a later reload (draining off again) aborts this host's
+/// connection to the old primary at the next failover: `ECONNABORTED`, which only a socket
+/// destroyed by the kernel gives (a server closing or `CLIENT KILL` gives EOF or a reset).
+/// Needs the permission to destroy sockets (root).
+#[tokio::test]
+async fn sighup_applies_drain_and_sweep_settings() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.admin_token = Some("t".into());
+    let d = Daemon::start(&config, &[], &[]).await;
+    let master = lab.master_name().to_string();
+    let old = lab.primary().await.expect("the primary");
+    assert_eq!(drain_status(&d, &master, old).await, 409, "draining is off");
+
+    config.drain = true;
+    d.rewrite(&config);
+    d.signal(Signal::SIGHUP);
+    d.wait_message(STARTUP, |m| m.contains("applied drain")).await;
+    d.wait_message(STARTUP, |m| m.contains("drain settings reloaded")).await;
+    assert_eq!(drain_status(&d, &master, old).await, 200, "the reloaded drain settings apply");
+
+    config.drain = false;
+    config.extra = "sweep:\n  remote: true\n".into();
+    d.rewrite(&config);
+    d.signal(Signal::SIGHUP);
+    d.wait_message(STARTUP, |m| m.contains("applied drain, sweep")).await;
+    d.wait_message(STARTUP, |m| m.contains("sweeping sockets on primary changes")).await;
+
+    // An idle client of the old primary, as an application on this host would hold.
+    let mut client = tokio::net::TcpStream::connect(old).await.expect("connect to the primary");
+    lab.failover().await.expect("SENTINEL FAILOVER");
+    let new = lab.wait_for_primary_change(old, FAILOVER * 2).await.expect("a new primary");
+    let mut buf = [0u8; 64];
+    let read = tokio::io::AsyncReadExt::read(&mut client, &mut buf);
+    let ended = tokio::time::timeout(FAILOVER, read).await.expect("the connection is cut in time");
+    let kind = ended.as_ref().map_err(std::io::Error::kind);
+    assert_eq!(kind.err(), Some(std::io::ErrorKind::ConnectionAborted), "{ended:?}");
+    let events: Value =
+        reqwest::get(d.url("/v1/events")).await.expect("GET").json().await.expect("JSON");
+    let swept = events
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|e| e["kind"] == "sweep" && e["side"] == "remote" && e["node"] == old.to_string());
+    assert!(swept, "no sweep event for {old} after the switch to {new}: {events}");
+}

@@ -11,16 +11,20 @@ use tokio_util::sync::CancellationToken;
 
 use super::episode::{DrainOrder, Episode, Orders, Stop};
 use super::handle::DrainHandle;
-use super::pace::Pacers;
-use super::spare::Rules;
 use super::{Reason, Shared, Signal};
 use crate::config;
 use crate::events::EventLog;
 use crate::topology::{Node, TopologyReader};
 
 pub struct Coordinator {
-    shared: Arc<Shared>,
+    /// The current settings; replaced on a reload. Episodes keep the settings they started
+    /// with; the manual drain's handles read the current ones.
+    shared: watch::Sender<Arc<Shared>>,
+    settings: Option<watch::Receiver<Settings>>,
 }
+
+/// What a reload can change: the `drain` section and the data nodes' credentials.
+pub type Settings = (config::Drain, config::Auth);
 
 /// A running episode: the coordinator holds the sender, the episode a clone of it and the
 /// receivers. The episode marks the orders `closed` when it ends.
@@ -33,33 +37,65 @@ impl Coordinator {
         events: Arc<EventLog>,
         topology: TopologyReader,
     ) -> Self {
-        let rules = Rules::new(&cfg.spare);
-        let pacers = Pacers::new(cfg.rate);
-        Self { shared: Arc::new(Shared { cfg, rules, auth: nodes_auth, events, pacers, topology }) }
+        let shared = Shared::new(cfg, nodes_auth, events, topology);
+        Self { shared: watch::Sender::new(Arc::new(shared)), settings: None }
+    }
+
+    /// Follows `settings` (a reloaded configuration): what starts after a change uses it.
+    pub fn follow(mut self, settings: watch::Receiver<Settings>) -> Self {
+        self.settings = Some(settings);
+        self
     }
 
     pub fn handle(&self) -> DrainHandle {
-        DrainHandle::new(self.shared.clone())
+        DrainHandle::new(self.shared.subscribe())
+    }
+
+    fn shared(&self) -> Arc<Shared> {
+        self.shared.borrow().clone()
+    }
+
+    fn reconfigure(&self, (cfg, auth): Settings) {
+        let old = self.shared();
+        let shared = Shared::new(cfg, auth, old.events.clone(), old.topology.clone());
+        tracing::info!(
+            enabled = shared.cfg.enabled,
+            rate = shared.cfg.rate,
+            "drain settings reloaded"
+        );
+        self.shared.send_replace(Arc::new(shared));
     }
 
     /// Runs until shutdown. Signals are applied in order and never wait for a node; when the
     /// sending side goes away, running episodes still finish their windows.
     pub async fn run(
-        self,
+        mut self,
         mut signals: mpsc::UnboundedReceiver<Signal>,
         shutdown: CancellationToken,
     ) {
         let mut episodes = Episodes::new();
+        let mut settings = self.settings.take();
         loop {
+            let reloaded = async {
+                let Some(rx) = settings.as_mut() else { return std::future::pending().await };
+                match rx.changed().await {
+                    Ok(()) => rx.borrow_and_update().clone(),
+                    Err(_) => std::future::pending().await,
+                }
+            };
             let signal = tokio::select! {
                 () = shutdown.cancelled() => break,
+                new = reloaded => {
+                    self.reconfigure(new);
+                    continue;
+                }
                 signal = signals.recv() => signal,
             };
             let Some(signal) = signal else {
                 shutdown.cancelled().await;
                 break;
             };
-            if self.shared.cfg.enabled {
+            if self.shared().cfg.enabled {
                 episodes.retain(|_, tx| !tx.borrow().closed);
                 self.apply(signal, &mut episodes, &shutdown);
             }
@@ -71,7 +107,7 @@ impl Coordinator {
         match signal {
             Signal::Promoting { master, old, at } => {
                 // Fenced until the flip (or the abort): from now on O's writes are lost.
-                let until = Instant::from_std(at) + self.shared.cfg.window;
+                let until = Instant::from_std(at) + self.shared().cfg.window;
                 self.order(episodes, shutdown, &master, &old, |o| {
                     o.until = o.until.max(until);
                     if o.drain.is_none() {
@@ -117,7 +153,7 @@ impl Coordinator {
         node: &Node,
     ) {
         let published =
-            self.shared.topology.borrow().master(master).and_then(|m| m.primary.clone());
+            self.shared().topology.borrow().master(master).and_then(|m| m.primary.clone());
         if published.is_none_or(|p| p.addr() == node.addr()) {
             tracing::debug!(master, %node, "returning node is the published primary (or none is): nothing to do");
             return;
@@ -135,10 +171,11 @@ impl Coordinator {
         node: &Node,
         order: DrainOrder,
     ) {
-        let until = order.at + self.shared.cfg.window;
+        let cfg = &self.shared().cfg;
+        let (until, fence_until) = (order.at + cfg.window, order.at + cfg.grace);
         self.order(episodes, shutdown, master, node, |o| {
             o.until = o.until.max(until);
-            o.fence_until = order.at + self.shared.cfg.grace;
+            o.fence_until = fence_until;
             o.drain = Some(order);
         });
     }
@@ -174,7 +211,7 @@ impl Coordinator {
         };
         change(&mut orders);
         let (tx, _) = watch::channel(orders);
-        let episode = Episode::new(self.shared.clone(), master.to_string(), node);
+        let episode = Episode::new(self.shared(), master.to_string(), node);
         let stop = shutdown.child_token();
         let running = tx.clone();
         tokio::spawn(async move {

@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use tokio::sync::watch;
+
 use super::killer::{Reason, Scope, drain, record};
 use super::node::NodeLink;
 use super::{DrainError, DrainReport, Shared};
@@ -11,11 +13,12 @@ use crate::topology::Node;
 /// Drains a node by hand (`POST /v1/masters/{name}/drain`). Cheap to clone.
 #[derive(Clone)]
 pub struct DrainHandle {
-    shared: Arc<Shared>,
+    /// The coordinator's current settings.
+    shared: watch::Receiver<Arc<Shared>>,
 }
 
 impl DrainHandle {
-    pub(super) fn new(shared: Arc<Shared>) -> Self {
+    pub(super) fn new(shared: watch::Receiver<Arc<Shared>>) -> Self {
         Self { shared }
     }
 
@@ -26,30 +29,28 @@ impl DrainHandle {
         master: &str,
         node: SocketAddr,
     ) -> Result<DrainReport, DrainError> {
-        if !self.shared.cfg.enabled {
+        let shared = self.shared.borrow().clone();
+        if !shared.cfg.enabled {
             return Err(DrainError::Disabled);
         }
-        let node = self.known_node(master, node)?;
-        let link = NodeLink::new(&node, &self.shared.auth);
-        let pacer = self.shared.pacers.of(node.addr());
-        let report = drain(&link, &self.shared.rules, &pacer, Scope::All, Reason::Manual).await?;
-        record(&self.shared.events, master, &report, true);
+        let node = known_node(&shared, master, node)?;
+        let link = NodeLink::new(&node, &shared.auth);
+        let pacer = shared.pacers.of(node.addr());
+        let report = drain(&link, &shared.rules, &pacer, Scope::All, Reason::Manual).await?;
+        record(&shared.events, master, &report, true);
         Ok(report)
     }
+}
 
-    fn known_node(&self, master: &str, addr: SocketAddr) -> Result<Node, DrainError> {
-        let snapshot = self.shared.topology.borrow();
-        let m =
-            snapshot.master(master).ok_or_else(|| DrainError::UnknownMaster(master.to_string()))?;
-        let primary = m.primary.iter().cloned();
-        let replicas = m.replicas.iter().map(|r| Node {
-            ip: r.ip,
-            port: r.port,
-            hostname: r.hostname.clone(),
-        });
-        let mut known = primary.chain(replicas);
-        known
-            .find(|n| n.addr() == addr)
-            .ok_or_else(|| DrainError::UnknownNode { master: master.to_string(), node: addr })
-    }
+/// `addr` as the published topology knows it: the primary or a replica of `master`.
+fn known_node(shared: &Shared, master: &str, addr: SocketAddr) -> Result<Node, DrainError> {
+    let snapshot = shared.topology.borrow();
+    let m = snapshot.master(master).ok_or_else(|| DrainError::UnknownMaster(master.to_string()))?;
+    let primary = m.primary.iter().cloned();
+    let replicas =
+        m.replicas.iter().map(|r| Node { ip: r.ip, port: r.port, hostname: r.hostname.clone() });
+    let mut known = primary.chain(replicas);
+    known
+        .find(|n| n.addr() == addr)
+        .ok_or_else(|| DrainError::UnknownNode { master: master.to_string(), node: addr })
 }

@@ -102,3 +102,16 @@ pub(crate) struct Shared {
     pacers: Pacers,
     topology: TopologyReader,
 }
+
+impl Shared {
+    fn new(
+        cfg: config::Drain,
+        auth: config::Auth,
+        events: Arc<EventLog>,
+        topology: TopologyReader,
+    ) -> Self {
+        let rules = Rules::new(&cfg.spare);
+        let pacers = Pacers::new(cfg.rate);
+        Self { cfg, rules, auth, events, pacers, topology }
+    }
+}

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Auth, Config, Source, Sweep};
 use crate::events::EventLog;
+use crate::reload::ConfigReader;
 use crate::topology::TopologyReader;
 pub use diag::DiagError;
 use plan::{Change, Target};
@@ -30,7 +31,7 @@ use plan::{Change, Target};
 #[error("sweep: {0}")]
 pub struct SweepError(#[from] DiagError);
 
-/// What every sweep job shares.
+/// What a sweep job reads: the settings in force when it started, and the shared parts.
 struct Context {
     sweep: Sweep,
     /// Node side: repeat while the old primary is hung or still claims master, this long.
@@ -47,36 +48,122 @@ struct Context {
     shutdown: CancellationToken,
 }
 
-/// Starts the sweeper when `sweep` is configured, after checking that this process may destroy
-/// sockets (a missing capability is a startup error, never a surprise during a failover).
+/// What does not change with the configuration.
+#[derive(Clone)]
+struct Base {
+    topology: TopologyReader,
+    events: Arc<EventLog>,
+    shutdown: CancellationToken,
+}
+
+impl Context {
+    /// The context for `config`, or `None` when it does not sweep.
+    fn of(config: &Config, base: &Base) -> Option<Arc<Self>> {
+        let sweep = config.sweep.clone()?;
+        Some(Arc::new(Self {
+            sweep,
+            window: config.drain.window,
+            grace: config.drain.grace,
+            interval: config.drain.interval,
+            sentinel_hosts: sentinel_hosts(config),
+            nodes: config.nodes.clone(),
+            topology: base.topology.clone(),
+            events: base.events.clone(),
+            shutdown: base.shutdown.clone(),
+        }))
+    }
+
+    fn announce(&self) {
+        tracing::info!(
+            local_ports = ?self.sweep.local_ports,
+            remote = self.sweep.remote,
+            "sweeping sockets on primary changes (SOCK_DESTROY permitted)"
+        );
+    }
+}
+
+/// Starts the sweeper, following the configuration through reloads. When `sweep` is
+/// configured at start, this process's permission to destroy sockets is checked first (a
+/// missing capability is a startup error, never a surprise during a failover); a reload that
+/// turns sweeping on checks it then, and is not applied (logged) if it is missing.
 pub async fn start(
-    config: &Config,
+    config: ConfigReader,
     topology: TopologyReader,
     events: Arc<EventLog>,
     shutdown: CancellationToken,
 ) -> Result<(), SweepError> {
-    let Some(sweep) = config.sweep.clone() else { return Ok(()) };
+    let base = Base { topology, events, shutdown };
+    let context = Context::of(&config.borrow(), &base);
+    if let Some(context) = &context {
+        probe().await?;
+        context.announce();
+    }
+    tokio::spawn(follow(config, base, context));
+    Ok(())
+}
+
+async fn probe() -> Result<(), DiagError> {
     tokio::task::spawn_blocking(diag::probe)
         .await
-        .unwrap_or_else(|e| Err(DiagError::Probe(format!("the probe task failed: {e}"))))?;
-    let context = Arc::new(Context {
-        sweep,
-        window: config.drain.window,
-        grace: config.drain.grace,
-        interval: config.drain.interval,
-        sentinel_hosts: sentinel_hosts(config),
-        nodes: config.nodes.clone(),
-        topology: topology.clone(),
-        events,
-        shutdown,
-    });
-    tracing::info!(
-        local_ports = ?context.sweep.local_ports,
-        remote = context.sweep.remote,
-        "sweeping sockets on primary changes (SOCK_DESTROY permitted)"
-    );
-    tokio::spawn(follow(topology, context));
-    Ok(())
+        .unwrap_or_else(|e| Err(DiagError::Probe(format!("the probe task failed: {e}"))))
+}
+
+/// Follows the topology until shutdown and starts the jobs for every primary change; follows
+/// the configuration too (jobs already running keep the settings they started with).
+async fn follow(mut config: ConfigReader, base: Base, mut context: Option<Arc<Context>>) {
+    let mut topology = base.topology.clone();
+    let mut permitted = context.is_some();
+    let mut reloads = true;
+    let mut last = topology.borrow_and_update().clone();
+    loop {
+        tokio::select! {
+            _ = base.shutdown.cancelled() => return,
+            changed = config.changed(), if reloads => {
+                match changed {
+                    Ok(()) => {
+                        let new = config.borrow_and_update().clone();
+                        context = reconfigure(&new, &base, context.is_some(), &mut permitted).await;
+                    }
+                    Err(_) => reloads = false,
+                }
+                continue;
+            }
+            changed = topology.changed() => if changed.is_err() { return },
+        }
+        let next = topology.borrow_and_update().clone();
+        if let Some(context) = &context {
+            for change in plan::changes(&last, &next) {
+                for target in targets(context, &change) {
+                    tokio::spawn(job::run(context.clone(), change.clone(), target));
+                }
+            }
+        }
+        last = next;
+    }
+}
+
+/// The sweeper's context after a reload to `config`.
+async fn reconfigure(
+    config: &Config,
+    base: &Base,
+    was_on: bool,
+    permitted: &mut bool,
+) -> Option<Arc<Context>> {
+    let Some(context) = Context::of(config, base) else {
+        if was_on {
+            tracing::info!("socket sweeping turned off by the reloaded configuration");
+        }
+        return None;
+    };
+    if !*permitted {
+        if let Err(e) = probe().await {
+            tracing::error!("sweep settings not applied: {e}");
+            return None;
+        }
+        *permitted = true;
+    }
+    context.announce();
+    Some(context)
 }
 
 /// The configured Sentinel addresses that are IP addresses (hostnames are resolved when
@@ -88,24 +175,6 @@ fn sentinel_hosts(config: &Config) -> BTreeSet<IpAddr> {
         .filter_map(|a| a.host.parse::<IpAddr>().ok())
         .map(|ip| ip.to_canonical())
         .collect()
-}
-
-/// Follows the topology until shutdown and starts the jobs for every primary change.
-async fn follow(mut topology: TopologyReader, context: Arc<Context>) {
-    let mut last = topology.borrow_and_update().clone();
-    loop {
-        tokio::select! {
-            _ = context.shutdown.cancelled() => return,
-            changed = topology.changed() => if changed.is_err() { return },
-        }
-        let next = topology.borrow_and_update().clone();
-        for change in plan::changes(&last, &next) {
-            for target in targets(&context, &change) {
-                tokio::spawn(job::run(context.clone(), change.clone(), target));
-            }
-        }
-        last = next;
-    }
 }
 
 /// The sweeps one change calls for on this host.
