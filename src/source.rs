@@ -13,6 +13,7 @@ use crate::config::{Config, Source};
 use crate::control::{BoxFuture, Control, ControlError};
 use crate::drain::Signal;
 use crate::events::EventLog;
+use crate::reload::ConfigReader;
 use crate::sentinel::admin::SentinelControl;
 use crate::topology::TopologyWriter;
 
@@ -33,20 +34,25 @@ pub fn spawn(
     }
 }
 
-/// What serves `POST .../failover`: the Sentinels, or a refusal naming the upstream.
-pub fn control(config: &Config) -> Arc<dyn Control> {
-    match &config.source {
-        Source::Sentinels(s) => Arc::new(SentinelControl::new(s)),
-        Source::Upstream(url) => Arc::new(NotHere(url.clone())),
-    }
+/// What serves `POST .../failover`, from the running configuration (a reload that changes the
+/// Sentinels applies to the next request): the Sentinels, or a refusal naming the upstream.
+pub fn control(config: ConfigReader) -> Arc<dyn Control> {
+    Arc::new(Current(config))
 }
 
-/// An agent has no Sentinels to ask: planned failovers go to the upstream (or the Sentinels).
-struct NotHere(String);
+struct Current(ConfigReader);
 
-impl Control for NotHere {
-    fn failover<'a>(&'a self, _master: &'a str) -> BoxFuture<'a, Result<String, ControlError>> {
-        let message = format!("this polestar follows {}: ask it for a failover", self.0);
-        Box::pin(async move { Err(ControlError::Unreachable(message)) })
+impl Control for Current {
+    fn failover<'a>(&'a self, master: &'a str) -> BoxFuture<'a, Result<String, ControlError>> {
+        let source = self.0.borrow().source.clone();
+        Box::pin(async move {
+            match source {
+                Source::Sentinels(s) => SentinelControl::new(&s).failover(master).await,
+                // An agent has no Sentinels to ask: planned failovers go to the upstream.
+                Source::Upstream(url) => Err(ControlError::Unreachable(format!(
+                    "this polestar follows {url}: ask it for a failover"
+                ))),
+            }
+        })
     }
 }

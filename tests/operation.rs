@@ -352,3 +352,26 @@ async fn sighup_applies_drain_and_sweep_settings() {
         .any(|e| e["kind"] == "sweep" && e["side"] == "remote" && e["node"] == old.to_string());
     assert!(swept, "no sweep event for {old} after the switch to {new}: {events}");
 }
+
+/// A reload that changes the Sentinels also changes where `POST .../failover` goes: with only
+/// an unreachable Sentinel left, the request answers 503 naming it, instead of failing over
+/// through the Sentinels of the old file.
+#[tokio::test]
+async fn sighup_moves_planned_failovers_to_the_new_sentinels() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.admin_token = Some("t".into());
+    let d = Daemon::start(&config, &[], &[]).await;
+    let master = lab.master_name().to_string();
+
+    config.sentinels = vec!["127.0.0.1:1".into()];
+    d.rewrite(&config);
+    d.signal(Signal::SIGHUP);
+    d.wait_message(STARTUP, |m| m.contains("applied sentinels")).await;
+    let url = d.url(&format!("/v1/masters/{master}/failover"));
+    let response = reqwest::Client::new().post(url).bearer_auth("t").send().await.expect("POST");
+    let status = response.status().as_u16();
+    let body = response.text().await.expect("the body");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("127.0.0.1:1"), "{body}");
+}
