@@ -56,6 +56,8 @@ pub enum States {
     Established,
     /// Connected sockets and connections still being opened (SYN sent to a dark host).
     EstablishedOrOpening,
+    /// Listening sockets (their peer is the unspecified address).
+    Listening,
 }
 
 impl States {
@@ -63,6 +65,7 @@ impl States {
         match self {
             Self::Established => StateFlags::ESTABLISHED,
             Self::EstablishedOrOpening => StateFlags::ESTABLISHED | StateFlags::SYN_SENT,
+            Self::Listening => StateFlags::LISTEN,
         }
     }
 }

@@ -82,7 +82,17 @@ async fn sweep_once(context: &Context, change: &Change, target: &Target, round: 
         Target::Local { .. } => States::Established,
         Target::Remote { .. } => States::EstablishedOrOpening,
     };
-    let select = target.clone();
+    let select = match target {
+        // Which local addresses reach the old primary: asked each round, listeners change.
+        Target::Local { .. } => match diag::tcp_sockets(States::Listening).await {
+            Ok(listeners) => target.with_listeners(change.from.addr(), &listeners),
+            Err(e) => {
+                tracing::error!(master = %change.master, node = %change.from, "sweep failed: {e}");
+                return 0;
+            }
+        },
+        Target::Remote { .. } => target.clone(),
+    };
     match diag::destroy_where(states, move |s| select.selects(s)).await {
         Ok(destroyed) => {
             report(context, change, target, round, &destroyed);

@@ -25,7 +25,7 @@ use crate::events::EventLog;
 use crate::reload::ConfigReader;
 use crate::topology::TopologyReader;
 pub use diag::DiagError;
-use plan::{Change, Target};
+use plan::{Change, Served, Target};
 
 #[derive(Debug, thiserror::Error)]
 #[error("sweep: {0}")]
@@ -183,7 +183,9 @@ fn targets(context: &Context, change: &Change) -> Vec<Target> {
     let old = &change.from;
     if context.sweep.local_ports.contains(&old.port) && local::is_local(old.ip) {
         let spared = change.data_hosts.union(&context.sentinel_hosts).copied().collect();
-        targets.push(Target::Local { port: old.port, spared });
+        // The local addresses that reach O are found from the listeners when the job sweeps.
+        let served = Served::Except(BTreeSet::new());
+        targets.push(Target::Local { port: old.port, spared, served });
     }
     if context.sweep.remote {
         targets.push(Target::Remote { peer: old.addr() });

@@ -46,19 +46,63 @@ fn data_hosts(before: &Master, after: &Master) -> BTreeSet<IpAddr> {
 /// Which sockets of this host one sweep destroys.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
-    /// Node side: clients of a local port, except the spared peer hosts (replicas, Sentinels).
-    Local { port: u16, spared: BTreeSet<IpAddr> },
+    /// Node side: clients of the old primary's local port, except the spared peer hosts
+    /// (replicas, Sentinels), on the local addresses that reach that node (`served`).
+    Local { port: u16, spared: BTreeSet<IpAddr>, served: Served },
     /// Client side: this host's sockets to the old primary.
     Remote { peer: SocketAddr },
+}
+
+/// The local addresses on which connections to a port reach one particular node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// The node listens on this address itself.
+    Exactly(IpAddr),
+    /// The node listens on the wildcard address: any local address but those other listeners
+    /// on the same port are bound to (the kernel prefers a specific bind).
+    Except(BTreeSet<IpAddr>),
+}
+
+impl Served {
+    /// For the node at `node`, from this host's listening sockets (any port).
+    pub fn find(node: SocketAddr, listeners: &[TcpSocket]) -> Self {
+        let node = canonical(node);
+        let on_port =
+            listeners.iter().map(|l| canonical(l.local)).filter(|l| l.port() == node.port());
+        let bound: BTreeSet<IpAddr> =
+            on_port.map(|l| l.ip()).filter(|ip| !ip.is_unspecified()).collect();
+        if bound.contains(&node.ip()) { Self::Exactly(node.ip()) } else { Self::Except(bound) }
+    }
+
+    fn contains(&self, ip: IpAddr) -> bool {
+        match self {
+            Self::Exactly(own) => *own == ip,
+            Self::Except(others) => !others.contains(&ip),
+        }
+    }
 }
 
 impl Target {
     pub fn selects(&self, socket: &TcpSocket) -> bool {
         match self {
-            Self::Local { port, spared } => {
-                socket.local.port() == *port && !spared.contains(&socket.peer.ip())
+            Self::Local { port, spared, served } => {
+                socket.local.port() == *port
+                    && served.contains(socket.local.ip().to_canonical())
+                    && !spared.contains(&socket.peer.ip())
             }
             Self::Remote { peer } => socket.peer == canonical(*peer),
+        }
+    }
+
+    /// The same target, its `served` addresses found afresh for `node` from `listeners`.
+    pub fn with_listeners(&self, node: SocketAddr, listeners: &[TcpSocket]) -> Self {
+        match self {
+            Self::Local { port, spared, .. } => Self::Local {
+                port: *port,
+                spared: spared.clone(),
+                served: Served::find(node, listeners),
+            },
+            remote => remote.clone(),
         }
     }
 

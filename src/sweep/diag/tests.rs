@@ -32,6 +32,17 @@ fn lists_both_ends_of_a_loopback_connection() {
 }
 
 #[test]
+fn listening_sockets_are_listed_apart_from_connections() {
+    let (client, _server, _) = pair(Ipv4Addr::LOCALHOST.into(), Ipv4Addr::LOCALHOST.into());
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let listening = listener.local_addr().expect("addr");
+    let all = Diag::open().expect("open").tcp_sockets(States::Listening).expect("dump");
+    assert!(all.iter().any(|s| s.local == listening && s.peer.ip().is_unspecified()));
+    let local = client.local_addr().expect("addr");
+    assert!(!all.iter().any(|s| s.local == local), "a connection is not a listener");
+}
+
+#[test]
 fn dual_stack_sockets_are_listed_with_ipv4_addresses() {
     let (client, _server, server_addr) =
         pair(Ipv6Addr::UNSPECIFIED.into(), Ipv4Addr::LOCALHOST.into());

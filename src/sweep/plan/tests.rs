@@ -69,12 +69,47 @@ fn sock(local: &str, peer: &str) -> TcpSocket {
 #[test]
 fn the_local_target_spares_replicas_and_sentinels() {
     let spared = BTreeSet::from(["10.0.0.2".parse().expect("ip")]);
-    let target = Target::Local { port: 6379, spared };
+    let served = Served::Except(BTreeSet::new());
+    let target = Target::Local { port: 6379, spared, served };
     assert!(target.selects(&sock("10.0.0.1:6379", "10.0.0.9:40000")));
     assert!(target.selects(&sock("127.0.0.1:6379", "127.0.0.1:40000")));
     assert!(!target.selects(&sock("10.0.0.1:6379", "10.0.0.2:40000")));
     // This host's own outgoing connections to some port 6379 elsewhere are not clients.
     assert!(!target.selects(&sock("10.0.0.1:40000", "10.0.0.9:6379")));
+}
+
+fn listening(local: &str) -> TcpSocket {
+    sock(local, "0.0.0.0:0")
+}
+
+#[test]
+fn the_local_target_keeps_to_the_addresses_that_reach_the_old_primary() {
+    let old: SocketAddr = "10.0.0.5:6379".parse().expect("addr");
+    let target = Target::Local {
+        port: 6379,
+        spared: BTreeSet::new(),
+        served: Served::Except(BTreeSet::new()),
+    };
+    let client = |local: &str| sock(local, "10.0.0.9:40000");
+    // Two redis-servers on one host, each bound to its own address: only O's clients.
+    let listeners = [listening("10.0.0.5:6379"), listening("10.0.0.6:6379")];
+    let own = target.with_listeners(old, &listeners);
+    assert!(own.selects(&client("10.0.0.5:6379")));
+    assert!(!own.selects(&client("10.0.0.6:6379")), "another node's client");
+    assert!(!own.selects(&client("127.0.0.1:6379")));
+    // O on the wildcard address, another node bound to 10.0.0.6: all but 10.0.0.6.
+    let listeners =
+        [listening("0.0.0.0:6379"), listening("10.0.0.6:6379"), listening("10.0.0.6:7000")];
+    let wildcard = target.with_listeners(old, &listeners);
+    assert!(wildcard.selects(&client("10.0.0.5:6379")));
+    assert!(wildcard.selects(&client("127.0.0.1:6379")), "O's local clients");
+    assert!(!wildcard.selects(&client("10.0.0.6:6379")), "another node's client");
+    // A dual-stack wildcard listener reports IPv6; its IPv4 clients are O's.
+    let dual = target.with_listeners(old, &[listening("[::]:6379")]);
+    assert!(dual.selects(&client("10.0.0.5:6379")));
+    // The remote target does not depend on listeners.
+    let remote = Target::Remote { peer: old };
+    assert_eq!(remote.with_listeners(old, &listeners), remote);
 }
 
 #[test]
