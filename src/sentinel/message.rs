@@ -45,7 +45,7 @@ pub enum Event {
     NodeBack { master: String, node: Addr },
     /// Anything else about a master that a reconciliation should look at.
     Changed { master: String },
-    /// Something about this Sentinel as a whole (`+monitor`, `-monitor`, `+sentinel`, ...).
+    /// Something about this Sentinel as a whole (`+monitor`, `-monitor`, `+reset-master`).
     Topology,
 }
 
@@ -79,7 +79,7 @@ impl Event {
                 payload.split_whitespace().nth(1)?.parse().ok().map(Event::NewEpoch)
             }
             "+switch-master" => switched(payload),
-            "+monitor" | "-monitor" | "+sentinel" | "+reset-master" => Some(Event::Topology),
+            "+monitor" | "-monitor" | "+reset-master" => Some(Event::Topology),
             _ => instance_event(channel, instance(payload)?),
         }
     }
@@ -109,6 +109,7 @@ fn instance_event(channel: &str, i: Instance<'_>) -> Option<Event> {
         | "+config-update-from"
         | "+convert-to-slave"
         | "+slave"
+        | "+sentinel"
         | "+failover-state-reconf-slaves"
         | "+slave-reconf-done"
         | "-role-change"
@@ -284,6 +285,14 @@ mod tests {
                 "slave 10.0.0.1:7001 10.0.0.1 7001 @ m 10.0.0.2 7002"
             ),
             Some(Event::NodeBack { master: "m".into(), node: addr("10.0.0.1", 7001) })
+        );
+        // A new peer Sentinel of one master: that master is looked at again (new Sentinels
+        // are discovered by the next full reconciliation), not every master at once.
+        let peer = "sentinel 5b3c8e 10.0.0.3 26379 @ m 10.0.0.2 7002";
+        assert_eq!(Event::parse("+sentinel", peer), Some(Event::Changed { master: "m".into() }));
+        assert_eq!(
+            Event::parse("+monitor", "master m 10.0.0.2 7002 quorum 2"),
+            Some(Event::Topology)
         );
     }
 
