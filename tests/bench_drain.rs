@@ -4,168 +4,44 @@
 //! the new primary, from the failover command and from the leader's `+promoted-slave` as a
 //! subscriber on every Sentinel saw it; and how many acknowledged INCRs the final primary lacks.
 //!
-//! Both clients behave like Lettuce: one persistent connection, no read timeout, re-resolve and
-//! reconnect only on an error (socket closed, or an error reply such as READONLY).
+//! Both clients behave like Lettuce (`netns/client.rs`, here on the loopback lab): one
+//! persistent connection, no read timeout, re-resolve and reconnect only on an error (socket
+//! closed, or an error reply such as READONLY).
 //!
 //! Run with `bench/drain.sh` (`BENCH_ROUNDS`, default 5). Results also go to
 //! `target/bench-drain.txt`.
 
 mod common;
+mod netns;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use common::*;
-use futures::StreamExt;
+use netns::client::{Client, Pace, Target};
+use netns::measure::{NOONE, PROMOTED, SWITCH, SentinelEvents, emit, env_or, median_max, secs};
 use polestar::lab::{Lab, LabOptions};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 use tokio::time::{sleep, timeout};
+use tokio_util::sync::CancellationToken;
 
 /// A client not on the new primary by then counts as not recovered.
 const RECOVERY_LIMIT: Duration = Duration::from_secs(20);
-/// Reconnections of one client in one round, at most.
-const MAX_ATTEMPTS: usize = 5_000;
+/// Short pauses, for figures at millisecond resolution: an `INCR` every 2 ms, and a new
+/// lookup or connection 10 ms after a failure.
+const PACE: Pace = Pace {
+    incr: Duration::from_millis(2),
+    lookup_retry: Duration::from_millis(10),
+    reconnect: Duration::from_millis(10),
+};
 
-type Seen = Arc<Mutex<Vec<(String, SystemTime)>>>;
-
-/// Every success with the node that gave it.
-#[derive(Default)]
-struct Log {
-    ok: Mutex<Vec<(SystemTime, SocketAddr)>>,
-    acked: AtomicU64,
-}
-
-impl Log {
-    fn first_ok_elsewhere(&self, old: SocketAddr, after: SystemTime) -> Option<SystemTime> {
-        let ok = self.ok.lock().unwrap_or_else(|p| p.into_inner());
-        ok.iter().find(|(t, a)| *a != old && *t >= after).map(|(t, _)| *t)
-    }
-
-    fn last_ok(&self) -> Option<(SystemTime, SocketAddr)> {
-        self.ok.lock().unwrap_or_else(|p| p.into_inner()).last().copied()
-    }
-
-    fn ok(&self, node: SocketAddr) {
-        self.ok.lock().unwrap_or_else(|p| p.into_inner()).push((SystemTime::now(), node));
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// `INCR <key>` with a 2 ms gap; counts the acknowledged ones.
-    Writer,
-    /// `PING`, then `BLPOP <key> 0`.
-    Blocked,
-}
-
-fn client(
-    dns: SocketAddr,
-    key: String,
-    mode: Mode,
-    stop: Arc<AtomicBool>,
-) -> (Arc<Log>, tokio::task::JoinHandle<()>) {
-    let log = Arc::new(Log::default());
-    let log2 = log.clone();
-    let task = tokio::spawn(async move {
-        for _ in 0..MAX_ATTEMPTS {
-            if stop.load(Ordering::Relaxed) {
-                return;
-            }
-            let Ok(addr) = resolve_srv(dns).await else {
-                sleep(Duration::from_millis(10)).await;
-                continue;
-            };
-            let _ = session(addr, &key, mode, &log2, &stop).await;
-            sleep(Duration::from_millis(10)).await;
-        }
-    });
-    (log, task)
-}
-
-async fn session(
-    addr: SocketAddr,
-    key: &str,
-    mode: Mode,
-    log: &Log,
-    stop: &AtomicBool,
-) -> std::io::Result<()> {
-    let stream = timeout(Duration::from_secs(5), TcpStream::connect(addr))
-        .await
-        .map_err(|_| std::io::Error::other("connect timed out"))??;
-    let _ = stream.set_nodelay(true);
-    let mut stream = BufReader::new(stream);
-    let incr = format!("*2\r\n$4\r\nINCR\r\n${}\r\n{key}\r\n", key.len());
-    let blpop = format!("*3\r\n$5\r\nBLPOP\r\n${}\r\n{key}\r\n$1\r\n0\r\n", key.len());
-    while !stop.load(Ordering::Relaxed) {
-        match mode {
-            Mode::Writer => {
-                command(&mut stream, &incr, 1).await?;
-                log.acked.fetch_add(1, Ordering::SeqCst);
-                log.ok(addr);
-                sleep(Duration::from_millis(2)).await;
-            }
-            Mode::Blocked => {
-                command(&mut stream, "*1\r\n$4\r\nPING\r\n", 1).await?;
-                log.ok(addr);
-                // Blocks until killed; `stop` ends the round by pushing to the list.
-                command(&mut stream, &blpop, 5).await?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Sends a command and reads `lines` reply lines, with no timeout.
-async fn command(
-    stream: &mut BufReader<TcpStream>,
-    cmd: &str,
-    lines: usize,
-) -> std::io::Result<()> {
-    stream.get_mut().write_all(cmd.as_bytes()).await?;
-    for _ in 0..lines {
-        let mut line = String::new();
-        if stream.read_line(&mut line).await? == 0 {
-            return Err(std::io::Error::other("connection closed"));
-        }
-        if line.starts_with('-') {
-            return Err(std::io::Error::other(line.trim().to_string()));
-        }
-    }
-    Ok(())
-}
-
-fn watch_sentinels(lab: &Lab, seen: &Seen) {
+/// A subscriber on every Sentinel, for as long as the bench runs.
+fn watch_sentinels(lab: &Lab) -> SentinelEvents {
+    let seen = SentinelEvents::default();
     for addr in lab.sentinel_addrs() {
-        let seen = seen.clone();
-        tokio::spawn(async move {
-            let client = redis::Client::open(format!("redis://{addr}"))?;
-            let mut pubsub = client.get_async_pubsub().await?;
-            let channels =
-                ["+failover-state-send-slaveof-noone", "+promoted-slave", "+switch-master"];
-            pubsub.subscribe(&channels).await?;
-            let mut stream = pubsub.on_message();
-            while let Some(msg) = stream.next().await {
-                let at = SystemTime::now();
-                seen.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((msg.get_channel_name().to_string(), at));
-            }
-            anyhow::Ok(())
-        });
+        tokio::spawn(seen.clone().record(addr, CancellationToken::new()));
     }
-}
-
-fn first_seen(seen: &Seen, channel: &str, after: SystemTime) -> Option<SystemTime> {
-    let seen = seen.lock().unwrap_or_else(|p| p.into_inner());
-    seen.iter().filter(|(c, t)| c == channel && *t >= after).map(|(_, t)| *t).min()
-}
-
-fn secs(from: SystemTime, to: SystemTime) -> f64 {
-    to.duration_since(from).map(|d| d.as_secs_f64()).unwrap_or_else(|e| -e.duration().as_secs_f64())
+    seen
 }
 
 async fn get_u64(addr: SocketAddr, key: &str) -> anyhow::Result<u64> {
@@ -207,13 +83,15 @@ struct Round {
     stored: u64,
 }
 
-async fn one_failover(env: &Env, seen: &Seen, r: usize) -> anyhow::Result<Round> {
+async fn one_failover(env: &Env, seen: &SentinelEvents, r: usize) -> anyhow::Result<Round> {
     let dns = env.ps.dns.context("no DNS listener")?;
     let old = env.lab.primary().await?;
     let (wkey, bkey) = (format!("counter:{r}"), format!("queue:{r}"));
-    let stop = Arc::new(AtomicBool::new(false));
-    let (writer, wtask) = client(dns, wkey.clone(), Mode::Writer, stop.clone());
-    let (blocked, btask) = client(dns, bkey.clone(), Mode::Blocked, stop.clone());
+    let stop = CancellationToken::new();
+    let target = Target::lookup(move || async move { resolve_srv(dns).await.ok() });
+    let writer = Client::writer(target.clone()).key(&wkey).pace(PACE);
+    let (writer, wtask) = writer.spawn(stop.clone());
+    let (blocked, btask) = Client::blocked(target).key(&bkey).pace(PACE).spawn(stop.clone());
     env.wait_until(FAILOVER, "the clients on the primary", || async {
         for log in [&writer, &blocked] {
             anyhow::ensure!(log.last_ok().is_some_and(|(_, a)| a == old), "not yet");
@@ -229,12 +107,11 @@ async fn one_failover(env: &Env, seen: &Seen, r: usize) -> anyhow::Result<Round>
     let mut out = Round::default();
     let limit = tokio::time::Instant::now() + RECOVERY_LIMIT;
     while tokio::time::Instant::now() < limit {
-        out.writer = writer.first_ok_elsewhere(old, fault).map(|t| secs(fault, t));
-        out.blocked = blocked.first_ok_elsewhere(old, fault).map(|t| secs(fault, t));
-        out.noone =
-            first_seen(seen, "+failover-state-send-slaveof-noone", fault).map(|t| secs(fault, t));
-        out.promoted = first_seen(seen, "+promoted-slave", fault).map(|t| secs(fault, t));
-        out.switched = first_seen(seen, "+switch-master", fault).map(|t| secs(fault, t));
+        out.writer = writer.first_ok_elsewhere(old, fault).map(|(t, _)| secs(fault, t));
+        out.blocked = blocked.first_ok_elsewhere(old, fault).map(|(t, _)| secs(fault, t));
+        out.noone = seen.first(NOONE, fault).map(|t| secs(fault, t));
+        out.promoted = seen.first(PROMOTED, fault).map(|t| secs(fault, t));
+        out.switched = seen.first(SWITCH, fault).map(|t| secs(fault, t));
         if out.writer.is_some() && out.blocked.is_some() && out.switched.is_some() {
             break;
         }
@@ -246,7 +123,7 @@ async fn one_failover(env: &Env, seen: &Seen, r: usize) -> anyhow::Result<Round>
     }
     // Let the writer go on for a while on the new primary, then stop both clients.
     sleep(Duration::from_secs(1)).await;
-    stop.store(true, Ordering::Relaxed);
+    stop.cancel();
     let new = env.lab.wait_for_primary_change(old, FAILOVER).await?;
     push(new, &bkey).await;
     for mut task in [wtask, btask] {
@@ -255,35 +132,19 @@ async fn one_failover(env: &Env, seen: &Seen, r: usize) -> anyhow::Result<Round>
             task.abort();
         }
     }
-    out.acked = writer.acked.load(Ordering::SeqCst);
+    out.acked = writer.successes();
     out.stored = get_u64(new, &wkey).await?;
     Ok(out)
-}
-
-fn median_max(values: &[f64]) -> Option<(f64, f64)> {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let max = *v.last()?;
-    let n = v.len();
-    let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
-    Some((median, max))
 }
 
 fn fmt(v: Option<f64>) -> String {
     v.map(|s| format!("{s:.3}")).unwrap_or_else(|| "-".to_string())
 }
 
-fn emit(out: &mut String, line: String) {
-    println!("{line}");
-    out.push_str(&line);
-    out.push('\n');
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: several planned failovers; run with bench/drain.sh"]
 async fn planned_failover_recovery() {
-    let rounds: usize =
-        std::env::var("BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    let rounds: usize = env_or("BENCH_ROUNDS", 5);
     let opts = LabOptions::default();
     let down_after = opts.down_after;
     let lab = Lab::start(opts).await.expect("the lab starts");
@@ -292,8 +153,7 @@ async fn planned_failover_recovery() {
     config.dns = true;
     config.drain = true;
     let env = Env::with_config(lab, &config).await;
-    let seen: Seen = Arc::default();
-    watch_sentinels(&env.lab, &seen);
+    let seen = watch_sentinels(&env.lab);
 
     let mut out = String::new();
     emit(

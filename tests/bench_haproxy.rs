@@ -24,29 +24,20 @@
 mod netns;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::StreamExt;
-use netns::{Host, Net, until};
+use netns::client::{Client, Target};
+use netns::cluster::{Cluster, HTTP_PORT};
+use netns::measure::{NOONE, PROMOTED, SWITCH, SentinelEvents, emit, env_or, median_max, secs};
+use netns::until;
 use nix::sys::signal::Signal;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-const HTTP_PORT: u16 = 8053;
 /// Where a failed round's error and process logs go.
 const FAILURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-haproxy-failures.log");
-const NOONE: &str = "+failover-state-send-slaveof-noone";
 const HAPROXY_PORT: u16 = 6380;
 /// Longest a client may take to recover before the round counts it as not recovered.
 const RECOVERY_LIMIT: Duration = Duration::from_secs(30);
-/// Reconnection attempts of one client in one round, at most (one every 20 ms or slower).
-const MAX_ATTEMPTS: usize = 5_000;
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Case {
@@ -91,349 +82,45 @@ struct Round {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The cluster: three DB hosts (redis-server + redis-sentinel), an application host, a control
-// host, on one bridge.
+// HAProxy, on the application host of the shared cluster (`netns/cluster.rs`).
 
-struct Cluster {
-    net: Net,
-    db: Vec<Host>,
-    app: Host,
-    ctl: Host,
-}
-
-impl Cluster {
-    async fn start(down_after_ms: u64) -> anyhow::Result<Cluster> {
-        let net = Net::new()?;
-        let db =
-            (1..=3).map(|i| net.host(&format!("d{i}"), 10 + i)).collect::<Result<Vec<_>, _>>()?;
-        let app = net.host("ap", 20)?;
-        let ctl = net.host("ct", 30)?;
-        let cluster = Cluster { net, db, app, ctl };
-        if let Err(e) = cluster.start_redis(down_after_ms).await {
-            anyhow::bail!("{e:#}\n{}", cluster.net.logs());
-        }
-        Ok(cluster)
-    }
-
-    fn primary(&self) -> SocketAddr {
-        SocketAddr::new(self.db[0].ip, 6379)
-    }
-
-    async fn start_redis(&self, down_after_ms: u64) -> anyhow::Result<()> {
-        for (i, host) in self.db.iter().enumerate() {
-            let dir = self.net.dir.path().join(format!("redis-{i}"));
-            std::fs::create_dir_all(&dir)?;
-            let mut conf = format!(
-                "bind {ip}\nprotected-mode no\nport 6379\ndaemonize no\ndir {d}\nsave \"\"\nappendonly no\n\
-                 repl-diskless-sync yes\nrepl-diskless-sync-delay 0\nrepl-ping-replica-period 1\n",
-                ip = host.ip,
-                d = dir.display()
-            );
-            if i > 0 {
-                conf.push_str(&format!("replicaof {} 6379\n", self.db[0].ip));
-            }
-            let path = dir.join("redis.conf");
-            std::fs::write(&path, conf)?;
-            let path = path.to_str().unwrap_or("").to_string();
-            self.net.spawn(host, &format!("redis-{i}"), "redis-server", &[&path])?;
-        }
-        let primary = self.db[0].clone();
-        until("replication", Duration::from_secs(30), || async {
-            let info = self.cli(&primary, 6379, &["INFO", "replication"]);
-            info.contains("connected_slaves:2").then_some(())
-        })
-        .await?;
-        for (i, host) in self.db.iter().enumerate() {
-            let dir = self.net.dir.path().join(format!("sentinel-{i}"));
-            std::fs::create_dir_all(&dir)?;
-            let conf = format!(
-                "bind {ip}\nprotected-mode no\nport 26379\ndaemonize no\ndir {d}\n\
-                 sentinel monitor mymaster {p} 6379 2\n\
-                 sentinel down-after-milliseconds mymaster {down_after_ms}\n\
-                 sentinel failover-timeout mymaster 5000\nsentinel parallel-syncs mymaster 1\n",
-                ip = host.ip,
-                d = dir.display(),
-                p = self.db[0].ip
-            );
-            let path = dir.join("sentinel.conf");
-            std::fs::write(&path, conf)?;
-            let path = path.to_str().unwrap_or("").to_string();
-            self.net.spawn(host, &format!("sentinel-{i}"), "redis-sentinel", &[&path])?;
-        }
-        for host in &self.db {
-            until("sentinels to converge", Duration::from_secs(30), || async {
-                let m = self.cli(host, 26379, &["SENTINEL", "MASTER", "mymaster"]);
-                let fields: Vec<&str> = m.lines().collect();
-                let get = |k: &str| {
-                    fields.iter().position(|l| *l == k).and_then(|i| fields.get(i + 1)).copied()
-                };
-                (get("num-slaves") == Some("2") && get("num-other-sentinels") == Some("2"))
-                    .then_some(())
-            })
-            .await?;
-        }
-        Ok(())
-    }
-
-    fn cli(&self, host: &Host, port: u16, args: &[&str]) -> String {
-        let ip = host.ip.to_string();
-        let port = port.to_string();
-        let mut all = vec!["-h", ip.as_str(), "-p", port.as_str()];
-        all.extend_from_slice(args);
-        self.net.exec(host, "redis-cli", &all)
-    }
-
-    fn sentinels_yaml(&self) -> String {
-        let list: Vec<String> = self.db.iter().map(|h| format!("\"{}:26379\"", h.ip)).collect();
-        format!("sentinels:\n  addresses: [{}]\n", list.join(", "))
-    }
-
-    /// Starts polestar in `host`'s namespace and waits for `ready`.
-    async fn polestar(
-        &self,
-        host: &Host,
-        label: &str,
-        listen: &str,
-        extra: &str,
-    ) -> anyhow::Result<()> {
-        let yaml = format!("{}http:\n  listen: \"{listen}\"\n{extra}", self.sentinels_yaml());
-        let path = self.net.dir.path().join(format!("{label}.yaml"));
-        std::fs::write(&path, yaml)?;
-        let path = path.to_str().unwrap_or("").to_string();
-        self.net.spawn(host, label, netns::BIN, &["run", "-c", &path])?;
-        let what = format!("{label} ready");
-        let ready = until(&what, Duration::from_secs(30), || async {
-            let log = self.net.log(label);
-            if log.contains("Error:") {
-                return Some(Err(anyhow::anyhow!("{label} failed:\n{log}")));
-            }
-            log.lines().any(|l| l.trim_end().ends_with("ready")).then_some(Ok(()))
-        });
-        ready.await?
-    }
-
-    /// HAProxy on the application host, listening on 127.0.0.1:6380 there, in front of the
-    /// three redis-servers with the role checks issue 5 names.
-    fn haproxy(&self) -> anyhow::Result<()> {
-        let servers: String = self
-            .db
-            .iter()
-            .enumerate()
-            .map(|(i, h)| format!("    server r{} {}:6379 check\n", i + 1, h.ip))
-            .collect();
-        let conf = format!(
-            "global\n    maxconn 1024\n    log stdout format raw local0 info\n\
-             defaults\n    mode tcp\n    log global\n    timeout connect 1s\n\
-             \x20   timeout client 1h\n    timeout server 1h\n\
-             frontend redis\n    no log\n    bind 127.0.0.1:{HAPROXY_PORT}\n    default_backend redis_primary\n\
-             backend redis_primary\n    option tcp-check\n    tcp-check connect\n\
-             \x20   tcp-check send PING\\r\\n\n    tcp-check expect string +PONG\n\
-             \x20   tcp-check send info\\ replication\\r\\n\n    tcp-check expect string role:master\n\
-             \x20   tcp-check send QUIT\\r\\n\n    tcp-check expect string +OK\n\
-             \x20   default-server inter 500ms fall 2 rise 1 on-marked-down shutdown-sessions\n\
-             {servers}"
-        );
-        let path = self.net.dir.path().join("haproxy.cfg");
-        std::fs::write(&path, conf)?;
-        let path = path.to_str().unwrap_or("").to_string();
-        self.net.spawn(&self.app, "haproxy", "haproxy", &["-db", "-f", &path])?;
-        Ok(())
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// A Lettuce-like client (as `netns/client.rs`): one persistent connection, no read timeout,
-// reconnect only on a socket error. It asks polestar's HTTP API for the primary, or connects to
-// a fixed address (HAProxy); either way it learns the serving node from `CLIENT INFO`.
-
-#[derive(Clone, Debug)]
-enum Target {
-    Ask(String),
-    Fixed(SocketAddr),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    /// `INCR` every 50 ms.
-    Writer,
-    /// `PING`, then `BLPOP <key> 0`, forever.
-    Blocked,
-}
-
-#[derive(Default)]
-struct Log {
-    ok: Mutex<Vec<(SystemTime, SocketAddr)>>,
-}
-
-impl Log {
-    fn first_ok_elsewhere(&self, old: SocketAddr, after: SystemTime) -> Option<SystemTime> {
-        let ok = self.ok.lock().unwrap_or_else(|p| p.into_inner());
-        ok.iter().find(|(t, a)| *a != old && *t >= after).map(|(t, _)| *t)
-    }
-
-    fn last_ok(&self) -> Option<(SystemTime, SocketAddr)> {
-        self.ok.lock().unwrap_or_else(|p| p.into_inner()).last().copied()
-    }
-
-    fn ok(&self, node: SocketAddr) {
-        self.ok.lock().unwrap_or_else(|p| p.into_inner()).push((SystemTime::now(), node));
-    }
-}
-
-fn start_client(app: &Host, target: Target, mode: Mode, stop: CancellationToken) -> Arc<Log> {
-    let log = Arc::new(Log::default());
-    let log2 = log.clone();
-    drop(netns::in_ns(app, move || async move {
-        run_client(&target, mode, &log2, &stop).await;
-        Ok(())
-    }));
-    log
-}
-
-async fn run_client(target: &Target, mode: Mode, log: &Log, stop: &CancellationToken) {
-    let http =
-        reqwest::Client::builder().timeout(Duration::from_secs(1)).build().unwrap_or_default();
-    for _ in 0..MAX_ATTEMPTS {
-        if stop.is_cancelled() {
-            return;
-        }
-        let addr = match target {
-            Target::Fixed(addr) => *addr,
-            Target::Ask(url) => match ask(&http, url).await {
-                Some(addr) => addr,
-                None => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let session = async {
-            let stream = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
-                .await
-                .map_err(|_| std::io::Error::other("connect timed out"))??;
-            let _ = stream.set_nodelay(true);
-            let mut stream = BufReader::new(stream);
-            let node = serving_node(&mut stream).await?;
-            serve(stream, node, mode, log).await
-        };
-        tokio::select! {
-            _ = session => {}
-            _ = stop.cancelled() => return,
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn ask(http: &reqwest::Client, url: &str) -> Option<SocketAddr> {
-    let response = http.get(url).send().await.ok()?;
-    if !response.status().is_success() {
-        return None;
-    }
-    response.text().await.ok()?.trim().parse().ok()
-}
-
-/// `CLIENT INFO`'s `laddr=`: the address of the node at the other end (also behind HAProxy).
-async fn serving_node(stream: &mut BufReader<TcpStream>) -> std::io::Result<SocketAddr> {
-    stream.get_mut().write_all(b"*2\r\n$6\r\nCLIENT\r\n$4\r\nINFO\r\n").await?;
-    let mut header = String::new();
-    if stream.read_line(&mut header).await? == 0 {
-        return Err(std::io::Error::other("connection closed"));
-    }
-    let len: usize = header
-        .strip_prefix('$')
-        .and_then(|n| n.trim().parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("CLIENT INFO: {}", header.trim())))?;
-    let mut body = vec![0u8; len + 2];
-    stream.read_exact(&mut body).await?;
-    let text = String::from_utf8_lossy(&body);
-    text.split_whitespace()
-        .find_map(|f| f.strip_prefix("laddr="))
-        .and_then(|a| a.parse().ok())
-        .ok_or_else(|| std::io::Error::other("CLIENT INFO without laddr"))
-}
-
-async fn serve(
-    mut stream: BufReader<TcpStream>,
-    node: SocketAddr,
-    mode: Mode,
-    log: &Log,
-) -> std::io::Result<()> {
-    loop {
-        match mode {
-            Mode::Writer => {
-                command(&mut stream, "*2\r\n$4\r\nINCR\r\n$7\r\ncounter\r\n", 1).await?;
-                log.ok(node);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Mode::Blocked => {
-                command(&mut stream, "*1\r\n$4\r\nPING\r\n", 1).await?;
-                log.ok(node);
-                command(&mut stream, "*3\r\n$5\r\nBLPOP\r\n$5\r\nqueue\r\n$1\r\n0\r\n", 5).await?;
-            }
-        }
-    }
-}
-
-/// Sends a command and reads `lines` reply lines, with no timeout (as the clients that hang).
-async fn command(
-    stream: &mut BufReader<TcpStream>,
-    cmd: &str,
-    lines: usize,
-) -> std::io::Result<()> {
-    stream.get_mut().write_all(cmd.as_bytes()).await?;
-    for _ in 0..lines {
-        let mut line = String::new();
-        if stream.read_line(&mut line).await? == 0 {
-            return Err(std::io::Error::other("connection closed"));
-        }
-        if line.starts_with('-') {
-            return Err(std::io::Error::other(line.trim().to_string()));
-        }
-    }
+/// HAProxy on the application host, listening on 127.0.0.1:6380 there, in front of the three
+/// redis-servers with the role checks issue 5 names.
+fn start_haproxy(cluster: &Cluster) -> anyhow::Result<()> {
+    let servers: String = cluster
+        .db
+        .iter()
+        .enumerate()
+        .map(|(i, h)| format!("    server r{} {}:6379 check\n", i + 1, h.ip))
+        .collect();
+    let conf = format!(
+        "global\n    maxconn 1024\n    log stdout format raw local0 info\n\
+         defaults\n    mode tcp\n    log global\n    timeout connect 1s\n\
+         \x20   timeout client 1h\n    timeout server 1h\n\
+         frontend redis\n    no log\n    bind 127.0.0.1:{HAPROXY_PORT}\n    default_backend redis_primary\n\
+         backend redis_primary\n    option tcp-check\n    tcp-check connect\n\
+         \x20   tcp-check send PING\\r\\n\n    tcp-check expect string +PONG\n\
+         \x20   tcp-check send info\\ replication\\r\\n\n    tcp-check expect string role:master\n\
+         \x20   tcp-check send QUIT\\r\\n\n    tcp-check expect string +OK\n\
+         \x20   default-server inter 500ms fall 2 rise 1 on-marked-down shutdown-sessions\n\
+         {servers}"
+    );
+    let path = cluster.net.dir.path().join("haproxy.cfg");
+    std::fs::write(&path, conf)?;
+    let path = path.to_str().unwrap_or("").to_string();
+    cluster.net.spawn(&cluster.app, "haproxy", "haproxy", &["-db", "-f", &path])?;
     Ok(())
 }
 
-// ---------------------------------------------------------------------------------------------
-// Sentinel's own view: when each event was first seen, from the control host.
-
-type Seen = Arc<Mutex<Vec<(String, SystemTime)>>>;
-
-fn watch_sentinels(cluster: &Cluster, stop: &CancellationToken) -> Seen {
-    let seen: Seen = Arc::default();
+/// Sentinel's own view: a subscriber on every Sentinel, from the control host, until `stop`.
+fn watch_sentinels(cluster: &Cluster, stop: &CancellationToken) -> SentinelEvents {
+    let seen = SentinelEvents::default();
     for host in &cluster.db {
         let addr = SocketAddr::new(host.ip, 26379);
         let (seen, stop) = (seen.clone(), stop.clone());
-        drop(netns::in_ns(&cluster.ctl, move || async move {
-            let client = redis::Client::open(format!("redis://{addr}"))?;
-            let mut pubsub = client.get_async_pubsub().await?;
-            let channels =
-                ["+failover-state-send-slaveof-noone", "+promoted-slave", "+switch-master"];
-            pubsub.subscribe(&channels).await?;
-            let mut stream = pubsub.on_message();
-            loop {
-                tokio::select! {
-                    msg = stream.next() => {
-                        let Some(msg) = msg else { return Ok(()) };
-                        let at = SystemTime::now();
-                        seen.lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push((msg.get_channel_name().to_string(), at));
-                    }
-                    _ = stop.cancelled() => return Ok(()),
-                }
-            }
-        }));
+        drop(netns::in_ns(&cluster.ctl, move || seen.record(addr, stop)));
     }
     seen
-}
-
-fn first_seen(seen: &Seen, channel: &str) -> Option<SystemTime> {
-    let seen = seen.lock().unwrap_or_else(|p| p.into_inner());
-    seen.iter().filter(|(c, _)| c == channel).map(|(_, t)| *t).min()
-}
-
-fn secs(from: SystemTime, to: SystemTime) -> f64 {
-    to.duration_since(from).map(|d| d.as_secs_f64()).unwrap_or_else(|e| -e.duration().as_secs_f64())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -441,10 +128,8 @@ fn secs(from: SystemTime, to: SystemTime) -> f64 {
 
 async fn round(case: Case, method: Method, down_after_ms: u64) -> anyhow::Result<Round> {
     let cluster = Cluster::start(down_after_ms).await?;
-    match round_in(&cluster, case, method).await {
-        Ok(r) => Ok(r),
-        Err(e) => Err(anyhow::anyhow!("{e:#}\n{}", cluster.net.logs())),
-    }
+    let result = round_in(&cluster, case, method).await;
+    cluster.net.with_logs(result)
 }
 
 async fn round_in(cluster: &Cluster, case: Case, method: Method) -> anyhow::Result<Round> {
@@ -453,29 +138,29 @@ async fn round_in(cluster: &Cluster, case: Case, method: Method) -> anyhow::Resu
     let seen = watch_sentinels(cluster, &stop);
     let target = match (method, case) {
         (Method::Polestar, Case::Hung) => {
-            let ctl = &cluster.ctl;
-            cluster.polestar(ctl, "ctl-polestar", &format!("{}:{HTTP_PORT}", ctl.ip), "").await?;
-            let db1 = &cluster.db[0];
-            let sweep = "sweep:\n  local_ports: [6379]\n";
-            let listen = format!("{}:{HTTP_PORT}", db1.ip);
-            cluster.polestar(db1, "node-polestar", &listen, sweep).await?;
-            Target::Ask(format!("http://{}:{HTTP_PORT}/v1/masters/mymaster/primary", ctl.ip))
+            cluster.central("ctl-polestar").await?;
+            cluster.node_polestar("sweep:\n  local_ports: [6379]\n").await?;
+            Target::Ask(cluster.central_url())
         }
         (Method::Polestar, Case::Dark) => {
             let listen = format!("127.0.0.1:{HTTP_PORT}");
             let sweep = "sweep:\n  remote: true\n";
-            cluster.polestar(&cluster.app, "app-polestar", &listen, sweep).await?;
+            let src = cluster.sentinels_yaml();
+            cluster.polestar(&cluster.app, "app-polestar", &src, &listen, sweep).await?;
             Target::Ask(format!("http://{listen}/v1/masters/mymaster/primary"))
         }
         (Method::Haproxy, _) => {
-            cluster.haproxy()?;
+            start_haproxy(cluster)?;
             // Let the first checks mark the replicas down (fall 2 x inter 500ms).
             tokio::time::sleep(Duration::from_millis(1500)).await;
             Target::Fixed(SocketAddr::from(([127, 0, 0, 1], HAPROXY_PORT)))
         }
     };
-    let writer = start_client(&cluster.app, target.clone(), Mode::Writer, stop.clone());
-    let blocked = start_client(&cluster.app, target, Mode::Blocked, stop.clone());
+    // Through HAProxy the address connected to is HAProxy's: `CLIENT INFO` names the node.
+    let writer =
+        Client::writer(target.clone()).node_from_client_info().start_in(&cluster.app, stop.clone());
+    let blocked =
+        Client::blocked(target).node_from_client_info().start_in(&cluster.app, stop.clone());
     let old = cluster.primary();
     for log in [&writer, &blocked] {
         until("the clients on the first primary", Duration::from_secs(20), || async {
@@ -493,11 +178,12 @@ async fn round_in(cluster: &Cluster, case: Case, method: Method) -> anyhow::Resu
     let mut out = Round::default();
     let limit = tokio::time::Instant::now() + RECOVERY_LIMIT;
     loop {
-        out.writer = writer.first_ok_elsewhere(old, fault).map(|t| secs(fault, t));
-        out.blocked = blocked.first_ok_elsewhere(old, fault).map(|t| secs(fault, t));
-        out.noone = first_seen(&seen, NOONE).map(|t| secs(fault, t));
-        out.promoted = first_seen(&seen, "+promoted-slave").map(|t| secs(fault, t));
-        out.switched = first_seen(&seen, "+switch-master").map(|t| secs(fault, t));
+        out.writer = writer.first_ok_elsewhere(old, fault).map(|(t, _)| secs(fault, t));
+        out.blocked = blocked.first_ok_elsewhere(old, fault).map(|(t, _)| secs(fault, t));
+        // A fresh cluster each round: every event the watch saw is this round's.
+        out.noone = seen.first(NOONE, UNIX_EPOCH).map(|t| secs(fault, t));
+        out.promoted = seen.first(PROMOTED, UNIX_EPOCH).map(|t| secs(fault, t));
+        out.switched = seen.first(SWITCH, UNIX_EPOCH).map(|t| secs(fault, t));
         let done = out.writer.is_some()
             && out.blocked.is_some()
             && out.promoted.is_some()
@@ -514,23 +200,8 @@ async fn round_in(cluster: &Cluster, case: Case, method: Method) -> anyhow::Resu
 // ---------------------------------------------------------------------------------------------
 // The report.
 
-fn median_max(values: &[f64]) -> Option<(f64, f64)> {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let max = *v.last()?;
-    let n = v.len();
-    let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
-    Some((median, max))
-}
-
 fn fmt(v: Option<f64>) -> String {
     v.map(|s| format!("{s:.3}")).unwrap_or_else(|| format!(">{}", RECOVERY_LIMIT.as_secs()))
-}
-
-fn emit(out: &mut String, line: String) {
-    println!("{line}");
-    out.push_str(&line);
-    out.push('\n');
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,179 +11,39 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use netns::client::{self, Mode};
-use netns::{Host, Net, until};
+use netns::client::{self, Client, Target};
+use netns::cluster::{Cluster, HTTP_PORT};
+use netns::measure::secs;
+use netns::{Host, until};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 const DOWN_AFTER_MS: u64 = 1000;
 const FAILOVER: Duration = Duration::from_secs(20);
-const HTTP_PORT: u16 = 8053;
 
-struct Cluster {
-    net: Net,
-    db: Vec<Host>,
-    app: Host,
-    ctl: Host,
+/// The events of `kind` that the polestar at `url_host` has published, asked from `host`.
+async fn events(host: &Host, url_host: &str, kind: &str) -> Vec<Value> {
+    let url = format!("http://{url_host}:{HTTP_PORT}/v1/events");
+    let all = netns::get_json(host, url).await.unwrap_or(Value::Null);
+    let list = all.as_array().cloned().unwrap_or_default();
+    list.into_iter().filter(|e| e["kind"] == kind).collect()
 }
 
-impl Cluster {
-    async fn start() -> anyhow::Result<Cluster> {
-        let net = Net::new()?;
-        let db =
-            (1..=3).map(|i| net.host(&format!("d{i}"), 10 + i)).collect::<Result<Vec<_>, _>>()?;
-        let app = net.host("ap", 20)?;
-        let ctl = net.host("ct", 30)?;
-        let cluster = Cluster { net, db, app, ctl };
-        if let Err(e) = cluster.start_redis().await {
-            anyhow::bail!("{e:#}\n{}", cluster.net.logs());
-        }
-        Ok(cluster)
-    }
-
-    fn primary(&self) -> SocketAddr {
-        SocketAddr::new(self.db[0].ip, 6379)
-    }
-
-    async fn start_redis(&self) -> anyhow::Result<()> {
-        for (i, host) in self.db.iter().enumerate() {
-            let dir = self.net.dir.path().join(format!("redis-{i}"));
-            std::fs::create_dir_all(&dir)?;
-            let mut conf = format!(
-                "bind {ip}\nprotected-mode no\nport 6379\ndaemonize no\ndir {d}\nsave \"\"\nappendonly no\n\
-                 repl-diskless-sync yes\nrepl-diskless-sync-delay 0\nrepl-ping-replica-period 1\n",
-                ip = host.ip,
-                d = dir.display()
-            );
-            if i > 0 {
-                conf.push_str(&format!("replicaof {} 6379\n", self.db[0].ip));
-            }
-            let path = dir.join("redis.conf");
-            std::fs::write(&path, conf)?;
-            self.net.spawn(
-                host,
-                &format!("redis-{i}"),
-                "redis-server",
-                &[path.to_str().unwrap_or("")],
-            )?;
-        }
-        let primary = self.db[0].clone();
-        until("replication", Duration::from_secs(30), || async {
-            let info = self.cli(&primary, 6379, &["INFO", "replication"]);
-            info.contains("connected_slaves:2").then_some(())
-        })
-        .await?;
-        for (i, host) in self.db.iter().enumerate() {
-            let dir = self.net.dir.path().join(format!("sentinel-{i}"));
-            std::fs::create_dir_all(&dir)?;
-            let conf = format!(
-                "bind {ip}\nprotected-mode no\nport 26379\ndaemonize no\ndir {d}\n\
-                 sentinel monitor mymaster {p} 6379 2\n\
-                 sentinel down-after-milliseconds mymaster {DOWN_AFTER_MS}\n\
-                 sentinel failover-timeout mymaster 5000\nsentinel parallel-syncs mymaster 1\n",
-                ip = host.ip,
-                d = dir.display(),
-                p = self.db[0].ip
-            );
-            let path = dir.join("sentinel.conf");
-            std::fs::write(&path, conf)?;
-            self.net.spawn(
-                host,
-                &format!("sentinel-{i}"),
-                "redis-sentinel",
-                &[path.to_str().unwrap_or("")],
-            )?;
-        }
-        for host in &self.db {
-            until("sentinels to converge", Duration::from_secs(30), || async {
-                let m = self.cli(host, 26379, &["SENTINEL", "MASTER", "mymaster"]);
-                let fields: Vec<&str> = m.lines().collect();
-                let get = |k: &str| {
-                    fields.iter().position(|l| *l == k).and_then(|i| fields.get(i + 1)).copied()
-                };
-                (get("num-slaves") == Some("2") && get("num-other-sentinels") == Some("2"))
-                    .then_some(())
-            })
-            .await?;
-        }
-        Ok(())
-    }
-
-    fn cli(&self, host: &Host, port: u16, args: &[&str]) -> String {
-        let ip = host.ip.to_string();
-        let port = port.to_string();
-        let mut all = vec!["-h", ip.as_str(), "-p", port.as_str()];
-        all.extend_from_slice(args);
-        self.net.exec(host, "redis-cli", &all)
-    }
-
-    fn sentinels_yaml(&self) -> String {
-        let list: Vec<String> = self.db.iter().map(|h| format!("\"{}:26379\"", h.ip)).collect();
-        format!("sentinels:\n  addresses: [{}]\n", list.join(", "))
-    }
-
-    /// Starts polestar in `host`'s namespace with `source` YAML, HTTP on `listen`, and `extra`.
-    async fn polestar(
-        &self,
-        host: &Host,
-        label: &str,
-        source: &str,
-        listen: &str,
-        extra: &str,
-    ) -> anyhow::Result<()> {
-        let yaml = format!("{source}http:\n  listen: \"{listen}\"\n{extra}");
-        let path = self.net.dir.path().join(format!("{label}.yaml"));
-        std::fs::write(&path, yaml)?;
-        let path = path.to_str().unwrap_or("").to_string();
-        self.net.spawn(host, label, netns::BIN, &["run", "-c", &path])?;
-        let what = format!("{label} ready");
-        let ready = until(&what, Duration::from_secs(30), || async {
-            let log = self.net.log(label);
-            if log.contains("Error:") {
-                return Some(Err(anyhow::anyhow!("{label} failed:\n{log}")));
-            }
-            log.lines().any(|l| l.trim_end().ends_with("ready")).then_some(Ok(()))
-        });
-        ready.await?
-    }
-
-    /// `GET path` on a polestar inside `host`'s namespace.
-    async fn get_json(&self, host: &Host, url: String) -> Option<Value> {
-        netns::in_ns(host, move || async move {
-            let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build()?;
-            Ok(http.get(url).send().await?.json::<Value>().await?)
-        })
-        .await
-        .ok()?
-        .ok()
-    }
-
-    async fn events(&self, host: &Host, kind: &str) -> Vec<Value> {
-        let url = format!("http://{}:{HTTP_PORT}/v1/events", host.ip);
-        let all = self.get_json(host, url).await.unwrap_or(Value::Null);
-        let list = all.as_array().cloned().unwrap_or_default();
-        list.into_iter().filter(|e| e["kind"] == kind).collect()
-    }
-
-    /// When the polestar on `host` published a switch away from `old` (Unix ms).
-    async fn switch_time(&self, host: &Host, url_host: &str) -> anyhow::Result<SystemTime> {
-        let url = format!("http://{url_host}:{HTTP_PORT}/v1/events");
-        let ms = until("a published switch", FAILOVER, || async {
-            let all = self.get_json(host, url.clone()).await?;
-            let events = all.as_array()?.clone();
-            events
-                .iter()
-                .filter(|e| e["kind"] == "switch" && !e["from"].is_null())
-                .find_map(|e| e["time_ms"].as_u64())
-        })
-        .await?;
-        Ok(UNIX_EPOCH + Duration::from_millis(ms))
-    }
-}
-
-fn secs(from: SystemTime, to: SystemTime) -> f64 {
-    to.duration_since(from).map(|d| d.as_secs_f64()).unwrap_or_else(|e| -e.duration().as_secs_f64())
+/// When the polestar at `url_host` (asked from `host`) published a switch away from the first
+/// primary.
+async fn switch_time(host: &Host, url_host: &str) -> anyhow::Result<SystemTime> {
+    let url = format!("http://{url_host}:{HTTP_PORT}/v1/events");
+    let ms = until("a published switch", FAILOVER, || async {
+        let all = netns::get_json(host, url.clone()).await?;
+        let events = all.as_array()?.clone();
+        events
+            .iter()
+            .filter(|e| e["kind"] == "switch" && !e["from"].is_null())
+            .find_map(|e| e["time_ms"].as_u64())
+    })
+    .await?;
+    Ok(UNIX_EPOCH + Duration::from_millis(ms))
 }
 
 /// Waits for the clients to recover onto a new primary and reports the times.
@@ -222,8 +82,9 @@ async fn clients_on(
     url: &str,
     stop: &CancellationToken,
 ) -> anyhow::Result<(Arc<client::Log>, Arc<client::Log>)> {
-    let writer = client::start(&cluster.app, url.to_string(), Mode::Writer, stop.clone());
-    let blocked = client::start(&cluster.app, url.to_string(), Mode::Blocked, stop.clone());
+    let target = Target::Ask(url.to_string());
+    let writer = Client::writer(target.clone()).start_in(&cluster.app, stop.clone());
+    let blocked = Client::blocked(target).start_in(&cluster.app, stop.clone());
     let primary = cluster.primary();
     for log in [&writer, &blocked] {
         until("the clients on the first primary", Duration::from_secs(20), || async {
@@ -234,58 +95,38 @@ async fn clients_on(
     Ok((writer, blocked))
 }
 
-fn ctl_url(cluster: &Cluster) -> String {
-    format!("http://{}:{HTTP_PORT}/v1/masters/mymaster/primary", cluster.ctl.ip)
-}
-
-async fn with_logs<T>(cluster: &Cluster, result: anyhow::Result<T>) -> T {
-    match result {
-        Ok(v) => v,
-        Err(e) => panic!("{e:#}\n{}", cluster.net.logs()),
-    }
+/// Runs `test` on a fresh cluster, one test at a time; a failure shows every process's log.
+async fn on_fresh_cluster(test: impl AsyncFnOnce(&Cluster) -> anyhow::Result<()>) {
+    let _serial = netns::SERIAL.lock().await;
+    let cluster = Cluster::start(DOWN_AFTER_MS).await.unwrap_or_else(|e| panic!("{e:#}"));
+    let result = test(&cluster).await;
+    cluster.net.with_logs(result).unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_primary_is_swept_by_the_node_side_polestar() {
-    let _serial = netns::SERIAL.lock().await;
-    let cluster = Cluster::start().await.unwrap_or_else(|e| panic!("{e:#}"));
-    let result = hung_primary(&cluster, true).await;
-    with_logs(&cluster, result).await;
+    on_fresh_cluster(async |cluster| hung_primary(cluster, true).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_hung_primary_without_sweeper_leaves_the_client_stuck() {
-    let _serial = netns::SERIAL.lock().await;
-    let cluster = Cluster::start().await.unwrap_or_else(|e| panic!("{e:#}"));
-    let result = hung_primary(&cluster, false).await;
-    with_logs(&cluster, result).await;
+    on_fresh_cluster(async |cluster| hung_primary(cluster, false).await).await;
 }
 
 async fn hung_primary(cluster: &Cluster, sweeper: bool) -> anyhow::Result<()> {
-    let src = cluster.sentinels_yaml();
-    cluster
-        .polestar(
-            &cluster.ctl,
-            "ctl-polestar",
-            &src,
-            &format!("{}:{HTTP_PORT}", cluster.ctl.ip),
-            "",
-        )
-        .await?;
+    cluster.central("ctl-polestar").await?;
     let db1 = &cluster.db[0];
     if sweeper {
         let sweep = "sweep:\n  local_ports: [6379]\n";
-        cluster
-            .polestar(db1, "node-polestar", &src, &format!("{}:{HTTP_PORT}", db1.ip), sweep)
-            .await?;
+        cluster.node_polestar(sweep).await?;
     }
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
-    let (writer, blocked) = clients_on(cluster, &ctl_url(cluster), &stop).await?;
+    let (writer, blocked) = clients_on(cluster, &cluster.central_url(), &stop).await?;
 
     let fault = SystemTime::now();
     cluster.net.signal("redis-0", Signal::SIGSTOP)?;
-    let switch = cluster.switch_time(&cluster.ctl, &cluster.ctl.ip.to_string()).await?;
+    let switch = switch_time(&cluster.ctl, &cluster.ctl.ip.to_string()).await?;
     let old = cluster.primary();
     if !sweeper {
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -300,7 +141,7 @@ async fn hung_primary(cluster: &Cluster, sweeper: bool) -> anyhow::Result<()> {
     }
     recovered("hung-node-side", &[("writer", &writer), ("blocked", &blocked)], old, fault, switch)
         .await?;
-    let sweeps = cluster.events(db1, "sweep").await;
+    let sweeps = events(db1, &db1.ip.to_string(), "sweep").await;
     anyhow::ensure!(!sweeps.is_empty(), "no sweep event on the node");
     let db_ips: Vec<String> = cluster.db.iter().map(|h| h.ip.to_string()).collect();
     for event in &sweeps {
@@ -317,18 +158,12 @@ async fn hung_primary(cluster: &Cluster, sweeper: bool) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dark_primary_is_swept_by_the_client_side_polestar() {
-    let _serial = netns::SERIAL.lock().await;
-    let cluster = Cluster::start().await.unwrap_or_else(|e| panic!("{e:#}"));
-    let result = dark_primary(&cluster, false).await;
-    with_logs(&cluster, result).await;
+    on_fresh_cluster(async |cluster| dark_primary(cluster, false).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_following_an_upstream_sweeps_and_survives_its_restart() {
-    let _serial = netns::SERIAL.lock().await;
-    let cluster = Cluster::start().await.unwrap_or_else(|e| panic!("{e:#}"));
-    let result = dark_primary(&cluster, true).await;
-    with_logs(&cluster, result).await;
+    on_fresh_cluster(async |cluster| dark_primary(cluster, true).await).await;
 }
 
 /// The application host runs polestar with `sweep.remote` (following the Sentinels, or the
@@ -339,15 +174,7 @@ async fn dark_primary(cluster: &Cluster, agent: bool) -> anyhow::Result<()> {
     let app_listen = format!("127.0.0.1:{HTTP_PORT}");
     let upstream = format!("upstream: http://{}:{HTTP_PORT}\n", cluster.ctl.ip);
     if agent {
-        cluster
-            .polestar(
-                &cluster.ctl,
-                "ctl-polestar",
-                &src,
-                &format!("{}:{HTTP_PORT}", cluster.ctl.ip),
-                "",
-            )
-            .await?;
+        cluster.central("ctl-polestar").await?;
         cluster.polestar(&cluster.app, "app-polestar", &upstream, &app_listen, sweep).await?;
     } else {
         cluster.polestar(&cluster.app, "app-polestar", &src, &app_listen, sweep).await?;
@@ -359,7 +186,7 @@ async fn dark_primary(cluster: &Cluster, agent: bool) -> anyhow::Result<()> {
 
     let fault = SystemTime::now();
     cluster.net.go_dark(&cluster.db[0])?;
-    let switch = cluster.switch_time(&cluster.app, "127.0.0.1").await?;
+    let switch = switch_time(&cluster.app, "127.0.0.1").await?;
     let case = if agent { "dark-agent-upstream" } else { "dark-client-side" };
     recovered(
         case,
@@ -369,20 +196,20 @@ async fn dark_primary(cluster: &Cluster, agent: bool) -> anyhow::Result<()> {
         switch,
     )
     .await?;
-    let sweeps = cluster.events_at(&cluster.app, "127.0.0.1", "sweep").await;
+    let sweeps = events(&cluster.app, "127.0.0.1", "sweep").await;
     anyhow::ensure!(!sweeps.is_empty(), "no sweep event on the application host");
     if agent {
-        upstream_restart(cluster, &src).await?;
+        upstream_restart(cluster).await?;
     }
     Ok(())
 }
 
 /// The upstream goes away (the agent marks stale, keeps the primary) and comes back.
-async fn upstream_restart(cluster: &Cluster, src: &str) -> anyhow::Result<()> {
+async fn upstream_restart(cluster: &Cluster) -> anyhow::Result<()> {
     // `failover` is fine too: the old primary is dark, so the failover ends only at its timeout.
     let state = |stale: bool| async move {
         let url = format!("http://127.0.0.1:{HTTP_PORT}/v1/masters/mymaster");
-        let m = cluster.get_json(&cluster.app, url).await?;
+        let m = netns::get_json(&cluster.app, url).await?;
         let is_stale = m["state"] == "stale";
         (is_stale == stale).then(|| m["primary"]["ip"].as_str().unwrap_or("").to_string())
     };
@@ -391,15 +218,7 @@ async fn upstream_restart(cluster: &Cluster, src: &str) -> anyhow::Result<()> {
     let stale = until("agent stale", Duration::from_secs(10), || state(true)).await?;
     anyhow::ensure!(stale == before, "the agent lost its primary when the upstream went away");
     let started = SystemTime::now();
-    cluster
-        .polestar(
-            &cluster.ctl,
-            "ctl-polestar-2",
-            src,
-            &format!("{}:{HTTP_PORT}", cluster.ctl.ip),
-            "",
-        )
-        .await?;
+    cluster.central("ctl-polestar-2").await?;
     let after = until("agent ok again", Duration::from_secs(20), || state(false)).await?;
     anyhow::ensure!(after == before, "the agent's primary moved across the restart");
     eprintln!(
@@ -409,32 +228,15 @@ async fn upstream_restart(cluster: &Cluster, src: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-impl Cluster {
-    async fn events_at(&self, host: &Host, url_host: &str, kind: &str) -> Vec<Value> {
-        let url = format!("http://{url_host}:{HTTP_PORT}/v1/events");
-        let all = self.get_json(host, url).await.unwrap_or(Value::Null);
-        all.as_array()
-            .cloned()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|e| e["kind"] == kind)
-            .collect()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_swept_when_the_sentinels_are_unreachable() {
-    let _serial = netns::SERIAL.lock().await;
-    let cluster = Cluster::start().await.unwrap_or_else(|e| panic!("{e:#}"));
-    let result = sentinels_unreachable(&cluster).await;
-    with_logs(&cluster, result).await;
+    on_fresh_cluster(async |cluster| sentinels_unreachable(cluster).await).await;
 }
 
 async fn sentinels_unreachable(cluster: &Cluster) -> anyhow::Result<()> {
-    let src = cluster.sentinels_yaml();
     let db1 = &cluster.db[0];
     let sweep = "sweep:\n  local_ports: [6379]\n  remote: true\n";
-    cluster.polestar(db1, "node-polestar", &src, &format!("{}:{HTTP_PORT}", db1.ip), sweep).await?;
+    cluster.node_polestar(sweep).await?;
     let url = format!("http://{}:{HTTP_PORT}/v1/masters/mymaster/primary", db1.ip);
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
@@ -444,14 +246,14 @@ async fn sentinels_unreachable(cluster: &Cluster) -> anyhow::Result<()> {
     }
     let master_url = format!("http://{}:{HTTP_PORT}/v1/masters/mymaster", db1.ip);
     until("stale", Duration::from_secs(20), || async {
-        let m = cluster.get_json(db1, master_url.clone()).await?;
+        let m = netns::get_json(db1, master_url.clone()).await?;
         (m["state"] == "stale").then_some(())
     })
     .await?;
     let errors = writer.error_count();
     tokio::time::sleep(Duration::from_secs(3)).await;
     anyhow::ensure!(
-        cluster.events(db1, "sweep").await.is_empty(),
+        events(db1, &db1.ip.to_string(), "sweep").await.is_empty(),
         "swept while the Sentinels were unreachable"
     );
     anyhow::ensure!(writer.error_count() == errors, "the client lost its connection");

@@ -123,13 +123,7 @@ async fn run(name: &str, find: &Find, mode: Mode, log: &Log, stop: &Cancellation
 
 pub async fn locate(http: &reqwest::Client, find: &Find) -> Option<SocketAddr> {
     match find {
-        Find::Http(url) => {
-            let response = http.get(url).send().await.ok()?;
-            if !response.status().is_success() {
-                return None;
-            }
-            response.text().await.ok()?.trim().parse().ok()
-        }
+        Find::Http(url) => netns::client::ask(http, url).await,
         Find::Dns { server, name } => Some(SocketAddr::new(resolve_a(*server, name).await?, 6379)),
     }
 }

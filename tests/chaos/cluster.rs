@@ -13,13 +13,12 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::netns::{self, Host, Net, until};
+use crate::netns::{self, Host, Net, field, get_json, run, until};
 
 pub const MASTER: &str = "mymaster";
 pub const DNS_NAME: &str = "cache.redis.test.";
@@ -49,9 +48,8 @@ impl Cluster {
         let app = net.host("ap", 40)?;
         let cluster =
             Cluster { net, db, sentinels, ctl, app, generations: Mutex::new(HashMap::new()) };
-        if let Err(e) = cluster.setup().await {
-            anyhow::bail!("{e:#}\n{}", cluster.net.logs());
-        }
+        let setup = cluster.setup().await;
+        cluster.net.with_logs(setup)?;
         Ok(cluster)
     }
 
@@ -194,15 +192,7 @@ impl Cluster {
         let label = self.next_label(base);
         let path = path.to_str().unwrap_or("").to_string();
         self.net.spawn(host, &label, netns::BIN, &["run", "-c", &path])?;
-        let what = format!("{label} ready");
-        let ready = until(&what, SETUP, || async {
-            let log = self.net.log(&label);
-            if log.contains("Error:") {
-                return Some(Err(anyhow::anyhow!("{label} failed:\n{log}")));
-            }
-            log.lines().any(|l| l.trim_end().ends_with("ready")).then_some(Ok(()))
-        });
-        ready.await?
+        self.net.ready(&label, SETUP).await
     }
 
     fn next_label(&self, base: &str) -> String {
@@ -338,34 +328,8 @@ impl Cluster {
     }
 }
 
-/// `GET url` as JSON from inside `host`'s namespace.
-pub async fn get_json(host: &Host, url: String) -> Option<serde_json::Value> {
-    let answer = netns::in_ns(host, move || async move {
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build()?;
-        Ok(http.get(url).send().await?.json::<serde_json::Value>().await?)
-    });
-    answer.await.ok()?.ok()
-}
-
-/// A value of a `redis-cli` field/value listing (`SENTINEL MASTER`).
-fn field<'a>(listing: &'a str, key: &str) -> Option<&'a str> {
-    let lines: Vec<&str> = listing.lines().collect();
-    lines.iter().position(|l| *l == key).and_then(|i| lines.get(i + 1)).copied()
-}
-
 fn iptables(host: &Host, args: &[&str]) -> anyhow::Result<()> {
     let mut all = vec!["netns", "exec", host.ns.as_str(), "iptables", "-w"];
     all.extend_from_slice(args);
     run("ip", &all)
-}
-
-fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new(program).args(args).output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "{program} {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
 }

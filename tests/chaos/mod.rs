@@ -145,7 +145,7 @@ pub async fn soak(settings: &Settings) -> anyhow::Result<Report> {
     let _serial = crate::netns::SERIAL.lock().await;
     let cluster = Cluster::start().await?;
     let result = run(&cluster, settings).await;
-    result.map_err(|e| anyhow::anyhow!("{e:#}\n{}", cluster.net.logs()))
+    cluster.net.with_logs(result)
 }
 
 async fn run(cluster: &Cluster, settings: &Settings) -> anyhow::Result<Report> {

@@ -1,29 +1,223 @@
-//! A Lettuce-like client: one persistent connection to the primary that polestar names, no read
-//! timeout, reconnect (asking polestar again) only on a socket error. It records every success
-//! with the node that served it, so a test can tell when it is writing to the new primary.
+//! A Lettuce-like client: one persistent connection (`TCP_NODELAY`, a connect timeout, no read
+//! timeout), and a new lookup and connection only after a socket error or an error reply
+//! (`READONLY`...). It records every success with the node that served it, so a test can tell
+//! when it is on the new primary.
+//!
+//! One client serves every measurement: it finds the primary through polestar's HTTP API, at a
+//! fixed address (HAProxy), or through a lookup of the caller's (polestar's DNS); it runs in a
+//! host's namespace or on the loopback lab; and it takes the serving node from the address it
+//! connected to, or from `CLIENT INFO` when a proxy stands in between.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use futures::future::BoxFuture;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::Host;
 
+/// Connection attempts of one client, at most (one every few ms or slower): a bound on a client
+/// that its test forgot, not a figure any test reaches.
+const MAX_ATTEMPTS: usize = 5_000;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a command in flight when `stop` comes may still take, so that a writer's last
+/// acknowledged `INCR` is counted; a client stuck on a hung node is dropped after it.
+const STOP_GRACE: Duration = Duration::from_secs(1);
+
+/// Where the client finds the primary, before every connection.
+#[derive(Clone)]
+pub enum Target {
+    /// `GET` on polestar's `/v1/masters/{name}/primary` URL (`ip:port` as text).
+    Ask(String),
+    /// Always this address: a proxy in front of the nodes.
+    Fixed(SocketAddr),
+    /// The caller's lookup, `None` when it found nothing.
+    Lookup(Arc<dyn Fn() -> BoxFuture<'static, Option<SocketAddr>> + Send + Sync>),
+}
+
+impl Target {
+    pub fn lookup<F, Fut>(find: F) -> Target
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Option<SocketAddr>> + Send + 'static,
+    {
+        Target::Lookup(Arc::new(move || Box::pin(find())))
+    }
+
+    async fn find(&self, http: &reqwest::Client) -> Option<SocketAddr> {
+        match self {
+            Target::Ask(url) => ask(http, url).await,
+            Target::Fixed(addr) => Some(*addr),
+            Target::Lookup(find) => find().await,
+        }
+    }
+}
+
+/// What the client does on its connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// `INCR` every 50 ms.
+    /// `INCR <key>`, then a pause of [`Pace::incr`], over and over.
     Writer,
-    /// `PING`, then `BLPOP <key> 0`, forever (a blocked reader).
+    /// `PING`, then `BLPOP <key> 0`, over and over (a blocked reader).
     Blocked,
 }
 
+/// The client's pauses.
+#[derive(Clone, Copy, Debug)]
+pub struct Pace {
+    /// Between two `INCR`s.
+    pub incr: Duration,
+    /// After a lookup that found no primary.
+    pub lookup_retry: Duration,
+    /// After a connection ended, before the next lookup.
+    pub reconnect: Duration,
+}
+
+impl Default for Pace {
+    fn default() -> Pace {
+        Pace {
+            incr: Duration::from_millis(50),
+            lookup_retry: Duration::from_millis(100),
+            reconnect: Duration::from_millis(20),
+        }
+    }
+}
+
+/// A client to start; [`Client::writer`] and [`Client::blocked`] give the usual one.
+#[derive(Clone)]
+pub struct Client {
+    target: Target,
+    mode: Mode,
+    /// What `INCR` counts in, or `BLPOP` waits on.
+    key: String,
+    pace: Pace,
+    /// Take the serving node from `CLIENT INFO` (`laddr=`) rather than from the address the
+    /// client connected to (a proxy's).
+    node_from_client_info: bool,
+}
+
+impl Client {
+    /// `INCR counter` every 50 ms.
+    pub fn writer(target: Target) -> Client {
+        Client::new(target, Mode::Writer, "counter")
+    }
+
+    /// `PING`, then `BLPOP queue 0`.
+    pub fn blocked(target: Target) -> Client {
+        Client::new(target, Mode::Blocked, "queue")
+    }
+
+    fn new(target: Target, mode: Mode, key: &str) -> Client {
+        let key = key.to_string();
+        Client { target, mode, key, pace: Pace::default(), node_from_client_info: false }
+    }
+
+    pub fn key(mut self, key: &str) -> Client {
+        self.key = key.to_string();
+        self
+    }
+
+    pub fn pace(mut self, pace: Pace) -> Client {
+        self.pace = pace;
+        self
+    }
+
+    /// Credits each success to the node `CLIENT INFO` names (`laddr=`): the one behind a proxy.
+    pub fn node_from_client_info(mut self) -> Client {
+        self.node_from_client_info = true;
+        self
+    }
+
+    /// Starts the client in `host`'s namespace; it runs until `stop`.
+    pub fn start_in(self, host: &Host, stop: CancellationToken) -> Arc<Log> {
+        let log = Arc::new(Log::default());
+        let log2 = log.clone();
+        drop(super::in_ns(host, move || async move {
+            self.run(&log2, &stop).await;
+            Ok(())
+        }));
+        log
+    }
+
+    /// Starts the client on the current runtime (the loopback lab); it runs until `stop`, and the
+    /// task ends once it has.
+    pub fn spawn(self, stop: CancellationToken) -> (Arc<Log>, JoinHandle<()>) {
+        let log = Arc::new(Log::default());
+        let log2 = log.clone();
+        let task = tokio::spawn(async move { self.run(&log2, &stop).await });
+        (log, task)
+    }
+
+    async fn run(&self, log: &Log, stop: &CancellationToken) {
+        let http =
+            reqwest::Client::builder().timeout(Duration::from_secs(1)).build().unwrap_or_default();
+        let stopped = async {
+            stop.cancelled().await;
+            tokio::time::sleep(STOP_GRACE).await;
+        };
+        tokio::pin!(stopped);
+        for _ in 0..MAX_ATTEMPTS {
+            if stop.is_cancelled() {
+                return;
+            }
+            let Some(addr) = self.target.find(&http).await else {
+                tokio::time::sleep(self.pace.lookup_retry).await;
+                continue;
+            };
+            let result = tokio::select! {
+                r = self.session(addr, log, stop) => r,
+                _ = &mut stopped => return,
+            };
+            if let Err(e) = result {
+                log.error(format!("{addr}: {e}"));
+            }
+            tokio::time::sleep(self.pace.reconnect).await;
+        }
+    }
+
+    /// One connection, until an error or `stop` (between commands).
+    async fn session(
+        &self,
+        addr: SocketAddr,
+        log: &Log,
+        stop: &CancellationToken,
+    ) -> std::io::Result<()> {
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+            .await
+            .map_err(|_| std::io::Error::other("connect timed out"))??;
+        let _ = stream.set_nodelay(true);
+        let mut stream = BufReader::new(stream);
+        let node = if self.node_from_client_info { serving_node(&mut stream).await? } else { addr };
+        let (incr, ping) = (resp(&["INCR", &self.key]), resp(&["PING"]));
+        let blpop = resp(&["BLPOP", &self.key, "0"]);
+        while !stop.is_cancelled() {
+            match self.mode {
+                Mode::Writer => {
+                    command(&mut stream, &incr, 1).await?;
+                    log.ok(node);
+                    tokio::time::sleep(self.pace.incr).await;
+                }
+                Mode::Blocked => {
+                    command(&mut stream, &ping, 1).await?;
+                    log.ok(node);
+                    command(&mut stream, &blpop, 5).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every success with the node that served it, and every error that ended a connection.
 #[derive(Default)]
 pub struct Log {
-    pub ok: Mutex<Vec<(SystemTime, SocketAddr)>>,
-    pub errors: Mutex<Vec<(SystemTime, String)>>,
+    ok: Mutex<Vec<(SystemTime, SocketAddr)>>,
+    errors: Mutex<Vec<(SystemTime, String)>>,
 }
 
 impl Log {
@@ -41,12 +235,17 @@ impl Log {
         self.ok.lock().unwrap_or_else(|p| p.into_inner()).last().copied()
     }
 
+    /// Successes so far: for a writer, its acknowledged `INCR`s.
+    pub fn successes(&self) -> u64 {
+        self.ok.lock().unwrap_or_else(|p| p.into_inner()).len() as u64
+    }
+
     pub fn error_count(&self) -> usize {
         self.errors.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    fn ok(&self, addr: SocketAddr) {
-        self.ok.lock().unwrap_or_else(|p| p.into_inner()).push((SystemTime::now(), addr));
+    fn ok(&self, node: SocketAddr) {
+        self.ok.lock().unwrap_or_else(|p| p.into_inner()).push((SystemTime::now(), node));
     }
 
     fn error(&self, e: String) {
@@ -54,43 +253,8 @@ impl Log {
     }
 }
 
-/// Starts the client in `app`'s namespace; it runs until `stop`.
-pub fn start(app: &Host, discover: String, mode: Mode, stop: CancellationToken) -> Arc<Log> {
-    let log = Arc::new(Log::default());
-    let log2 = log.clone();
-    drop(super::in_ns(app, move || async move {
-        run(&discover, mode, &log2, &stop).await;
-        Ok(())
-    }));
-    log
-}
-
-async fn run(discover: &str, mode: Mode, log: &Log, stop: &CancellationToken) {
-    let http =
-        reqwest::Client::builder().timeout(Duration::from_secs(1)).build().unwrap_or_default();
-    while !stop.is_cancelled() {
-        let Some(primary) = ask(&http, discover).await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let session = async {
-            let stream = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(primary))
-                .await
-                .map_err(|_| std::io::Error::other("connect timed out"))??;
-            serve(stream, primary, mode, log).await
-        };
-        let result = tokio::select! {
-            r = session => r,
-            _ = stop.cancelled() => return,
-        };
-        if let Err(e) = result {
-            log.error(format!("{primary}: {e}"));
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-async fn ask(http: &reqwest::Client, url: &str) -> Option<SocketAddr> {
+/// The primary that polestar's HTTP API names at `url` (`/v1/masters/{name}/primary`).
+pub async fn ask(http: &reqwest::Client, url: &str) -> Option<SocketAddr> {
     let response = http.get(url).send().await.ok()?;
     if !response.status().is_success() {
         return None;
@@ -98,22 +262,33 @@ async fn ask(http: &reqwest::Client, url: &str) -> Option<SocketAddr> {
     response.text().await.ok()?.trim().parse().ok()
 }
 
-async fn serve(stream: TcpStream, addr: SocketAddr, mode: Mode, log: &Log) -> std::io::Result<()> {
-    let mut stream = BufReader::new(stream);
-    loop {
-        match mode {
-            Mode::Writer => {
-                command(&mut stream, "*2\r\n$4\r\nINCR\r\n$7\r\ncounter\r\n", 1).await?;
-                log.ok(addr);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Mode::Blocked => {
-                command(&mut stream, "*1\r\n$4\r\nPING\r\n", 1).await?;
-                log.ok(addr);
-                command(&mut stream, "*3\r\n$5\r\nBLPOP\r\n$5\r\nqueue\r\n$1\r\n0\r\n", 5).await?;
-            }
-        }
+/// `args` as a RESP array of bulk strings.
+fn resp(args: &[&str]) -> String {
+    let mut out = format!("*{}\r\n", args.len());
+    for a in args {
+        out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
     }
+    out
+}
+
+/// `CLIENT INFO`'s `laddr=`: the address of the node at the other end (also behind HAProxy).
+async fn serving_node(stream: &mut BufReader<TcpStream>) -> std::io::Result<SocketAddr> {
+    stream.get_mut().write_all(resp(&["CLIENT", "INFO"]).as_bytes()).await?;
+    let mut header = String::new();
+    if stream.read_line(&mut header).await? == 0 {
+        return Err(std::io::Error::other("connection closed"));
+    }
+    let len: usize = header
+        .strip_prefix('$')
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("CLIENT INFO: {}", header.trim())))?;
+    let mut body = vec![0u8; len + 2];
+    stream.read_exact(&mut body).await?;
+    let text = String::from_utf8_lossy(&body);
+    text.split_whitespace()
+        .find_map(|f| f.strip_prefix("laddr="))
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| std::io::Error::other("CLIENT INFO without laddr"))
 }
 
 /// Sends a command and reads `lines` reply lines, with no timeout (as the clients that hang).

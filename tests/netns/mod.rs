@@ -8,6 +8,8 @@
 #![allow(dead_code)]
 
 pub mod client;
+pub mod cluster;
+pub mod measure;
 
 use std::fs::File;
 use std::future::Future;
@@ -47,15 +49,20 @@ pub struct Net {
     pub dir: tempfile::TempDir,
 }
 
-fn ip(args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new("ip").args(args).output()?;
+/// Runs `program args` to completion; fails with its stderr unless it succeeds.
+pub fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(program).args(args).output()?;
     anyhow::ensure!(
         out.status.success(),
-        "ip {}: {}",
+        "{program} {}: {}",
         args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
+}
+
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    run("ip", args)
 }
 
 fn ip_out(args: &[&str]) -> String {
@@ -170,6 +177,24 @@ impl Net {
         self.procs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Waits until the polestar started as `label` logs `ready`; fails at once on `Error:`.
+    pub async fn ready(&self, label: &str, limit: Duration) -> anyhow::Result<()> {
+        let what = format!("{label} ready");
+        let ready = until(&what, limit, || async {
+            let log = self.log(label);
+            if log.contains("Error:") {
+                return Some(Err(anyhow::anyhow!("{label} failed:\n{log}")));
+            }
+            log.lines().any(|l| l.trim_end().ends_with("ready")).then_some(Ok(()))
+        });
+        ready.await?
+    }
+
+    /// `result`, with every process's log added to its error.
+    pub fn with_logs<T>(&self, result: anyhow::Result<T>) -> anyhow::Result<T> {
+        result.map_err(|e| anyhow::anyhow!("{e:#}\n{}", self.logs()))
+    }
+
     /// Every log, for a failure message.
     pub fn logs(&self) -> String {
         let procs = self.lock_procs();
@@ -279,6 +304,21 @@ pub async fn until<T, Fut: Future<Output = Option<T>>>(
         anyhow::ensure!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
         sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// `GET url` as JSON from inside `host`'s namespace.
+pub async fn get_json(host: &Host, url: String) -> Option<serde_json::Value> {
+    let answer = in_ns(host, move || async move {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build()?;
+        Ok(http.get(url).send().await?.json::<serde_json::Value>().await?)
+    });
+    answer.await.ok()?.ok()
+}
+
+/// A value of a `redis-cli` field/value listing (`SENTINEL MASTER`).
+pub fn field<'a>(listing: &'a str, key: &str) -> Option<&'a str> {
+    let lines: Vec<&str> = listing.lines().collect();
+    lines.iter().position(|l| *l == key).and_then(|i| lines.get(i + 1)).copied()
 }
 
 pub fn addr(ip: IpAddr, port: u16) -> SocketAddr {
