@@ -7,7 +7,6 @@
 //! than seconds later at `+switch-master`. A lower epoch is never published.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -72,23 +71,6 @@ struct Entry {
     before: Option<Published>,
     /// Role checks in flight, so a candidate is checked once at a time.
     checking: HashSet<Candidate>,
-    /// Nodes published for this master before and replaced since (the latest few): those
-    /// that come back claiming master are fenced.
-    former: Vec<SocketAddr>,
-}
-
-/// How many former primaries a master remembers.
-const FORMER_KEPT: usize = 8;
-
-impl Entry {
-    /// `node` stops being the published primary.
-    fn retire(&mut self, node: &Node) {
-        self.former.retain(|a| *a != node.addr());
-        self.former.push(node.addr());
-        if self.former.len() > FORMER_KEPT {
-            self.former.remove(0);
-        }
-    }
 }
 
 struct LinkState {
@@ -260,14 +242,8 @@ impl Decider {
                 }
             }
             Observation::NodeBack { master, node, .. } => {
-                // Only a node this polestar published before and has since replaced is an old
-                // primary returning. A replica changing role during a failover is the
-                // promotion itself (seen by the other Sentinels before the switch, e.g. by a
-                // polestar restarted mid-failover that has not flipped yet): fencing it would
-                // pause the new primary and stall the failover.
-                let Some(e) = self.masters.get(&master) else { return };
-                let published = e.published.as_ref().map(|p| p.candidate.node.addr());
-                if published.is_some_and(|p| p != node.addr()) && e.former.contains(&node.addr()) {
+                let published = self.masters.get(&master).and_then(|e| e.published.as_ref());
+                if published.is_some_and(|p| p.candidate.node.addr() != node.addr()) {
                     self.signal(Signal::Returning { master, node });
                 }
             }
@@ -475,10 +451,6 @@ impl Decider {
             return;
         }
         let provisional = via == VIA_ROLE_POLL;
-        if let Some(old) = &old {
-            entry.retire(old);
-        }
-        entry.former.retain(|a| *a != node.addr());
         let before = entry.published.take();
         entry.before = if provisional { before } else { None };
         entry.published = Some(Published { candidate, since: SystemTime::now(), provisional });
@@ -536,17 +508,8 @@ impl Decider {
         if !entry.published.as_ref().is_some_and(|p| p.provisional) {
             return;
         }
-        let undone = entry.published.take().map(|p| p.candidate.node);
-        if let Some(node) = &undone {
-            // Promoted and then not: clients that reached it meanwhile must come back.
-            entry.retire(node);
-        }
-        let undone = undone.map(|n| n.to_string());
+        let undone = entry.published.take().map(|p| p.candidate.node.to_string());
         entry.published = entry.before.take();
-        if let Some(back) = &entry.published {
-            let back = back.candidate.node.addr();
-            entry.former.retain(|a| *a != back);
-        }
         let back = entry.published.as_ref().map(|p| p.candidate.node.to_string());
         tracing::warn!(%master, undone = ?undone, back = ?back, "failover aborted: provisional primary withdrawn");
         self.events.push("revert", Some(master), json!({ "from": undone, "to": back }));
@@ -739,40 +702,6 @@ mod tests {
         d.observe(scoped(1, "m"));
         assert_eq!(agreeing(&mut d), 2, "Sentinel 1 asked about m no longer monitors it");
         assert_eq!(primary(&mut d), Some((7001, 3)), "the published primary stays");
-    }
-
-    /// The nodes named by the `Returning` signals sent so far.
-    fn returning(rx: &mut mpsc::UnboundedReceiver<Signal>) -> Vec<u16> {
-        let mut nodes = Vec::new();
-        while let Ok(signal) = rx.try_recv() {
-            if let Signal::Returning { node, .. } = signal {
-                nodes.push(node.port);
-            }
-        }
-        nodes
-    }
-
-    #[tokio::test]
-    async fn only_a_former_primary_coming_back_is_fenced() {
-        let (d, _r) = decider();
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let mut d = d.with_drain(tx);
-        for l in 0..3 {
-            up(&mut d, l);
-            d.observe(report(l, 7001, 1));
-        }
-        assert_eq!(primary(&mut d), Some((7001, 1)));
-        // A replica that turns master while a failover promotes it, before polestar flipped.
-        d.observe(Observation::NodeBack { link: 1, master: "m".into(), node: node(7002) });
-        assert_eq!(returning(&mut rx), Vec::<u16>::new(), "the promoted replica is not fenced");
-        for l in 0..3 {
-            d.observe(report(l, 7002, 2));
-        }
-        assert_eq!(primary(&mut d), Some((7002, 2)));
-        d.observe(Observation::NodeBack { link: 1, master: "m".into(), node: node(7001) });
-        assert_eq!(returning(&mut rx), vec![7001], "the replaced primary is");
-        d.observe(Observation::NodeBack { link: 1, master: "m".into(), node: node(7002) });
-        assert_eq!(returning(&mut rx), Vec::<u16>::new(), "the published primary never is");
     }
 
     #[tokio::test]
