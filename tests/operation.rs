@@ -375,3 +375,42 @@ async fn sighup_moves_planned_failovers_to_the_new_sentinels() {
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("127.0.0.1:1"), "{body}");
 }
+
+/// `INFO sentinel` of the Sentinel at `addr`.
+async fn sentinel_info(addr: std::net::SocketAddr) -> String {
+    polestar::lab::query(addr, redis::cmd("INFO").arg("sentinel")).await.unwrap_or_default()
+}
+
+/// A Sentinel in TILT mode (for 30 s after its process was stopped) answers `OK` to
+/// `SENTINEL FAILOVER` and does nothing until TILT ends: `POST .../failover` asks the next
+/// Sentinel instead, and the failover happens at once.
+#[tokio::test]
+async fn planned_failovers_skip_a_sentinel_in_tilt_mode() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.admin_token = Some("t".into());
+    let d = Daemon::start(&config, &[], &[]).await;
+    let master = lab.master_name().to_string();
+    let sentinels = lab.sentinel_addrs();
+    // Sentinel 0, first in the file, stalls for longer than its 2 s TILT threshold.
+    lab.hang_sentinel(0).expect("SIGSTOP");
+    sleep(Duration::from_millis(2500)).await;
+    lab.unhang_sentinel(0).expect("SIGCONT");
+    let end = Instant::now() + STARTUP;
+    while !sentinel_info(sentinels[0]).await.contains("sentinel_tilt:1") {
+        assert!(Instant::now() < end, "Sentinel 0 never entered TILT mode");
+        sleep(POLL).await;
+    }
+    let old = lab.primary().await.expect("the primary");
+    let url = d.url(&format!("/v1/masters/{master}/failover"));
+    let response = reqwest::Client::new().post(url).bearer_auth("t").send().await.expect("POST");
+    assert_eq!(response.status().as_u16(), 202);
+    let body: Value = response.json().await.expect("JSON");
+    assert_ne!(
+        body["sentinel"],
+        sentinels[0].to_string(),
+        "the Sentinel in TILT was asked: {body}"
+    );
+    // Well before Sentinel 0 leaves TILT (30 s after it entered it).
+    lab.wait_for_primary_change(old, Duration::from_secs(15)).await.expect("a failover");
+}

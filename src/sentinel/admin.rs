@@ -1,5 +1,9 @@
 //! Planned failovers asked for through the API: `SENTINEL FAILOVER` on the first configured
-//! Sentinel that answers.
+//! Sentinel that answers and is not in TILT mode.
+//!
+//! A Sentinel in TILT (for 30 s after its timer stalled: the process was stopped, the host
+//! overloaded, the clock jumped) accepts `SENTINEL FAILOVER` with `OK` and does nothing until
+//! TILT ends, so it is skipped like an unreachable one.
 
 use redis::{ErrorKind, Value};
 
@@ -24,6 +28,11 @@ impl SentinelControl {
         let unreachable =
             |e: redis::RedisError| ControlError::Unreachable(format!("{}: {e}", endpoint.name()));
         let mut conn = connect(endpoint, None).await.map_err(unreachable)?;
+        let info: String =
+            redis::cmd("INFO").arg("sentinel").query_async(&mut conn).await.map_err(unreachable)?;
+        if in_tilt(&info) {
+            return Err(ControlError::Unreachable(format!("{}: in TILT mode", endpoint.name())));
+        }
         let reply = redis::cmd("SENTINEL")
             .arg("FAILOVER")
             .arg(master)
@@ -42,6 +51,11 @@ impl SentinelControl {
     }
 }
 
+/// Whether `INFO sentinel` says the Sentinel is in TILT mode.
+fn in_tilt(info: &str) -> bool {
+    info.lines().any(|l| l.trim() == "sentinel_tilt:1")
+}
+
 impl Control for SentinelControl {
     fn failover<'a>(&'a self, master: &'a str) -> BoxFuture<'a, Result<String, ControlError>> {
         Box::pin(async move {
@@ -55,5 +69,18 @@ impl Control for SentinelControl {
             }
             Err(ControlError::Unreachable(failures.join("; ")))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tilt_is_read_from_info_sentinel() {
+        let info = "# Sentinel\r\nsentinel_masters:1\r\nsentinel_tilt:1\r\nsentinel_tilt_since_seconds:3\r\n";
+        assert!(in_tilt(info));
+        assert!(!in_tilt(&info.replace("sentinel_tilt:1", "sentinel_tilt:0")));
+        assert!(!in_tilt(""));
     }
 }

@@ -249,10 +249,21 @@ impl Cluster {
 
     /// `SENTINEL FAILOVER` on Sentinel `i`, retried while it refuses (a previous failover's
     /// replicas still resynchronising, or one still in progress).
+    /// `SENTINEL FAILOVER` on Sentinel `i`, or the next one if `i` is in TILT mode (as
+    /// polestar's own `POST .../failover` does: a Sentinel in TILT, for 30 s after it was
+    /// stopped, answers `OK` and does nothing until TILT ends).
     pub async fn failover(&self, i: usize) -> anyhow::Result<()> {
-        let (host, addr) = (self.sentinels[i].clone(), self.sentinel(i));
         until("SENTINEL FAILOVER accepted", Duration::from_secs(30), || async {
-            let out = self.cli(&host, addr, &["SENTINEL", "FAILOVER", MASTER]);
+            let n = self.sentinels.len();
+            let ready = (i..i + n).map(|j| j % n).find(|&j| {
+                let info = self.cli(&self.sentinels[j], self.sentinel(j), &["INFO", "sentinel"]);
+                info.lines().any(|l| l.trim() == "sentinel_tilt:0")
+            })?;
+            let out = self.cli(
+                &self.sentinels[ready],
+                self.sentinel(ready),
+                &["SENTINEL", "FAILOVER", MASTER],
+            );
             (out.trim() == "OK").then_some(())
         })
         .await
