@@ -237,6 +237,17 @@ fn hammer(base: String, paths: Vec<String>) -> (tokio::task::JoinHandle<Vec<Stri
     (task, running)
 }
 
+/// A lab and a polestar in front of it whose admin token is `token`: the lab, the
+/// configuration (to rewrite for reloads), the daemon and the master's name.
+async fn with_token(token: &str) -> (Lab, PolestarConfig, Daemon, String) {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.admin_token = Some(token.into());
+    let d = Daemon::start(&config, &[], &[]).await;
+    let master = lab.master_name().to_string();
+    (lab, config, d, master)
+}
+
 /// The status of `POST /v1/masters/nosuch/failover` with `token`: 401 for a wrong token, 404
 /// (the unknown master) once the token is accepted.
 async fn admin_status(d: &Daemon, token: &str) -> u16 {
@@ -250,11 +261,7 @@ async fn admin_status(d: &Daemon, token: &str) -> u16 {
 /// rejected with an error and the running configuration stays.
 #[tokio::test]
 async fn sighup_reloads_without_dropping_service() {
-    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
-    let mut config = PolestarConfig::for_lab(&lab);
-    config.admin_token = Some("first".into());
-    let d = Daemon::start(&config, &[], &[]).await;
-    let master = lab.master_name().to_string();
+    let (_lab, mut config, d, master) = with_token("first").await;
     let paths = vec![format!("/v1/masters/{master}/primary"), "/readyz".to_string()];
     let (hammer, running) = hammer(format!("http://{}", d.http), paths);
     assert_eq!(admin_status(&d, "first").await, 404);
@@ -312,11 +319,7 @@ async fn drain_status(d: &Daemon, master: &str, node: std::net::SocketAddr) -> u
 /// Needs the permission to destroy sockets (root).
 #[tokio::test]
 async fn sighup_applies_drain_and_sweep_settings() {
-    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
-    let mut config = PolestarConfig::for_lab(&lab);
-    config.admin_token = Some("t".into());
-    let d = Daemon::start(&config, &[], &[]).await;
-    let master = lab.master_name().to_string();
+    let (lab, mut config, d, master) = with_token("t").await;
     let old = lab.primary().await.expect("the primary");
     assert_eq!(drain_status(&d, &master, old).await, 409, "draining is off");
 
@@ -358,11 +361,7 @@ async fn sighup_applies_drain_and_sweep_settings() {
 /// through the Sentinels of the old file.
 #[tokio::test]
 async fn sighup_moves_planned_failovers_to_the_new_sentinels() {
-    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
-    let mut config = PolestarConfig::for_lab(&lab);
-    config.admin_token = Some("t".into());
-    let d = Daemon::start(&config, &[], &[]).await;
-    let master = lab.master_name().to_string();
+    let (_lab, mut config, d, master) = with_token("t").await;
 
     config.sentinels = vec!["127.0.0.1:1".into()];
     d.rewrite(&config);
@@ -386,11 +385,7 @@ async fn sentinel_info(addr: std::net::SocketAddr) -> String {
 /// Sentinel instead, and the failover happens at once.
 #[tokio::test]
 async fn planned_failovers_skip_a_sentinel_in_tilt_mode() {
-    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
-    let mut config = PolestarConfig::for_lab(&lab);
-    config.admin_token = Some("t".into());
-    let d = Daemon::start(&config, &[], &[]).await;
-    let master = lab.master_name().to_string();
+    let (lab, _config, d, master) = with_token("t").await;
     let sentinels = lab.sentinel_addrs();
     // Sentinel 0, first in the file, stalls for longer than its 2 s TILT threshold.
     lab.hang_sentinel(0).expect("SIGSTOP");
