@@ -156,6 +156,17 @@ impl Knot {
         Knot { addr, child, dir }
     }
 
+    /// `knotc zone-retransfer`: a full transfer from polestar now.
+    fn retransfer(&self) {
+        let conf = self.dir.path().join("knot.conf");
+        let out = std::process::Command::new("knotc")
+            .arg("-c")
+            .arg(&conf)
+            .args(["zone-retransfer", ZONE])
+            .output();
+        eprintln!("knotc zone-retransfer: {out:?}");
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("knotd.log")).unwrap_or_default()
     }
@@ -194,12 +205,23 @@ async fn a_knot_secondary_follows_a_sentinel_failover() {
     let env = Env::with_config(lab, &config).await;
     let knot = Knot::start(env.ps.dns.expect("DNS listener"), knot_addr);
     let old = env.lab.primary().await.expect("primary");
-    env.wait_until(FAILOVER, "knotd serves the zone", || async {
-        let port = knot.srv_port().await?;
-        ensure!(port == old.port(), "knotd answers port {port}");
+    let serves_old = || async {
+        let port = knot.srv_port().await.with_context(|| knot.log())?;
+        ensure!(port == old.port(), "knotd answers port {port}:\n{}", knot.log());
         Ok(())
-    })
-    .await;
+    };
+    // knotd bootstraps the zone by AXFR at start (polestar's NOTIFY at its own start came
+    // before knotd listened). If that first transfer was missed (a loaded machine), knotd
+    // waits tens of seconds before its next try: ask it for the transfer again.
+    let first = tokio::time::Instant::now() + Duration::from_secs(5);
+    while serves_old().await.is_err() && tokio::time::Instant::now() < first {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if serves_old().await.is_err() {
+        eprintln!("knotd has no zone yet: zone-retransfer\n{}", knot.log());
+        knot.retransfer();
+    }
+    env.wait_until(FAILOVER, "knotd serves the zone", serves_old).await;
     let new = env.failover().await;
     let flipped = tokio::time::Instant::now();
     // Well inside the SOA refresh (60 s) and retry (10 s): only NOTIFY can explain it.
