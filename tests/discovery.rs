@@ -290,3 +290,24 @@ async fn without_a_masters_list_every_monitored_master_is_served() {
     let m = env.master().await.expect("mymaster is still served");
     assert_eq!(primary_of(&m), Some(primary));
 }
+
+/// Regression (issue 7, scale): the start-up `ROLE` check of a primary (the first Sentinel's
+/// report comes before a majority) left its connection open for the life of the process: at
+/// 1,000 masters, 1,000 idle connections and most of polestar's memory. An idle polestar now
+/// holds no connection to any data node (its connections are named `polestar`).
+#[tokio::test]
+async fn an_idle_polestar_keeps_no_connection_to_data_nodes() {
+    let env = Env::start().await;
+    env.wait_reachable(3, STARTUP).await;
+    let nodes = env.lab.node_addrs();
+    env.wait_until(FAILOVER, "no polestar connection on any data node", || async {
+        for node in &nodes {
+            let list: String =
+                polestar::lab::query(*node, redis::cmd("CLIENT").arg("LIST")).await?;
+            let ours = list.lines().filter(|l| l.contains(" name=polestar ")).count();
+            ensure!(ours == 0, "{node} has {ours} polestar connection(s):\n{list}");
+        }
+        Ok(())
+    })
+    .await;
+}
