@@ -291,8 +291,10 @@ impl Harness {
         self.topology.send_replace(Arc::new(snapshot));
     }
 
+    /// The first event of `kind` matching `pred`, waiting up to 10 s (generous: on a loaded
+    /// machine; the events come within milliseconds).
     async fn event(&self, kind: &str, pred: impl Fn(&Event) -> bool) -> Option<Event> {
-        for _ in 0..100 {
+        for _ in 0..200 {
             if let Some(e) = self.events.since(None).into_iter().find(|e| e.kind == kind && pred(e))
             {
                 return Some(e);
@@ -317,13 +319,15 @@ fn spare_names(cfg: &mut config::Drain, names: &[&str]) {
 
 async fn replica_of(primary: &Server) -> Server {
     let replica = Server::start(&["--replicaof", "127.0.0.1", &primary.port.to_string()]).await;
-    for _ in 0..100 {
+    // Generous: a full sync on a loaded machine (a CI run took more than 5 s once).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
         if replica.info("replication").await.contains("master_link_status:up") {
             return replica;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("replica never linked");
+    panic!("replica never linked within 30 s:\n{}", replica.info("replication").await);
 }
 
 fn other_node() -> Node {
@@ -388,7 +392,7 @@ async fn fence_holds_writes_and_abort_lifts_it() {
 
     // A later promotion of the same node fences it again.
     h.send(Signal::Promoting { master: "m".into(), old: old.node(), at: Instant::now() });
-    for _ in 0..40 {
+    for _ in 0..200 {
         if h.count("fence") == 2 {
             break;
         }
