@@ -156,17 +156,6 @@ impl Knot {
         Knot { addr, child, dir }
     }
 
-    /// `knotc zone-retransfer`: a full transfer from polestar now.
-    fn retransfer(&self) {
-        let conf = self.dir.path().join("knot.conf");
-        let out = std::process::Command::new("knotc")
-            .arg("-c")
-            .arg(&conf)
-            .args(["zone-retransfer", ZONE])
-            .output();
-        eprintln!("knotc zone-retransfer: {out:?}");
-    }
-
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("knotd.log")).unwrap_or_default()
     }
@@ -195,9 +184,9 @@ impl Drop for Knot {
 #[tokio::test]
 async fn a_knot_secondary_follows_a_sentinel_failover() {
     let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
-    let knot_port = std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr());
     // Polestar must know where to NOTIFY before it starts; knotd then binds that address.
-    let knot_addr = SocketAddr::from(([127, 0, 0, 1], knot_port.expect("a free port").port()));
+    let knot_port = polestar::lab::free_service_port().expect("a port for knotd");
+    let knot_addr = SocketAddr::from(([127, 0, 0, 1], knot_port));
     let mut config = PolestarConfig::for_lab(&lab);
     config.masters = vec![(lab.master_name().to_string(), Some(LABEL.to_string()))];
     config.dns = true;
@@ -210,17 +199,6 @@ async fn a_knot_secondary_follows_a_sentinel_failover() {
         ensure!(port == old.port(), "knotd answers port {port}:\n{}", knot.log());
         Ok(())
     };
-    // knotd bootstraps the zone by AXFR at start (polestar's NOTIFY at its own start came
-    // before knotd listened). If that first transfer was missed (a loaded machine), knotd
-    // waits tens of seconds before its next try: ask it for the transfer again.
-    let first = tokio::time::Instant::now() + Duration::from_secs(5);
-    while serves_old().await.is_err() && tokio::time::Instant::now() < first {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    if serves_old().await.is_err() {
-        eprintln!("knotd has no zone yet: zone-retransfer\n{}", knot.log());
-        knot.retransfer();
-    }
     env.wait_until(FAILOVER, "knotd serves the zone", serves_old).await;
     let new = env.failover().await;
     let flipped = tokio::time::Instant::now();

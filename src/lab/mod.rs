@@ -22,6 +22,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::time::{Instant, sleep};
 
+pub use process::free_service_port;
 use process::{Kind, Proc};
 pub use query::query;
 

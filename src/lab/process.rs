@@ -155,6 +155,31 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
+/// A port below the kernel's ephemeral range, free for both TCP and UDP on 127.0.0.1 right
+/// now: for a server that another program binds later (knotd). A port from `free_port` lies
+/// in the ephemeral range, where any outgoing connection of a busy test run may take it
+/// before that program binds it (seen in CI: knotd's TCP bind failed).
+pub fn free_service_port() -> anyhow::Result<u16> {
+    let range = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let first: u16 = range.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(32768);
+    let low = 10_000u16.min(first / 2);
+    let span = u32::from(first.saturating_sub(low)).max(1);
+    // Spread concurrent test processes over the range; no randomness needed beyond that.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let seed = std::process::id().wrapping_mul(7919).wrapping_add(nanos);
+    for i in 0..span.min(2000) {
+        let port = low + ((seed.wrapping_add(i * 131)) % span) as u16;
+        let tcp = TcpListener::bind(("127.0.0.1", port));
+        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+        if tcp.is_ok() && udp.is_ok() {
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no port free for TCP and UDP below {first}")
+}
+
 fn tail_of(path: &Path, lines: usize) -> String {
     let Ok(mut file) = File::open(path) else { return String::new() };
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);

@@ -380,7 +380,7 @@ impl Knot {
         if !knotd {
             return None;
         }
-        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = polestar::lab::free_service_port().expect("a port for knotd");
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         Some(Self { addr, dir: tempfile::tempdir().unwrap() })
     }
