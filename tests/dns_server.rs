@@ -396,7 +396,7 @@ async fn serve_returns_when_cancelled() {
 
 #[tokio::test]
 async fn knot_secondary_follows_the_zone_by_notify_and_axfr() {
-    let Some(knot) = Knot::prepare() else {
+    let Some(knot) = Knot::prepare(ZONE) else {
         // CI installs knot (tests/deps.sh): there a missing knotd is a failure, not a skip.
         assert!(std::env::var_os("CI").is_none(), "knotd not installed (apt-get install knot)");
         eprintln!("knotd not installed: skipping");

@@ -359,9 +359,10 @@ pub async fn ack(socket: &UdpSocket, notify: &Message, to: SocketAddr) {
     socket.send_to(&reply.to_vec().unwrap(), to).await.unwrap();
 }
 
-/// A knotd secondary of the zone, in a temporary directory on loopback.
+/// A knotd secondary of `zone`, in a temporary directory on loopback.
 pub struct Knot {
     pub addr: SocketAddr,
+    zone: String,
     dir: tempfile::TempDir,
 }
 
@@ -375,14 +376,15 @@ impl Drop for Running {
 }
 
 impl Knot {
-    pub fn prepare() -> Option<Self> {
+    /// Its address (known before polestar starts, which must NOTIFY it); `None` without knotd.
+    pub fn prepare(zone: &str) -> Option<Self> {
         let knotd = ["/usr/sbin/knotd", "/usr/bin/knotd"].iter().any(|p| PathBuf::from(p).exists());
         if !knotd {
             return None;
         }
         let port = polestar::lab::free_service_port().expect("a port for knotd");
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        Some(Self { addr, dir: tempfile::tempdir().unwrap() })
+        Some(Self { addr, zone: zone.to_string(), dir: tempfile::tempdir().unwrap() })
     }
 
     pub fn start(&self, primary: SocketAddr) -> Running {
@@ -394,7 +396,8 @@ impl Knot {
              remote:\n  - id: polestar\n    address: {ip}@{pport}\n\
              acl:\n  - id: polestar_notify\n    address: {ip}\n    action: notify\n\
              template:\n  - id: default\n    storage: \"{dir}\"\n\
-             zone:\n  - domain: {ZONE}\n    master: polestar\n    acl: polestar_notify\n",
+             zone:\n  - domain: {zone}\n    master: polestar\n    acl: polestar_notify\n",
+            zone = self.zone,
             port = self.addr.port(),
             ip = primary.ip(),
             pport = primary.port(),
@@ -430,9 +433,10 @@ impl Knot {
                 return;
             }
             if Instant::now() > deadline {
-                let log =
-                    std::fs::read_to_string(self.dir.path().join("knotd.log")).unwrap_or_default();
-                panic!("knotd answers {out:?} for {qname}, not {expected}; its log:\n{log}");
+                panic!(
+                    "knotd answers {out:?} for {qname}, not {expected}; its log:\n{}",
+                    self.log()
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
