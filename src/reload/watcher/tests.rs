@@ -50,17 +50,36 @@ fn fake(
     })
 }
 
+/// `supervise` running the fake watcher on a config file with `BASE`, its first state out.
+struct Supervised {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    reloader: Reloader,
+    reader: TopologyReader,
+    events: Arc<EventLog>,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Supervised {
+    async fn start() -> Self {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("polestar.yaml");
+        std::fs::write(&path, BASE).expect("write");
+        let (reloader, config) = Reloader::new(Config::load(&path).expect("valid"));
+        let (writer, mut reader) = topology::channel();
+        let events = Arc::new(EventLog::new());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(supervise(config, writer, events.clone(), shutdown.clone(), fake));
+        reader.wait_for(|s| complete(s)).await.expect("the first watcher publishes");
+        Self { _dir: dir, path, reloader, reader, events, shutdown, task }
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_restart_never_publishes_a_blank_state_and_versions_keep_growing() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let path = dir.path().join("polestar.yaml");
-    std::fs::write(&path, BASE).expect("write");
-    let (reloader, config) = Reloader::new(Config::load(&path).expect("valid"));
-    let (writer, mut reader) = topology::channel();
-    let events = Arc::new(EventLog::new());
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(supervise(config, writer, events.clone(), shutdown.clone(), fake));
-    reader.wait_for(|s| complete(s)).await.expect("the first watcher publishes");
+    let Supervised { _dir, path, reloader, mut reader, events, shutdown, task } =
+        Supervised::start().await;
     let watch = tokio::spawn(record(reader.clone()));
 
     std::fs::write(&path, BASE.replace("[{ name: a }]", "[{ name: a }, { name: b }]"))
@@ -96,15 +115,8 @@ async fn record(mut reader: TopologyReader) -> Vec<(u64, bool)> {
 
 #[tokio::test(start_paused = true)]
 async fn a_drain_change_leaves_the_watcher_alone() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let path = dir.path().join("polestar.yaml");
-    std::fs::write(&path, BASE).expect("write");
-    let (reloader, config) = Reloader::new(Config::load(&path).expect("valid"));
-    let (writer, mut reader) = topology::channel();
-    let events = Arc::new(EventLog::new());
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(supervise(config, writer, events.clone(), shutdown.clone(), fake));
-    reader.wait_for(|s| complete(s)).await.expect("the first watcher publishes");
+    let Supervised { _dir, path, reloader, reader: _reader, events, shutdown, task } =
+        Supervised::start().await;
     std::fs::write(&path, format!("{BASE}drain: {{ rate: 5 }}\n")).expect("write");
     reloader.reload().expect("a valid file");
     sleep(Duration::from_secs(2)).await;
