@@ -249,7 +249,6 @@ async fn reconcile(
 ) -> Result<Report, LinkError> {
     let conn = &mut conn;
     let full = scope == Scope::All;
-    let mut pipe = redis::pipe();
     let masters: Vec<MasterRecord> = match &scope {
         Scope::All => {
             let masters: Value = redis::cmd("SENTINEL").arg("MASTERS").query_async(conn).await?;
@@ -272,6 +271,7 @@ async fn reconcile(
             records.filter_map(|r| MasterRecord::from_record(&r)).collect()
         }
     };
+    let mut pipe = redis::pipe();
     for m in &masters {
         pipe.cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(&m.name);
         pipe.cmd("SENTINEL").arg("REPLICAS").arg(&m.name);
