@@ -14,4 +14,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/deps.sh
 CHAOS_SEED=${1:-1} CHAOS_FAULTS=${2:-50} CHAOS_MINUTES=${3:-10} \
-    exec cargo test --test chaos_netns -- --ignored --exact chaos_soak --nocapture
+    exec cargo test --test tests -- --ignored --exact chaos_netns::chaos_soak --nocapture

@@ -16,10 +16,10 @@ bash tests/deps.sh demo
 profile=()
 [ "${BENCH_PROFILE:-dev}" = release ] && profile=(--release)
 BENCH_ROUNDS="${1:-${BENCH_ROUNDS:-5}}" \
-  cargo test "${profile[@]}" --quiet --test bench_drain -- --ignored --nocapture
+  cargo test "${profile[@]}" --quiet --test tests bench_drain:: -- --ignored --nocapture
 echo
 echo "# 10,000 clients of the old primary, drain.rate 2000/s (default): flip -> last one killed"
 # 10,000 client sockets here and 10,000 in redis-server.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
-cargo test "${profile[@]}" --quiet --test drain ten_thousand_clients_at_the_default_rate \
+cargo test "${profile[@]}" --quiet --test tests drain::ten_thousand_clients_at_the_default_rate \
   -- --ignored --nocapture 2>&1 | grep -E "10,000 clients|panicked|FAILED" || true

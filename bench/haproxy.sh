@@ -33,4 +33,4 @@ fi
 profile=()
 [ "${BENCH_PROFILE:-dev}" = release ] && profile=(--release)
 BENCH_ROUNDS="${1:-${BENCH_ROUNDS:-3}}" \
-  cargo test "${profile[@]}" --quiet --test bench_haproxy -- --ignored --nocapture --test-threads 1
+  cargo test "${profile[@]}" --quiet --test tests bench_haproxy:: -- --ignored --nocapture --test-threads 1

@@ -11,8 +11,8 @@
 //! Run with `bench/drain.sh` (`BENCH_ROUNDS`, default 5). Results also go to
 //! `target/bench-drain.txt`.
 
-mod common;
-mod netns;
+use crate::common;
+use crate::netns;
 
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

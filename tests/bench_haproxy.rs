@@ -21,7 +21,7 @@
 //! `down-after-milliseconds` `BENCH_DOWN_AFTER_MS` (default 2000, as in the lab figure the
 //! issue quotes for HAProxy). Results also go to `target/bench-haproxy.txt`.
 
-mod netns;
+use crate::netns;
 
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

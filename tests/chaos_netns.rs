@@ -3,8 +3,7 @@
 //! CI; the long soak is `bench/chaos.sh [SEED] [FAULTS] [MINUTES]`. Both print a table per
 //! fault kind and append it to `target/chaos-report.txt`. Needs root (namespaces, iptables).
 
-mod chaos;
-mod netns;
+use crate::chaos;
 
 use std::time::Duration;
 

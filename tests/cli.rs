@@ -1,7 +1,7 @@
 //! The command line contract: `check` exit codes and problem lists, `status` and `wait`
 //! against a daemon that watches a real cluster.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

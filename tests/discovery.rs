@@ -2,7 +2,7 @@
 //! says about a master, and that it follows every kind of failover, never goes backwards, and
 //! survives losing and regaining Sentinels.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -2,8 +2,8 @@
 //! kind of failover (planned, primary killed), the SRV/TXT answers and the SOA serial move with
 //! it, and DNS and the API never disagree once settled.
 
-mod common;
-mod dns_support;
+use crate::common;
+use crate::dns_support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! checking what the SPEC's "DNS" section promises.
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
-mod dns_support;
+use crate::dns_support;
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;

@@ -611,7 +611,7 @@ async fn disabled_draining_touches_nothing() {
 }
 
 /// The figure issue 4 asks for: 10,000 clients at the default rate (2000/s). Run with
-/// `cargo test --test drain -- --ignored --nocapture`.
+/// `cargo test --test tests drain:: -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "opens 10,000 connections; a measurement, not a check"]
 async fn ten_thousand_clients_at_the_default_rate() {

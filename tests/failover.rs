@@ -4,7 +4,7 @@
 //! the new primary without losing an acknowledged write, a returning old primary is fenced
 //! and drained, and losing every Sentinel pauses and kills nothing.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

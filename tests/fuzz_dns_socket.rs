@@ -4,7 +4,7 @@
 //! (`src/dns/udp/fuzz.rs` runs many more cases without sockets.)
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
-mod dns_support;
+use crate::dns_support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! flood here is bounded in count and time.
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
-mod dns_support;
+use crate::dns_support;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

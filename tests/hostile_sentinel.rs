@@ -4,7 +4,7 @@
 //! keep reconnecting to the fakes (configured addresses are retried forever). Every flood here
 //! is bounded in bytes and time.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

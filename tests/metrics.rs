@@ -1,7 +1,7 @@
 //! `/metrics` after a real failover, read with a Prometheus text-format parser: every SPEC
 //! metric has its HELP and TYPE, and the values agree with the API and the lab.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -2,7 +2,7 @@
 //! notifications (through a fake `NOTIFY_SOCKET`), SIGHUP reloads that never drop service,
 //! SIGTERM during a long-poll, and JSON logs.
 
-mod common;
+use crate::common;
 
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;

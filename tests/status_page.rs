@@ -2,7 +2,7 @@
 //! the event stream, and shows a failover without being reloaded. Chromium is driven over the
 //! DevTools protocol; a screenshot is left in `target/status-page/` for people to look at.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

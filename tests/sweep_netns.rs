@@ -5,7 +5,7 @@
 //! Each test prints `RECOVERY <case> ...` lines: fault -> first success on the new primary, and
 //! the Sentinels' switch (as polestar published it) -> that success.
 
-mod netns;
+use crate::netns;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,0 +1,33 @@
+//! The one integration-test binary (ripgrep's layout): every module below starts real
+//! processes (redis-server, redis-sentinel, knotd, the polestar binary) or real sockets.
+//! One build and one link for the whole suite; the harness modules are compiled once.
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+// Shared harnesses.
+mod chaos;
+mod common;
+mod dns_support;
+mod netns;
+
+// Test modules, one topic each.
+mod bench_drain;
+mod bench_haproxy;
+mod chaos_netns;
+mod cli;
+mod discovery;
+mod dns_cluster;
+mod dns_server;
+mod drain;
+mod failover;
+mod fuzz_dns_socket;
+mod fuzz_parsers;
+mod hostile_config;
+mod hostile_dns;
+mod hostile_http;
+mod hostile_sentinel;
+mod http_api;
+mod lab;
+mod metrics;
+mod operation;
+mod status_page;
+mod sweep_netns;
