@@ -10,6 +10,7 @@ pub mod demo;
 pub mod dns;
 pub mod drain;
 pub mod events;
+pub mod failover;
 pub mod http;
 pub mod lab;
 pub mod metrics;

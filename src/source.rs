@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Source};
 use crate::control::{BoxFuture, Control, ControlError};
-use crate::drain::Signal;
 use crate::events::EventLog;
+use crate::failover::Signal;
 use crate::reload::ConfigReader;
 use crate::sentinel::admin::SentinelControl;
 use crate::topology::TopologyWriter;

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use polestar::config::{self, Auth};
-use polestar::drain::{Coordinator, DrainError, DrainHandle, Signal};
+use polestar::drain::{Coordinator, DrainError, DrainHandle};
 use polestar::events::{Event, EventLog};
+use polestar::failover::Signal;
 use polestar::topology::{self, Master, MasterState, Node, Replica, SentinelCounts, Snapshot};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -267,7 +268,14 @@ impl Harness {
     fn flip(&self, master: &str, old: &Server, new: Node) {
         let old = Some(old.node());
         let at = Instant::now();
-        self.send(Signal::Flipped { master: master.into(), old, new, epoch: 2, at });
+        self.send(Signal::Flipped {
+            master: master.into(),
+            old,
+            new,
+            epoch: 2,
+            provisional: false,
+            at,
+        });
     }
 
     /// Publishes `primary` (and `replicas`) for `master`, as the decider would.
@@ -376,7 +384,12 @@ async fn fence_holds_writes_and_abort_lifts_it() {
     let mut writer = TcpStream::connect(old.addr()).await.expect("connect");
     assert!(command(&mut writer, &["PING"]).await.is_some());
 
-    h.send(Signal::Promoting { master: "m".into(), old: old.node(), at: Instant::now() });
+    h.send(Signal::Promoting {
+        master: "m".into(),
+        old: old.node(),
+        new: None,
+        at: Instant::now(),
+    });
     h.event("fence", |_| true).await.expect("fence event");
     writer.write_all(&encode(&["SET", "k", "v"])).await.expect("send SET");
     // Held past the grace: a slow promotion keeps the fence until the flip or the abort.
@@ -391,7 +404,12 @@ async fn fence_holds_writes_and_abort_lifts_it() {
     assert_eq!(old.ask(&["GET", "k"]).await, "$1\r\nv\r\n");
 
     // A later promotion of the same node fences it again.
-    h.send(Signal::Promoting { master: "m".into(), old: old.node(), at: Instant::now() });
+    h.send(Signal::Promoting {
+        master: "m".into(),
+        old: old.node(),
+        new: None,
+        at: Instant::now(),
+    });
     for _ in 0..200 {
         if h.count("fence") == 2 {
             break;
@@ -408,7 +426,7 @@ async fn a_promotion_that_is_never_published_is_unfenced_at_the_end_of_the_windo
     let old = Server::start(&[]).await;
     let h = harness(settings(200, 100, 1500, 2000));
     let promoted = Instant::now();
-    h.send(Signal::Promoting { master: "m".into(), old: old.node(), at: promoted });
+    h.send(Signal::Promoting { master: "m".into(), old: old.node(), new: None, at: promoted });
     h.event("fence", |_| true).await.expect("fence event");
     let unfence = h.event("unfence", |_| true).await.expect("unfence event");
     assert_eq!(field(&unfence, "reason"), "unpublished");
@@ -426,7 +444,12 @@ async fn held_writes_never_run_on_the_old_primary() {
     let h = harness(settings(500, 100, 30_000, 2000));
     let mut writer = TcpStream::connect(old.addr()).await.expect("connect");
     assert!(command(&mut writer, &["PING"]).await.is_some());
-    h.send(Signal::Promoting { master: "m".into(), old: old.node(), at: Instant::now() });
+    h.send(Signal::Promoting {
+        master: "m".into(),
+        old: old.node(),
+        new: None,
+        at: Instant::now(),
+    });
     h.event("fence", |_| true).await.expect("fence event");
     writer.write_all(&encode(&["SET", "k", "lost"])).await.expect("send SET");
     assert_eq!(read_some(&mut writer, Duration::from_millis(300)).await, None);
@@ -503,6 +526,7 @@ async fn an_unreachable_old_primary_delays_no_other_master_and_is_retried() {
         old: Some(closed_port),
         new: other_node(),
         epoch: 3,
+        provisional: false,
         at,
     });
     h.flip("live", &live, other_node());
@@ -534,7 +558,7 @@ async fn a_returning_node_that_still_claims_master_is_fenced_and_drained() {
     h.publish("m", primary.node(), &[replica.node(), returning.node()]);
 
     for node in [primary.node(), replica.node(), returning.node()] {
-        h.send(Signal::Returning { master: "m".into(), node });
+        h.send(Signal::Returning { master: "m".into(), node, published: primary.node(), epoch: 2 });
     }
     let times = all_closed(on_returning).await.unwrap_or_else(|open| panic!("{open} still open"));
     assert_eq!(times.len(), 25);
@@ -578,7 +602,7 @@ async fn a_manual_drain_reports_what_it_did() {
 async fn a_node_published_again_is_unfenced_at_once() {
     let a = Server::start(&[]).await;
     let h = harness(settings(1500, 100, 30_000, 2000));
-    h.send(Signal::Promoting { master: "m".into(), old: a.node(), at: Instant::now() });
+    h.send(Signal::Promoting { master: "m".into(), old: a.node(), new: None, at: Instant::now() });
     h.event("fence", |_| true).await.expect("fence event");
     let at = Instant::now();
     h.send(Signal::Flipped {
@@ -586,6 +610,7 @@ async fn a_node_published_again_is_unfenced_at_once() {
         old: Some(other_node()),
         new: a.node(),
         epoch: 3,
+        provisional: false,
         at,
     });
     let unfence = h.event("unfence", |_| true).await.expect("unfence event");
@@ -601,7 +626,12 @@ async fn disabled_draining_touches_nothing() {
     cfg.enabled = false;
     let h = harness(cfg);
     h.publish("m", old.node(), &[]);
-    h.send(Signal::Promoting { master: "m".into(), old: old.node(), at: Instant::now() });
+    h.send(Signal::Promoting {
+        master: "m".into(),
+        old: old.node(),
+        new: None,
+        at: Instant::now(),
+    });
     h.flip("m", &old, other_node());
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(old.ask(&["SET", "k", "v"]).await, "+OK\r\n");
@@ -787,7 +817,7 @@ async fn a_planned_sentinel_failover_loses_no_acknowledged_write() {
         eprintln!("{} sentinel {} {payload}", ms.as_millis(), msg.get_channel_name());
         match msg.get_channel_name() {
             "+selected-slave" | "+failover-state-send-slaveof-noone" => {
-                h.send(Signal::Promoting { master: "mm".into(), old: old.node(), at });
+                h.send(Signal::Promoting { master: "mm".into(), old: old.node(), new: None, at });
             }
             "+promoted-slave" => {
                 *route.lock().unwrap_or_else(|p| p.into_inner()) = new.addr();
@@ -796,6 +826,7 @@ async fn a_planned_sentinel_failover_loses_no_acknowledged_write() {
                     old: Some(old.node()),
                     new: new.node(),
                     epoch: 1,
+                    provisional: false,
                     at,
                 });
                 flipped = Some(at);

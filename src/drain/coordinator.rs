@@ -11,9 +11,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::episode::{DrainOrder, Episode, Orders, Stop};
 use super::handle::DrainHandle;
-use super::{Reason, Shared, Signal};
+use super::{Reason, Shared};
 use crate::config;
 use crate::events::EventLog;
+use crate::failover::Signal;
 use crate::topology::{Node, TopologyReader};
 
 pub struct Coordinator {
@@ -105,7 +106,7 @@ impl Coordinator {
     fn apply(&self, signal: Signal, episodes: &mut Episodes, shutdown: &CancellationToken) {
         tracing::debug!(?signal, "drain signal");
         match signal {
-            Signal::Promoting { master, old, at } => {
+            Signal::Promoting { master, old, at, .. } => {
                 // Fenced until the flip (or the abort): from now on O's writes are lost.
                 let until = Instant::from_std(at) + self.shared().cfg.window;
                 self.order(episodes, shutdown, &master, &old, |o| {
@@ -121,7 +122,9 @@ impl Coordinator {
             Signal::Aborted { master } => {
                 stop_where(episodes, &master, Stop::Aborted, |_, o| o.drain.is_none());
             }
-            Signal::Returning { master, node } => {
+            // Demotion of the old primary: not built yet.
+            Signal::Confirmed { .. } => {}
+            Signal::Returning { master, node, .. } => {
                 self.returning(episodes, shutdown, &master, &node)
             }
         }

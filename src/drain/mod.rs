@@ -2,7 +2,7 @@
 //! its clients reconnect, so that they find the new primary within about a second instead of
 //! hanging on a dead socket or writing into a node that is about to be demoted.
 //!
-//! The Sentinel side sends [`Signal`]s for changes the Sentinels agreed on (never because
+//! The Sentinel side sends [`Signal`]s (`crate::failover`) for changes the Sentinels agreed on (never because
 //! polestar lost them). The [`Coordinator`] turns each into orders for one *episode* per
 //! (master, node): a task that fences the node while it still claims master and drains its
 //! clients (see [`episode`] for the timeline). Episodes run apart, so a node that is down or
@@ -59,26 +59,9 @@ pub use spare::{CONNECTION_NAME, SpareReason};
 
 use crate::config;
 use crate::events::EventLog;
-use crate::topology::{Node, TopologyReader};
+use crate::topology::TopologyReader;
 use pace::Pacers;
 use spare::Rules;
-
-/// What the Sentinel side tells the drain side. Sent only for changes the Sentinels agreed on,
-/// never because polestar lost contact with Sentinels.
-#[derive(Clone, Debug)]
-pub enum Signal {
-    /// The leader announced the promotion (+selected-slave / +failover-state-send-slaveof-noone):
-    /// fence `old` early.
-    Promoting { master: String, old: Node, at: std::time::Instant },
-    /// The published primary changed (DNS and HTTP already answer `new`).
-    Flipped { master: String, old: Option<Node>, new: Node, epoch: u64, at: std::time::Instant },
-    /// The failover was aborted: lift the pause on `old` if we set one.
-    Aborted { master: String },
-    /// Sentinel reports a node of this master coming back (-sdown, +convert-to-slave,
-    /// +role-change, +reboot); if it still answers ROLE master and is not the published
-    /// primary, fence and drain it at once.
-    Returning { master: String, node: Node },
-}
 
 /// Why a manual drain was refused or failed.
 #[derive(Debug, thiserror::Error)]

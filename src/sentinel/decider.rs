@@ -20,8 +20,8 @@ use super::message::PeerRecord;
 use super::nodes::Nodes;
 use super::{LinkId, MasterReport, Observation, Report, Scope};
 use crate::config::{Auth, Config, HostPort};
-use crate::drain::Signal;
 use crate::events::EventLog;
+use crate::failover::Signal;
 use crate::metrics as m;
 use crate::topology::{
     Master, MasterState, Node, Replica, SentinelCounts, Snapshot, TopologyWriter,
@@ -234,17 +234,19 @@ impl Decider {
                 let Some(e) = self.masters.get_mut(&master) else { return };
                 e.failover.insert(link);
                 let old = e.published.as_ref().map(|p| p.candidate.node.clone());
+                let new = promoted.as_ref().map(|(node, _)| node.clone());
                 if let Some((node, epoch)) = promoted {
                     self.watch_promotion(&master, Candidate { node, epoch }, at);
                 }
                 if let Some(old) = old.filter(|o| !names(o, &replica)) {
-                    self.signal(Signal::Promoting { master, old, at });
+                    self.signal(Signal::Promoting { master, old, new, at });
                 }
             }
             Observation::NodeBack { master, node, .. } => {
                 let published = self.masters.get(&master).and_then(|e| e.published.as_ref());
-                if published.is_some_and(|p| p.candidate.node.addr() != node.addr()) {
-                    self.signal(Signal::Returning { master, node });
+                if let Some(p) = published.filter(|p| p.candidate.node.addr() != node.addr()) {
+                    let (published, epoch) = (p.candidate.node.clone(), p.candidate.epoch);
+                    self.signal(Signal::Returning { master, node, published, epoch });
                 }
             }
             Observation::Promoted { link, master, node, epoch, at } => {
@@ -407,6 +409,9 @@ impl Decider {
             p.provisional = false;
             entry.before = None;
             tracing::debug!(%master, node = %candidate.node, via, "promotion confirmed");
+            let (new, epoch) = (candidate.node.clone(), candidate.epoch);
+            self.signal(Signal::Confirmed { master: master.to_string(), new, epoch });
+            return self.consider(master, candidate, via, at);
         }
         if !newer(entry, &candidate) {
             return;
@@ -468,7 +473,8 @@ impl Decider {
             "via": via, "latency_ms": latency.as_secs_f64() * 1e3,
         });
         self.events.push("switch", Some(master), data);
-        self.signal(Signal::Flipped { master: master.to_string(), old, new: node, epoch, at });
+        let master = master.to_string();
+        self.signal(Signal::Flipped { master, old, new: node, epoch, provisional, at });
     }
 
     /// Tells the drain side; only ever for changes the Sentinels agreed on.

@@ -111,7 +111,7 @@ pub fn spawn(
     config: &Config,
     writer: TopologyWriter,
     events: Arc<EventLog>,
-    drain: Option<tokio::sync::mpsc::UnboundedSender<crate::drain::Signal>>,
+    drain: Option<tokio::sync::mpsc::UnboundedSender<crate::failover::Signal>>,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
     let mut decider = Decider::new(config, writer, events, shutdown);
