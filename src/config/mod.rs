@@ -144,6 +144,17 @@ pub struct Http {
     pub listen: SocketAddr,
     /// Without it the POST endpoints answer 403.
     pub admin_token: Option<Secret>,
+    /// Agents presenting it get stream slots of their own; a wrong one is refused with 401.
+    pub agent_token: Option<Secret>,
+    /// Serve HTTPS only, with this certificate.
+    pub tls: Option<ServerTls>,
+}
+
+/// A server certificate and its key (PEM files), as `http.tls` names them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -498,15 +509,40 @@ fn http(value: Value, base: &Path, p: &mut Problems) -> Option<Http> {
     let mut s = Section::new("http", value, p);
     let listen_path = s.path("listen");
     let listen = s.take_with("listen", p, |a: String| parse_addr(&a));
-    let token_path = s.path("admin_token_file");
-    let admin_token = s
-        .take::<PathBuf>("admin_token_file", p)
-        .and_then(|f| secret_file(&base.join(f), &token_path, p));
+    let mut token = |key: &str, p: &mut Problems| {
+        let path = s.path(key);
+        s.take::<PathBuf>(key, p).and_then(|f| secret_file(&base.join(f), &path, p))
+    };
+    let admin_token = token("admin_token_file", p);
+    let agent_token = token("agent_token_file", p);
+    let tls = s.raw("tls").and_then(|v| server_tls(Section::new(&s.path("tls"), v, p), base, p));
     s.finish(p);
     if listen.is_none() {
         p.push(&listen_path, "missing");
     }
-    Some(Http { listen: listen?, admin_token })
+    Some(Http { listen: listen?, admin_token, agent_token, tls })
+}
+
+fn server_tls(mut s: Section, base: &Path, p: &mut Problems) -> Option<ServerTls> {
+    let mut file = |key: &str, p: &mut Problems| {
+        let path = s.path(key);
+        let file = s.take::<PathBuf>(key, p).map(|f| base.join(f));
+        match file {
+            Some(f) if f.is_file() => Some(f),
+            Some(f) => {
+                p.push(&path, format!("{} does not exist", f.display()));
+                None
+            }
+            None => {
+                p.push(&path, "missing");
+                None
+            }
+        }
+    };
+    let cert_file = file("cert_file", p);
+    let key_file = file("key_file", p);
+    s.finish(p);
+    Some(ServerTls { cert_file: cert_file?, key_file: key_file? })
 }
 
 fn drain(value: Value, ttl: Duration, p: &mut Problems) -> Option<Drain> {
