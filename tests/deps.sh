@@ -16,6 +16,9 @@ command -v systemd-analyze >/dev/null || need+=(systemd)      # the unit: system
 command -v chromium       >/dev/null || need+=(chromium)     # the status page, headless
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 command -v runuser        >/dev/null || need+=(util-linux)   # tests/package.sh
+command -v unbound        >/dev/null || need+=(unbound)      # a caching resolver on app hosts
+command -v npm            >/dev/null || need+=(npm)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -34,9 +37,24 @@ if [ "${1:-}" != demo ] && ! cargo deb --version 2>/dev/null | grep -q "$CARGO_D
   echo "installing cargo-deb $CARGO_DEB_VERSION" >&2
   cargo install cargo-deb --version "$CARGO_DEB_VERSION" --locked --quiet
 fi
+# Real client libraries (ioredis, redis-py) and Valkey's server, in tests/clients/ (not in git).
+if [ "${1:-}" != demo ]; then
+  clients="$(cd "$(dirname "$0")" && pwd)/clients"
+  if [ ! -x "$clients/venv/bin/python" ] || ! cmp -s "$clients/requirements.txt" "$clients/venv/.installed"; then
+    echo "installing the Python test clients" >&2
+    python3 -m venv "$clients/venv"
+    "$clients/venv/bin/pip" install -q --disable-pip-version-check -r "$clients/requirements.txt"
+    cp "$clients/requirements.txt" "$clients/venv/.installed"
+  fi
+  if [ ! -d "$clients/node_modules/ioredis" ] || ! cmp -s "$clients/package.json" "$clients/node_modules/.installed"; then
+    echo "installing the Node.js test clients" >&2
+    (cd "$clients" && npm install --silent --no-audit --no-fund >/dev/null)
+    cp "$clients/package.json" "$clients/node_modules/.installed"
+  fi
+fi
 # The packaged services are not used (every test starts its own processes on free ports);
 # stop them where they were started so they do not hold memory or ports.
-for svc in redis-server redis-sentinel knot; do
+for svc in redis-server redis-sentinel knot unbound; do
   if command -v systemctl >/dev/null && systemctl is-active --quiet "$svc" 2>/dev/null; then
     systemctl stop "$svc" || true
   fi
