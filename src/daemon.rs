@@ -73,6 +73,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             topology: reader.clone(),
             events: events.clone(),
             admin_token: reload::project(&live, |c| c.http.as_ref()?.admin_token.clone()),
+            agent_token: reload::project(&live, |c| c.http.as_ref()?.agent_token.clone()),
             control: crate::source::control(live.clone()),
             metrics,
             drain: Some(drain),

@@ -66,6 +66,7 @@ async fn start() -> Server {
         topology: reader,
         events: Arc::new(EventLog::new()),
         admin_token: http::fixed_token(Some(polestar::config::Secret::new(TOKEN))),
+        agent_token: http::fixed_token(None),
         control: Arc::new(AcceptingControl),
         metrics: metrics_handle(),
         drain: None,

@@ -78,6 +78,7 @@ async fn start(admin_token: Option<&str>) -> Server {
         topology: reader,
         events: events.clone(),
         admin_token: http::fixed_token(admin_token.map(polestar::config::Secret::new)),
+        agent_token: http::fixed_token(None),
         control: control.clone(),
         metrics: metrics_handle(),
         drain: None,

@@ -1,18 +1,17 @@
 //! The endpoints that act (planned failover, drain), behind the admin bearer token.
 //!
 //! Without a configured token they are closed (403) rather than open: an operator has to opt
-//! in. The token is compared in constant time so its bytes cannot be probed by timing.
+//! in (see [`super::auth`]).
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
-use subtle::ConstantTimeEq;
 
 use super::params::{self, Name, Params};
 use super::view::MasterView;
@@ -35,7 +34,7 @@ pub async fn failover(
     headers: HeaderMap,
     Params(query): Params<FailoverQuery>,
 ) -> Result<Response, ApiError> {
-    authorize(&s, &headers)?;
+    super::auth::admin(&s, &headers)?;
     let limit = params::wait(query.wait.as_deref())?;
     // A waiting failover is held open like a long-poll, so it counts against the same cap
     // (taken before asking Sentinel, so a refused request has not started a failover).
@@ -66,7 +65,7 @@ pub async fn drain(
     headers: HeaderMap,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    authorize(&s, &headers)?;
+    super::auth::admin(&s, &headers)?;
     s.master(&name)?;
     // axum's own rejection (413 past the body limit) is plain text; errors here are JSON.
     let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
@@ -102,48 +101,4 @@ fn timed_out(name: &str, sentinel: &str, limit: std::time::Duration) -> ApiError
          within {waited}"
     );
     ApiError::new(StatusCode::GATEWAY_TIMEOUT, message)
-}
-
-/// 403 when no token is configured, 401 when the request's bearer token is missing or wrong.
-fn authorize(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
-    let expected = s.api.admin_token.borrow().clone();
-    let Some(expected) = expected else {
-        let message = "the admin endpoints are disabled: no http.admin_token_file is configured";
-        return Err(ApiError::new(StatusCode::FORBIDDEN, message));
-    };
-    let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, m);
-    let given = bearer(headers).ok_or_else(|| unauthorized("a bearer token is required"))?;
-    if bool::from(given.as_bytes().ct_eq(expected.expose().as_bytes())) {
-        Ok(())
-    } else {
-        Err(unauthorized("wrong bearer token"))
-    }
-}
-
-/// The token of an `Authorization: Bearer <token>` header (the scheme is case-insensitive).
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
-}
-
-#[cfg(test)]
-mod tests {
-    use axum::http::HeaderValue;
-
-    use super::*;
-
-    fn with_authorization(value: &'static str) -> HeaderMap {
-        HeaderMap::from_iter([(header::AUTHORIZATION, HeaderValue::from_static(value))])
-    }
-
-    #[test]
-    fn bearer_tokens_are_read_with_any_scheme_case() {
-        assert_eq!(bearer(&with_authorization("Bearer s3cret")), Some("s3cret"));
-        assert_eq!(bearer(&with_authorization("bearer s3cret")), Some("s3cret"));
-        assert_eq!(bearer(&with_authorization("Basic s3cret")), None);
-        assert_eq!(bearer(&with_authorization("Bearer ")), None);
-        assert_eq!(bearer(&HeaderMap::new()), None);
-    }
 }

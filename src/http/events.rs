@@ -45,6 +45,7 @@ pub async fn stream(
     headers: HeaderMap,
     Params(query): Params<SinceQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<sse::Event, Infallible>>>, ApiError> {
+    super::auth::reader(&s, &headers)?;
     let since = resume_from(&headers, &query)?;
     let follower = Follower::start(&s.api.events, since, s.waiter()?);
     let events = futures::stream::unfold(follower, Follower::next).map(|e| Ok(to_sse(&e)));

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -37,8 +38,10 @@ pub async fn list(State(s): State<Arc<Shared>>) -> Json<Vec<MasterView>> {
 pub async fn one(
     State(s): State<Arc<Shared>>,
     Name(name): Name,
+    headers: HeaderMap,
     Params(query): Params<WaitQuery>,
 ) -> Result<Json<MasterView>, ApiError> {
+    super::auth::reader(&s, &headers)?;
     let limit = params::wait(query.wait.as_deref())?;
     let after = params::number("after", query.after.as_deref())?;
     let master = s.master(&name)?;

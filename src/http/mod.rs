@@ -8,6 +8,7 @@
 //! millisecond as DNS.
 
 mod admin;
+mod auth;
 mod error;
 mod events;
 mod health;
@@ -63,19 +64,21 @@ pub struct Api {
     pub events: Arc<EventLog>,
     /// `http.admin_token_file` as currently configured (a reload replaces it); without one the
     /// POST endpoints answer 403.
-    pub admin_token: AdminToken,
+    pub admin_token: Token,
+    /// `http.agent_token_file`, likewise: agents presenting it get slots of their own.
+    pub agent_token: Token,
     pub control: Arc<dyn Control>,
     pub metrics: PrometheusHandle,
     /// Manual drains (`POST /v1/masters/{name}/drain`); `None` answers 501.
     pub drain: Option<crate::drain::DrainHandle>,
 }
 
-/// The admin token: the daemon keeps it up to date from the configuration
+/// A token as currently configured: the daemon keeps it up to date from the configuration
 /// ([`crate::reload::project`]); a fixed one comes from [`fixed_token`].
-pub type AdminToken = watch::Receiver<Option<Secret>>;
+pub type Token = watch::Receiver<Option<Secret>>;
 
 /// A token that never changes (tests, embedding).
-pub fn fixed_token(token: Option<Secret>) -> AdminToken {
+pub fn fixed_token(token: Option<Secret>) -> Token {
     // A receiver keeps the last value after its sender is gone.
     watch::channel(token).1
 }

@@ -112,7 +112,18 @@ impl Changes {
         applied(old.nodes != new.nodes, "nodes");
         applied(old.drain != new.drain, "drain");
         applied(old.sweep != new.sweep, "sweep");
-        applied(admin_token(old) != admin_token(new), "http.admin_token_file");
+        applied(
+            token(old, |h| &h.admin_token) != token(new, |h| &h.admin_token),
+            "http.admin_token_file",
+        );
+        applied(
+            token(old, |h| &h.agent_token) != token(new, |h| &h.agent_token),
+            "http.agent_token_file",
+        );
+        let http_tls = |c: &Config| c.http.as_ref().and_then(|h| h.tls.clone());
+        if http_tls(old) != http_tls(new) {
+            c.restart.push("http.tls");
+        }
         let http_listen = |c: &Config| c.http.as_ref().map(|h| h.listen);
         if http_listen(old) != http_listen(new) {
             c.restart.push("http.listen");
@@ -158,8 +169,11 @@ fn keep_listeners(old: &Config, mut new: Config) -> Config {
     new
 }
 
-fn admin_token(config: &Config) -> Option<&crate::config::Secret> {
-    config.http.as_ref()?.admin_token.as_ref()
+fn token<'a>(
+    config: &'a Config,
+    field: impl Fn(&'a crate::config::Http) -> &'a Option<crate::config::Secret>,
+) -> Option<&'a crate::config::Secret> {
+    field(config.http.as_ref()?).as_ref()
 }
 
 /// A `watch` channel of one part of the configuration, kept up to date by a small task that
