@@ -41,6 +41,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         Some(h) => Some(crate::http::bind(h.listen).await?),
         None => None,
     };
+    let sentinel_api = match &config.sentinel_api {
+        Some(s) => Some(crate::sentinel_api::bind(&s.listen).await?),
+        None => None,
+    };
     let (reloader, live) = Reloader::new(config.clone());
     crate::sweep::start(live.clone(), reader.clone(), events.clone(), shutdown.clone()).await?;
 
@@ -81,6 +85,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         let stop = shutdown.clone();
         tasks.spawn(async move {
             crate::http::serve(listener, api, stop).await.context("HTTP server failed")
+        });
+    }
+    if let (Some(listeners), Some(s)) = (sentinel_api, &config.sentinel_api) {
+        let api = crate::sentinel_api::Api {
+            topology: reader.clone(),
+            peers: reload::project(&live, |c| {
+                c.sentinel_api.as_ref().map(|s| s.peers.clone()).unwrap_or_default()
+            }),
+            password: reload::project(&live, |c| c.sentinel_api.as_ref()?.password.clone()),
+            max_connections: s.max_connections,
+            idle_timeout: s.idle_timeout,
+        };
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            crate::sentinel_api::serve(listeners, api, stop).await.context("Sentinel API failed")
         });
     }
 

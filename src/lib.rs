@@ -16,6 +16,7 @@ pub mod lab;
 pub mod metrics;
 pub mod reload;
 pub mod sentinel;
+pub mod sentinel_api;
 pub mod service;
 pub mod source;
 pub mod sweep;

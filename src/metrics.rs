@@ -11,6 +11,11 @@ pub const PUBLISH_LATENCY: &str = "polestar_publish_latency_seconds";
 pub const DRAIN_KILLED: &str = "polestar_drain_killed_total";
 pub const DNS_QUERIES: &str = "polestar_dns_queries_total";
 pub const HTTP_REQUESTS: &str = "polestar_http_requests_total";
+pub const SENTINEL_API_CONNECTIONS: &str = "polestar_sentinel_api_connections";
+pub const SENTINEL_API_ACCEPTED: &str = "polestar_sentinel_api_connections_total";
+pub const SENTINEL_API_DISCONNECTS: &str = "polestar_sentinel_api_disconnects_total";
+pub const SENTINEL_API_COMMANDS: &str = "polestar_sentinel_api_commands_total";
+pub const SENTINEL_API_PUBLISHED: &str = "polestar_sentinel_api_published_total";
 
 /// Installs the process-wide recorder (once; later calls get a recorder that is not global,
 /// which only happens in tests that start several daemons in one process).
@@ -47,4 +52,15 @@ fn describe() {
     describe_counter!(DRAIN_KILLED, "Client connections killed on old primaries");
     describe_counter!(DNS_QUERIES, "DNS queries answered, by response code");
     describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status code");
+    describe_gauge!(SENTINEL_API_CONNECTIONS, "Open connections to the Sentinel API endpoint");
+    describe_counter!(
+        SENTINEL_API_ACCEPTED,
+        "Sentinel API connections accepted: served, or refused at the connection cap"
+    );
+    describe_counter!(
+        SENTINEL_API_DISCONNECTS,
+        "Sentinel API connections ended, by reason (slow_subscriber: fell behind and was closed)"
+    );
+    describe_counter!(SENTINEL_API_COMMANDS, "Sentinel API commands, by command");
+    describe_counter!(SENTINEL_API_PUBLISHED, "Messages published to Sentinel API subscribers");
 }

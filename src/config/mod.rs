@@ -4,6 +4,7 @@
 //! Secrets are read from their files here and kept in [`Secret`], whose `Debug` hides them.
 
 pub mod duration;
+pub mod sentinel_api;
 mod walk;
 
 use std::fmt;
@@ -174,6 +175,20 @@ pub struct Drain {
     pub spare: Spare,
 }
 
+/// `sentinel_api:`: answer Sentinel-aware clients as if polestar were a Sentinel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentinelApi {
+    pub listen: Vec<SocketAddr>,
+    /// `AUTH`/`HELLO AUTH` password; without it every client is served (reloadable).
+    pub password: Option<Secret>,
+    /// The other polestars, answered to `SENTINEL SENTINELS` (reloadable).
+    pub peers: Vec<HostPort>,
+    /// Connections served at once; the next ones are told so and closed.
+    pub max_connections: usize,
+    /// A client subscribed to nothing that sends nothing this long is disconnected.
+    pub idle_timeout: Duration,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sweep {
     pub local_ports: Vec<u16>,
@@ -190,6 +205,7 @@ pub struct Config {
     pub http: Option<Http>,
     pub drain: Drain,
     pub sweep: Option<Sweep>,
+    pub sentinel_api: Option<SentinelApi>,
     /// The file it was loaded from (`None` when parsed from text): what SIGHUP reloads.
     pub file: Option<PathBuf>,
     /// What works but should be fixed, each as `path: message` (`polestar check` prints them,
@@ -286,6 +302,7 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
     let ttl = dns.as_ref().and_then(|d| d.as_ref().map(|d| d.ttl)).unwrap_or(DEFAULT_TTL);
     let drain = drain(top.raw("drain").unwrap_or(Value::Null), ttl, p);
     let sweep = top.raw("sweep").map(|v| sweep(v, p));
+    let sentinel_api = top.raw("sentinel_api").map(|v| sentinel_api::parse(v, base, p));
     top.finish(p);
 
     let source = match (sentinels, upstream) {
@@ -308,6 +325,7 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
         http: http.flatten(),
         drain: drain?,
         sweep: sweep.flatten(),
+        sentinel_api: sentinel_api.flatten(),
         file: None,
         warnings: Vec::new(),
     })

@@ -17,6 +17,38 @@ fn example_config_loads() {
     let dns = config.dns.expect("the example serves DNS");
     assert_eq!(dns.zone, "redis.internal.");
     assert_eq!(config.drain.grace, Duration::from_millis(1500));
+    let api = config.sentinel_api.expect("the example serves the Sentinel API");
+    assert_eq!(api.max_connections, sentinel_api::DEFAULT_MAX_CONNECTIONS);
+    assert!(api.peers.is_empty() && api.password.is_none());
+}
+
+#[test]
+fn sentinel_api_problems_are_listed_with_their_paths() {
+    let problems = parse(
+        "sentinels: {addresses: ['127.0.0.1:26379']}\n\
+         sentinel_api: {listen: ['nope'], peers: ['x:0'], max_connections: 0, idle_timeout: 0s, \
+         password_file: /nonexistent/pass, colour: blue}",
+    )
+    .expect_err("invalid");
+    let text = problems.join("\n");
+    for path in [
+        "sentinel_api.listen[0]",
+        "sentinel_api.peers[0]",
+        "sentinel_api.max_connections",
+        "sentinel_api.idle_timeout",
+        "sentinel_api.password_file",
+        "sentinel_api.colour",
+    ] {
+        assert!(text.contains(path), "{path} in {text}");
+    }
+    let ok = parse(
+        "sentinels: {addresses: ['127.0.0.1:26379']}\n\
+         sentinel_api: {listen: ['0.0.0.0:26380'], peers: ['10.0.0.2:26380', 'ps-b:26380']}",
+    )
+    .expect("valid");
+    let api = ok.sentinel_api.expect("the section");
+    assert_eq!(api.peers.len(), 2);
+    assert_eq!(api.idle_timeout, sentinel_api::DEFAULT_IDLE_TIMEOUT);
 }
 
 #[test]

@@ -128,6 +128,16 @@ impl Changes {
         if http_listen(old) != http_listen(new) {
             c.restart.push("http.listen");
         }
+        let api = |c: &Config| c.sentinel_api.clone();
+        applied(api(old).map(|a| a.peers) != api(new).map(|a| a.peers), "sentinel_api.peers");
+        applied(
+            api(old).and_then(|a| a.password) != api(new).and_then(|a| a.password),
+            "sentinel_api.password_file",
+        );
+        let api_bound = |c: &Config| api(c).map(|a| (a.listen, a.max_connections, a.idle_timeout));
+        if api_bound(old) != api_bound(new) {
+            c.restart.push("sentinel_api.listen");
+        }
         // The DNS server binds and builds its zone at start; a DNS component that follows the
         // channel can move its settings (all but `listen`) to `applied`.
         if old.dns != new.dns {
@@ -162,6 +172,14 @@ impl fmt::Display for Changes {
 /// configuration keeps saying what is actually being served.
 fn keep_listeners(old: &Config, mut new: Config) -> Config {
     new.dns = old.dns.clone();
+    match (&old.sentinel_api, &mut new.sentinel_api) {
+        (Some(old), Some(new)) => {
+            new.listen = old.listen.clone();
+            new.max_connections = old.max_connections;
+            new.idle_timeout = old.idle_timeout;
+        }
+        (old, new) => *new = old.clone(),
+    }
     match (&old.http, &mut new.http) {
         (Some(old), Some(new)) => new.listen = old.listen,
         (old, new) => *new = old.clone(),

@@ -1,0 +1,258 @@
+//! One client connection: bytes in, requests parsed, answered from the published state,
+//! replies and pub/sub messages out.
+//!
+//! Bounded in every direction: a request larger than [`MAX_REQUEST`] is a protocol error; at
+//! most [`MAX_OUTPUT`] of replies is built before it is written; a write that the client does
+//! not take within [`WRITE_TIMEOUT`] closes the connection; a subscriber that falls a whole
+//! broadcast channel behind is closed (never buffered for); a client that subscribes to
+//! nothing and says nothing for `idle_timeout` is closed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{HostPort, Secret};
+use crate::metrics as m;
+use crate::topology::TopologyReader;
+
+use super::commands::{self, Context, ServerInfo, Session};
+use super::publish::{Message, glob};
+use super::resp::{self, LIMITS, Reply};
+
+/// Unparsed input a connection may hold: one request, however it is split.
+pub const MAX_REQUEST: usize = 1024 * 1024;
+/// Replies built before they are written; the rest of a pipeline waits in the input.
+const MAX_OUTPUT: usize = 256 * 1024;
+/// How long a client may leave a write of ours untaken before it is disconnected.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+const READ_CHUNK: usize = 16 * 1024;
+
+/// What every connection shares; owned by the server, one `Arc` per connection.
+pub struct Shared {
+    /// Read end of the topology; the Sentinel side holds the only writer.
+    pub topology: TopologyReader,
+    /// `sentinel_api.peers` as currently configured (the reload task holds the sender).
+    pub peers: watch::Receiver<Vec<HostPort>>,
+    /// `sentinel_api.password_file` as currently configured.
+    pub password: watch::Receiver<Option<Secret>>,
+    /// Subscribers take a receiver; the publisher task holds this sender's clones' origin.
+    pub messages: broadcast::Sender<Arc<Message>>,
+    pub idle_timeout: Duration,
+    pub run_id: String,
+    pub port: u16,
+    pub started: Instant,
+    pub clients: AtomicUsize,
+    pub next_id: AtomicU64,
+}
+
+/// Why a connection ended, for the metric.
+#[derive(Clone, Copy, Debug)]
+enum End {
+    Closed,
+    Quit,
+    Idle,
+    Protocol,
+    SlowSubscriber,
+    SlowReader,
+    Shutdown,
+}
+
+impl End {
+    fn as_str(self) -> &'static str {
+        match self {
+            End::Closed => "closed",
+            End::Quit => "quit",
+            End::Idle => "idle",
+            End::Protocol => "protocol_error",
+            End::SlowSubscriber => "slow_subscriber",
+            End::SlowReader => "write_timeout",
+            End::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// Serves one connection until the client leaves, misbehaves or `shutdown`.
+pub async fn serve(stream: TcpStream, shared: Arc<Shared>, shutdown: CancellationToken) {
+    shared.clients.fetch_add(1, Ordering::Relaxed);
+    metrics::gauge!(m::SENTINEL_API_CONNECTIONS).increment(1.0);
+    let end = Connection::new(stream, &shared).run(&shutdown).await;
+    metrics::gauge!(m::SENTINEL_API_CONNECTIONS).decrement(1.0);
+    metrics::counter!(m::SENTINEL_API_DISCONNECTS, "reason" => end.as_str()).increment(1);
+    shared.clients.fetch_sub(1, Ordering::Relaxed);
+}
+
+struct Connection<'a> {
+    stream: TcpStream,
+    shared: &'a Shared,
+    session: Session,
+    input: Vec<u8>,
+    output: Vec<u8>,
+    /// Held while the session subscribes to anything; `None` otherwise.
+    messages: Option<broadcast::Receiver<Arc<Message>>>,
+}
+
+enum Wake {
+    Read(std::io::Result<usize>),
+    Message(Result<Arc<Message>, broadcast::error::RecvError>),
+    End(End),
+}
+
+impl<'a> Connection<'a> {
+    fn new(stream: TcpStream, shared: &'a Shared) -> Self {
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let session = Session::new(id, shared.password.borrow().is_some());
+        Self { stream, shared, session, input: Vec::new(), output: Vec::new(), messages: None }
+    }
+
+    async fn run(mut self, shutdown: &CancellationToken) -> End {
+        let mut chunk = vec![0u8; READ_CHUNK];
+        loop {
+            let more = match self.answer_pending() {
+                Ok(more) => more,
+                Err(e) => {
+                    let reply = Reply::error(format!("ERR Protocol error: {e}"));
+                    reply.encode(self.session.proto, &mut self.output);
+                    let _ = self.flush().await;
+                    return End::Protocol;
+                }
+            };
+            if let Err(end) = self.flush().await {
+                return end;
+            }
+            if self.session.closing {
+                return End::Quit;
+            }
+            self.follow_subscriptions();
+            if more {
+                continue;
+            }
+            let wake = self.wait(&mut chunk, shutdown).await;
+            match wake {
+                Wake::Read(Ok(0) | Err(_)) => return End::Closed,
+                Wake::Read(Ok(n)) => self.input.extend_from_slice(&chunk[..n]),
+                Wake::Message(Ok(message)) => self.deliver(&message),
+                Wake::Message(Err(broadcast::error::RecvError::Lagged(_))) => {
+                    return End::SlowSubscriber;
+                }
+                Wake::Message(Err(broadcast::error::RecvError::Closed)) => return End::Shutdown,
+                Wake::End(end) => return end,
+            }
+        }
+    }
+
+    async fn wait(&mut self, chunk: &mut [u8], shutdown: &CancellationToken) -> Wake {
+        let idle = self.session.subscriptions() == 0;
+        let timeout = self.shared.idle_timeout;
+        let Self { stream, messages, .. } = self;
+        let messages = async {
+            match messages.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            read = stream.read(chunk) => Wake::Read(read),
+            message = messages => Wake::Message(message),
+            () = tokio::time::sleep(timeout), if idle => Wake::End(End::Idle),
+            () = shutdown.cancelled() => Wake::End(End::Shutdown),
+        }
+    }
+
+    /// Answers the complete requests in the input, up to [`MAX_OUTPUT`] of replies; `Ok(true)`
+    /// when it stopped there with requests left.
+    fn answer_pending(&mut self) -> Result<bool, resp::ProtocolError> {
+        let snapshot = self.shared.topology.borrow().clone();
+        let peers = self.shared.peers.borrow().clone();
+        let password = self.shared.password.borrow().clone();
+        let server = ServerInfo {
+            run_id: self.shared.run_id.clone(),
+            port: self.shared.port,
+            pid: std::process::id(),
+            uptime_secs: self.shared.started.elapsed().as_secs(),
+            connected_clients: self.shared.clients.load(Ordering::Relaxed),
+        };
+        let ctx = Context {
+            snapshot: &snapshot,
+            peers: &peers,
+            password: password.as_ref(),
+            server: &server,
+        };
+        let mut used = 0;
+        let result = loop {
+            if self.output.len() >= MAX_OUTPUT || self.session.closing {
+                break Ok(used < self.input.len());
+            }
+            match resp::parse(&self.input[used..], &LIMITS) {
+                Ok(Some((request, n))) => {
+                    used += n;
+                    if request.is_empty() {
+                        continue;
+                    }
+                    let command = commands::metric_name(&request);
+                    metrics::counter!(m::SENTINEL_API_COMMANDS, "command" => command).increment(1);
+                    for reply in commands::answer(&request, &mut self.session, &ctx) {
+                        reply.encode(self.session.proto, &mut self.output);
+                    }
+                }
+                Ok(None) if self.input.len() - used > MAX_REQUEST => {
+                    break Err(resp::ProtocolError::MultibulkLength);
+                }
+                Ok(None) => break Ok(false),
+                Err(e) => break Err(e),
+            }
+        };
+        self.input.drain(..used);
+        result
+    }
+
+    /// Holds a message receiver exactly while the session subscribes to something.
+    fn follow_subscriptions(&mut self) {
+        match (self.session.subscriptions() > 0, self.messages.is_some()) {
+            (true, false) => self.messages = Some(self.shared.messages.subscribe()),
+            (false, true) => self.messages = None,
+            _ => {}
+        }
+    }
+
+    /// Encodes `message` for every channel and pattern of the session it matches.
+    fn deliver(&mut self, message: &Message) {
+        let channel = message.channel.as_bytes();
+        let payload = || Reply::bulk(&message.payload);
+        if self.session.channels.contains(channel) {
+            let push = Reply::Push(vec![Reply::bulk("message"), Reply::bulk(channel), payload()]);
+            push.encode(self.session.proto, &mut self.output);
+        }
+        for pattern in &self.session.patterns {
+            if glob(pattern, channel) {
+                let push = Reply::Push(vec![
+                    Reply::bulk("pmessage"),
+                    Reply::Bulk(pattern.clone()),
+                    Reply::bulk(channel),
+                    payload(),
+                ]);
+                push.encode(self.session.proto, &mut self.output);
+            }
+        }
+    }
+
+    async fn flush(&mut self) -> Result<(), End> {
+        if self.output.is_empty() {
+            return Ok(());
+        }
+        let write = self.stream.write_all(&self.output);
+        match tokio::time::timeout(WRITE_TIMEOUT, write).await {
+            Ok(Ok(())) => {
+                self.output.clear();
+                Ok(())
+            }
+            Ok(Err(_)) => Err(End::Closed),
+            Err(_) if self.session.subscriptions() > 0 => Err(End::SlowSubscriber),
+            Err(_) => Err(End::SlowReader),
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! The Sentinel protocol endpoint (`sentinel_api:`): polestar answers Sentinel-aware clients
+//! (Jedis, Lettuce, redis-py, ioredis, go-redis) as if it were a Sentinel, from the published
+//! state only.
+//!
+//! Most Sentinel deployments do not resolve a DNS name: their clients ask a Sentinel for the
+//! master on every (re)connect and many subscribe to `+switch-master`. Pointed here instead,
+//! they get polestar's early flip (a new primary about a second before the real Sentinels name
+//! it, under the same epoch rule and trust model as DNS and HTTP), and the real Sentinels keep
+//! a handful of connections instead of one per application process.
+//!
+//! Layers as in mini-redis: [`resp`] owns bytes and frames, [`commands`] answers a request from
+//! a snapshot (pure), [`publish`] turns snapshot changes into Sentinel's event messages, and
+//! `conn` runs one connection. This module binds (a startup step of its own, so a busy port
+//! fails the start) and accepts under a connection cap.
+
+pub mod commands;
+mod conn;
+pub mod publish;
+pub mod resp;
+pub mod view;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{HostPort, Secret};
+use crate::metrics as m;
+use crate::topology::TopologyReader;
+
+pub use conn::{MAX_REQUEST, WRITE_TIMEOUT};
+pub use publish::Message;
+
+/// Messages a subscriber may fall behind by before it is disconnected. Shared by all of them
+/// (one broadcast ring), so a slow subscriber costs no memory of its own.
+pub const SUBSCRIBER_BACKLOG: usize = 64;
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+/// What a client past the connection cap is told before it is closed (Redis's words).
+const FULL: &[u8] = b"-ERR max number of clients reached\r\n";
+
+#[derive(Debug, thiserror::Error)]
+pub enum SentinelApiError {
+    #[error("failed to bind the Sentinel API listener on {addr}: {error}")]
+    Bind { addr: SocketAddr, error: io::Error },
+}
+
+/// Binds every `sentinel_api.listen` address (before anything is served).
+pub async fn bind(addrs: &[SocketAddr]) -> Result<Vec<TcpListener>, SentinelApiError> {
+    let mut listeners = Vec::with_capacity(addrs.len());
+    for &addr in addrs {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|error| SentinelApiError::Bind { addr, error })?;
+        let actual =
+            listener.local_addr().map_err(|error| SentinelApiError::Bind { addr, error })?;
+        tracing::info!("listening for Sentinel API on {actual}");
+        listeners.push(listener);
+    }
+    Ok(listeners)
+}
+
+/// What the daemon hands the endpoint: read ends only.
+pub struct Api {
+    /// Read end of the topology; the Sentinel side holds the only writer.
+    pub topology: TopologyReader,
+    /// `sentinel_api.peers` as currently configured (a reload replaces it).
+    pub peers: watch::Receiver<Vec<HostPort>>,
+    /// `sentinel_api.password_file` as currently configured; `None` serves every client.
+    pub password: watch::Receiver<Option<Secret>>,
+    pub max_connections: usize,
+    pub idle_timeout: Duration,
+}
+
+/// Serves until `shutdown`: one accept loop per listener, one task per connection, and the
+/// publisher that turns topology changes into messages. Returns once all of them ended.
+pub async fn serve(
+    listeners: Vec<TcpListener>,
+    api: Api,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    describe_series();
+    let port = listeners.first().and_then(|l| l.local_addr().ok()).map_or(0, |a| a.port());
+    let (messages, _) = broadcast::channel(SUBSCRIBER_BACKLOG);
+    let shared = Arc::new(conn::Shared {
+        topology: api.topology.clone(),
+        peers: api.peers,
+        password: api.password,
+        messages: messages.clone(),
+        idle_timeout: api.idle_timeout,
+        run_id: view::run_id(&format!("{}:{port}:{}", std::process::id(), now_nanos())),
+        port,
+        started: Instant::now(),
+        clients: AtomicUsize::new(0),
+        next_id: AtomicU64::new(1),
+    });
+    let slots = Arc::new(Semaphore::new(api.max_connections));
+    let mut tasks = JoinSet::new();
+    tasks.spawn(publish::run(api.topology, messages, shutdown.clone()));
+    for listener in listeners {
+        tasks.spawn(accept_loop(listener, shared.clone(), slots.clone(), shutdown.clone()));
+    }
+    while let Some(done) = tasks.join_next().await {
+        if let Err(e) = done {
+            // A panic in a loop of ours is a bug; the others keep serving until shutdown.
+            tracing::error!("a Sentinel API task failed: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// Accepts until `shutdown`; owns (and reaps) the tasks of the connections it accepted.
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<conn::Shared>,
+    slots: Arc<Semaphore>,
+    shutdown: CancellationToken,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next() => continue,
+            () = shutdown.cancelled() => break,
+        };
+        match accepted {
+            Ok((stream, _)) => match slots.clone().try_acquire_owned() {
+                Ok(slot) => {
+                    let (shared, stop) = (shared.clone(), shutdown.clone());
+                    connections.spawn(serve_one(stream, slot, shared, stop));
+                }
+                Err(_) => refuse(stream),
+            },
+            Err(error) => {
+                // EMFILE and the like: wait rather than spin; connections ending free fds.
+                tracing::warn!(%error, "Sentinel API accept failed");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+            }
+        }
+    }
+    // Connections see the same token and end at once.
+    while connections.join_next().await.is_some() {}
+}
+
+async fn serve_one(
+    stream: TcpStream,
+    slot: OwnedSemaphorePermit,
+    shared: Arc<conn::Shared>,
+    shutdown: CancellationToken,
+) {
+    metrics::counter!(m::SENTINEL_API_ACCEPTED, "outcome" => "served").increment(1);
+    let _ = stream.set_nodelay(true);
+    keepalive(&stream);
+    conn::serve(stream, shared, shutdown).await;
+    drop(slot);
+}
+
+/// Past the cap: say so without waiting (a client that does not read loses the line) and close.
+fn refuse(stream: TcpStream) {
+    metrics::counter!(m::SENTINEL_API_ACCEPTED, "outcome" => "refused_full").increment(1);
+    let _ = stream.try_write(FULL);
+}
+
+/// A subscriber has no idle timeout: keepalive and `TCP_USER_TIMEOUT` find the ones whose host
+/// went away.
+fn keepalive(stream: &TcpStream) {
+    let socket = socket2::SockRef::from(stream);
+    let settings = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(30))
+        .with_interval(Duration::from_secs(10))
+        .with_retries(3);
+    let _ = socket.set_tcp_keepalive(&settings);
+    let _ = socket.set_tcp_user_timeout(Some(Duration::from_secs(60)));
+}
+
+/// The series exist from the start, so `rate()` works before the first client.
+fn describe_series() {
+    metrics::gauge!(m::SENTINEL_API_CONNECTIONS).increment(0.0);
+    for outcome in ["served", "refused_full"] {
+        metrics::counter!(m::SENTINEL_API_ACCEPTED, "outcome" => outcome).increment(0);
+    }
+    for channel in ["+switch-master", "+sdown", "-sdown"] {
+        metrics::counter!(m::SENTINEL_API_PUBLISHED, "channel" => channel).increment(0);
+    }
+    metrics::counter!(m::SENTINEL_API_DISCONNECTS, "reason" => "slow_subscriber").increment(0);
+}
+
+fn now_nanos() -> u128 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+}

@@ -1,0 +1,244 @@
+//! What subscribers hear: Sentinel's event messages, derived from consecutive published
+//! snapshots (pure), and the task that broadcasts them.
+//!
+//! `+switch-master` goes out the moment polestar publishes a new primary (its flip, about a
+//! second before the real Sentinels announce theirs), and again with the roles swapped when a
+//! provisional flip is withdrawn: a subscriber always hears how to reach what is published.
+//! `+sdown`/`-sdown slave` follow the health of the replicas polestar publishes, which is how
+//! the old primary of a failover shows up once Sentinel lists it as a replica that is down.
+//! What polestar does not publish (a primary's own `+sdown`, `+odown`) is not invented here.
+
+use std::sync::Arc;
+
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use crate::topology::{Master, Node, Snapshot, TopologyReader};
+
+use super::view::host;
+
+/// One event for subscribers: the channel is the event name, as on a Sentinel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub channel: &'static str,
+    pub payload: String,
+}
+
+/// The messages that the change from `old` to `new` makes, in the order Sentinel sends them.
+pub fn messages(old: &Snapshot, new: &Snapshot) -> Vec<Message> {
+    let mut out = Vec::new();
+    for m in new.masters.values() {
+        let before = old.master(&m.name);
+        if let Some(switch) = before.and_then(|b| switch_master(b, m)) {
+            out.push(switch);
+        }
+        out.extend(replica_health(before.map(|b| &**b), m));
+    }
+    out
+}
+
+fn switch_master(before: &Master, after: &Master) -> Option<Message> {
+    let (from, to) = (before.primary.as_ref()?, after.primary.as_ref()?);
+    if from.addr() == to.addr() {
+        return None;
+    }
+    let payload = format!("{} {} {} {} {}", after.name, host(from), from.port, host(to), to.port);
+    Some(Message { channel: "+switch-master", payload })
+}
+
+/// `+sdown slave` for a replica that went (or appeared) down, `-sdown slave` for one that came
+/// back, in Sentinel's format: `slave <ip:port> <ip> <port> @ <master> <ip> <port>`.
+fn replica_health(before: Option<&Master>, after: &Master) -> Vec<Message> {
+    let Some(primary) = after.primary.as_ref() else { return Vec::new() };
+    let was_healthy = |ip, port| {
+        let known = before.into_iter().flat_map(|b| &b.replicas);
+        known.into_iter().find(|r| r.ip == ip && r.port == port).map(|r| r.healthy)
+    };
+    let mut out = Vec::new();
+    for r in &after.replicas {
+        let channel = match (was_healthy(r.ip, r.port), r.healthy) {
+            (Some(true) | None, false) => "+sdown",
+            (Some(false), true) => "-sdown",
+            _ => continue,
+        };
+        let node = Node { ip: r.ip, port: r.port, hostname: r.hostname.clone() };
+        let (h, p) = (host(&node), node.port);
+        let payload =
+            format!("slave {h}:{p} {h} {p} @ {} {} {}", after.name, host(primary), primary.port);
+        out.push(Message { channel, payload });
+    }
+    out
+}
+
+/// Broadcasts the messages of every published change until `shutdown`. Each subscribed
+/// connection holds a receiver of `tx`; one that falls a whole channel behind is closed by its
+/// connection, so a slow subscriber never makes this task (or the others) wait or buffer.
+pub async fn run(
+    mut topology: TopologyReader,
+    tx: broadcast::Sender<Arc<Message>>,
+    shutdown: CancellationToken,
+) {
+    let mut last = topology.borrow_and_update().clone();
+    loop {
+        tokio::select! {
+            changed = topology.changed() => if changed.is_err() { return },
+            () = shutdown.cancelled() => return,
+        }
+        let now = topology.borrow_and_update().clone();
+        for message in messages(&last, &now) {
+            tracing::debug!(channel = message.channel, payload = %message.payload, "sentinel API: publishing");
+            metrics::counter!(crate::metrics::SENTINEL_API_PUBLISHED, "channel" => message.channel)
+                .increment(1);
+            // No subscriber at all is not an error.
+            let _ = tx.send(Arc::new(message));
+        }
+        last = now;
+    }
+}
+
+/// Redis's glob (`PSUBSCRIBE` patterns): `*`, `?`, `[a-z]`, `[^...]`, `\x`. Iterative, so a
+/// hostile pattern costs at most pattern × channel steps and no stack.
+pub fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if let Some(next) = step(pattern, p, text[t]) {
+            if next == usize::MAX {
+                star = Some((p, t));
+                p += 1;
+                continue;
+            }
+            p = next;
+            t += 1;
+            continue;
+        }
+        match star {
+            Some((sp, st)) => {
+                p = sp + 1;
+                t = st + 1;
+                star = Some((sp, st + 1));
+            }
+            None => return false,
+        }
+    }
+    pattern[p.min(pattern.len())..].iter().all(|&b| b == b'*')
+}
+
+/// Where the pattern continues after matching `c` at `p`; `usize::MAX` for a `*`; `None` when
+/// `c` does not match there.
+fn step(pattern: &[u8], p: usize, c: u8) -> Option<usize> {
+    match *pattern.get(p)? {
+        b'*' => Some(usize::MAX),
+        b'?' => Some(p + 1),
+        b'[' => class(pattern, p + 1, c),
+        b'\\' if p + 1 < pattern.len() => (pattern[p + 1] == c).then_some(p + 2),
+        b => (b == c).then_some(p + 1),
+    }
+}
+
+/// A `[...]` class starting after its `[`: where the pattern continues when `c` is in it.
+fn class(pattern: &[u8], mut p: usize, c: u8) -> Option<usize> {
+    let negate = pattern.get(p) == Some(&b'^');
+    if negate {
+        p += 1;
+    }
+    let mut hit = false;
+    while p < pattern.len() && pattern[p] != b']' {
+        if pattern[p] == b'\\' && p + 1 < pattern.len() {
+            hit |= pattern[p + 1] == c;
+            p += 2;
+        } else if p + 2 < pattern.len() && pattern[p + 1] == b'-' && pattern[p + 2] != b']' {
+            let (a, b) = (pattern[p].min(pattern[p + 2]), pattern[p].max(pattern[p + 2]));
+            hit |= (a..=b).contains(&c);
+            p += 3;
+        } else {
+            hit |= pattern[p] == c;
+            p += 1;
+        }
+    }
+    // An unclosed class ends with the pattern, as in Redis.
+    (hit != negate).then_some((p + 1).min(pattern.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::{MasterState, Replica, SentinelCounts};
+    use std::collections::BTreeMap;
+
+    fn node(port: u16) -> Node {
+        Node { ip: [10, 0, 0, 1].into(), port, hostname: None }
+    }
+
+    fn replica(port: u16, healthy: bool) -> Replica {
+        Replica { ip: [10, 0, 0, 1].into(), port, hostname: None, healthy }
+    }
+
+    fn snapshot(primary: Option<u16>, replicas: Vec<Replica>) -> Snapshot {
+        let master = Master {
+            name: "m".into(),
+            label: "m".into(),
+            primary: primary.map(node),
+            epoch: Some(1),
+            since: None,
+            state: MasterState::Ok,
+            replicas,
+            sentinels: SentinelCounts::default(),
+        };
+        Snapshot {
+            version: 1,
+            masters: BTreeMap::from([("m".to_string(), Arc::new(master))]),
+            source_reachable: true,
+        }
+    }
+
+    #[test]
+    fn a_new_primary_is_a_switch_master_and_the_way_back_too() {
+        let a = snapshot(Some(1), vec![replica(2, true)]);
+        let b = snapshot(Some(2), vec![replica(2, true)]);
+        let expect = |p: &str| vec![Message { channel: "+switch-master", payload: p.into() }];
+        assert_eq!(messages(&a, &b), expect("m 10.0.0.1 1 10.0.0.1 2"));
+        assert_eq!(messages(&b, &a), expect("m 10.0.0.1 2 10.0.0.1 1"));
+        assert_eq!(messages(&a, &a), vec![]);
+        assert_eq!(messages(&Snapshot::default(), &a), vec![], "a first primary is no switch");
+        assert_eq!(messages(&snapshot(None, vec![]), &a), vec![]);
+    }
+
+    #[test]
+    fn replicas_going_down_and_up_are_sdown_events() {
+        let a = snapshot(Some(2), vec![replica(3, true)]);
+        let b = snapshot(Some(2), vec![replica(3, true), replica(1, false)]);
+        let c = snapshot(Some(2), vec![replica(3, true), replica(1, true)]);
+        let sdown = |ch, port| Message {
+            channel: ch,
+            payload: format!("slave 10.0.0.1:{port} 10.0.0.1 {port} @ m 10.0.0.1 2"),
+        };
+        assert_eq!(messages(&a, &b), vec![sdown("+sdown", 1)]);
+        assert_eq!(messages(&b, &c), vec![sdown("-sdown", 1)]);
+        assert_eq!(messages(&c, &a), vec![]);
+    }
+
+    #[test]
+    fn globs_match_like_redis() {
+        let yes = [
+            ("*", "+switch-master"),
+            ("+switch-*", "+switch-master"),
+            ("?sdown", "+sdown"),
+            ("[+-]sdown", "-sdown"),
+            ("[^x]sdown", "+sdown"),
+            ("*master", "+switch-master"),
+            ("a*b*c", "aXXbYYc"),
+            ("\\*", "*"),
+            ("[a-c]", "b"),
+        ];
+        for (p, t) in yes {
+            assert!(glob(p.as_bytes(), t.as_bytes()), "{p} matches {t}");
+        }
+        let no = [("+sdown", "-sdown"), ("a*b", "ac"), ("[^+]sdown", "+sdown"), ("", "x")];
+        for (p, t) in no {
+            assert!(!glob(p.as_bytes(), t.as_bytes()), "{p} does not match {t}");
+        }
+        assert!(glob(b"", b""));
+        assert!(glob(b"[", b"x") || !glob(b"[", b"x"), "an unclosed class does not panic");
+    }
+}

@@ -1,0 +1,379 @@
+//! RESP on the wire: requests in (multibulk or inline), replies out (RESP2 or RESP3).
+//!
+//! The parser never panics and never buffers without bound: every length it reads is checked
+//! against [`Limits`] before anything is allocated for it, and an incomplete request is a value
+//! (`Ok(None)`: read more), not an error. What it cannot accept is a [`ProtocolError`], which
+//! the connection answers with `-ERR Protocol error: ...` and closes, as Redis does.
+
+/// One request: the command name and its arguments, as the client sent them.
+pub type Request = Vec<Vec<u8>>;
+
+/// The hard limits of one request.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Arguments of one multibulk request (the command name included).
+    pub max_args: usize,
+    /// Bytes of one argument.
+    pub max_bulk: usize,
+    /// Bytes of one inline request line.
+    pub max_inline: usize,
+}
+
+/// Sentinel commands are short: a name, a subcommand, a master name.
+pub const LIMITS: Limits = Limits { max_args: 1024, max_bulk: 64 * 1024, max_inline: 64 * 1024 };
+
+/// The longest header line (`*<n>` or `$<n>`) accepted: an i64 and the type byte.
+const MAX_HEADER: usize = 24;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("invalid multibulk length")]
+    MultibulkLength,
+    #[error("invalid bulk length")]
+    BulkLength,
+    #[error("expected '$', got '{0}'")]
+    ExpectedBulk(char),
+    #[error("bulk argument not followed by CRLF")]
+    MissingCrlf,
+    #[error("too big inline request")]
+    InlineTooLong,
+    #[error("unbalanced quotes in request")]
+    Quotes,
+}
+
+/// The first complete request in `buf` and how many bytes it took; `Ok(None)` when `buf`
+/// holds only part of one. An empty request (`*0`, a blank inline line) is `Some(vec![])`.
+pub fn parse(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, ProtocolError> {
+    match buf.first() {
+        None => Ok(None),
+        Some(b'*') => multibulk(buf, limits),
+        Some(_) => inline(buf, limits),
+    }
+}
+
+fn multibulk(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, ProtocolError> {
+    let Some((count, mut pos)) = header(buf, 0, ProtocolError::MultibulkLength)? else {
+        return Ok(None);
+    };
+    if count <= 0 {
+        return Ok(Some((Vec::new(), pos)));
+    }
+    if count as u64 > limits.max_args as u64 {
+        return Err(ProtocolError::MultibulkLength);
+    }
+    let mut args = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        match buf.get(pos) {
+            None => return Ok(None),
+            Some(b'$') => {}
+            Some(&other) => return Err(ProtocolError::ExpectedBulk(other as char)),
+        }
+        let Some((len, start)) = header(buf, pos, ProtocolError::BulkLength)? else {
+            return Ok(None);
+        };
+        if len < 0 || len as u64 > limits.max_bulk as u64 {
+            return Err(ProtocolError::BulkLength);
+        }
+        let end = start + len as usize;
+        let Some(tail) = buf.get(end..end + 2) else { return Ok(None) };
+        if tail != b"\r\n" {
+            return Err(ProtocolError::MissingCrlf);
+        }
+        args.push(buf[start..end].to_vec());
+        pos = end + 2;
+    }
+    Ok(Some((args, pos)))
+}
+
+/// The integer of the header line at `at` (after its type byte) and where the line ends.
+fn header(
+    buf: &[u8],
+    at: usize,
+    invalid: ProtocolError,
+) -> Result<Option<(i64, usize)>, ProtocolError> {
+    let rest = &buf[at + 1..];
+    let window = &rest[..rest.len().min(MAX_HEADER)];
+    let Some(cr) = window.iter().position(|&b| b == b'\r') else {
+        return if rest.len() >= MAX_HEADER { Err(invalid) } else { Ok(None) };
+    };
+    match rest.get(cr + 1) {
+        None => return Ok(None),
+        Some(b'\n') => {}
+        Some(_) => return Err(invalid),
+    }
+    let text = std::str::from_utf8(&rest[..cr]).map_err(|_| invalid.clone())?;
+    let n: i64 = text.parse().map_err(|_| invalid)?;
+    Ok(Some((n, at + 1 + cr + 2)))
+}
+
+/// A line of words separated by blanks, with Redis's double and single quotes.
+fn inline(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, ProtocolError> {
+    let window = &buf[..buf.len().min(limits.max_inline + 2)];
+    let Some(nl) = window.iter().position(|&b| b == b'\n') else {
+        return if buf.len() > limits.max_inline {
+            Err(ProtocolError::InlineTooLong)
+        } else {
+            Ok(None)
+        };
+    };
+    let line = buf[..nl].strip_suffix(b"\r").unwrap_or(&buf[..nl]);
+    if line.len() > limits.max_inline {
+        return Err(ProtocolError::InlineTooLong);
+    }
+    let words = split_words(line)?;
+    if words.len() > limits.max_args {
+        return Err(ProtocolError::MultibulkLength);
+    }
+    Ok(Some((words, nl + 1)))
+}
+
+fn split_words(line: &[u8]) -> Result<Vec<Vec<u8>>, ProtocolError> {
+    let mut words = Vec::new();
+    let mut i = 0;
+    while i < line.len() {
+        if line[i].is_ascii_whitespace() {
+            i += 1;
+            continue;
+        }
+        let mut word = Vec::new();
+        let mut quote = None;
+        while i < line.len() {
+            let b = line[i];
+            match quote {
+                None if b.is_ascii_whitespace() => break,
+                None if b == b'"' || b == b'\'' => quote = Some(b),
+                Some(q) if b == q => quote = None,
+                Some(b'"') if b == b'\\' && i + 1 < line.len() => {
+                    i += 1;
+                    word.push(line[i]);
+                }
+                _ => word.push(b),
+            }
+            i += 1;
+        }
+        if quote.is_some() {
+            return Err(ProtocolError::Quotes);
+        }
+        words.push(word);
+    }
+    Ok(words)
+}
+
+/// Which protocol a connection speaks: RESP2 until `HELLO 3`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    Resp2,
+    Resp3,
+}
+
+/// A reply, encoded for the connection's protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Simple(String),
+    /// The whole line after `-`, code included (`ERR ...`, `NOAUTH ...`).
+    Error(String),
+    Int(i64),
+    Bulk(Vec<u8>),
+    /// `$-1` (RESP3 `_`).
+    NilBulk,
+    /// `*-1` (RESP3 `_`): what Sentinel answers for an unknown master's address.
+    NilArray,
+    Array(Vec<Reply>),
+    /// RESP3 `%`; a flat array of keys and values in RESP2.
+    Map(Vec<(Reply, Reply)>),
+    /// RESP3 `>` (pub/sub messages); an array in RESP2.
+    Push(Vec<Reply>),
+}
+
+impl Reply {
+    pub fn ok() -> Self {
+        Self::Simple("OK".into())
+    }
+
+    pub fn error(text: impl Into<String>) -> Self {
+        Self::Error(text.into())
+    }
+
+    pub fn bulk(text: impl AsRef<[u8]>) -> Self {
+        Self::Bulk(text.as_ref().to_vec())
+    }
+
+    /// A map whose keys and values are all strings (Sentinel's `SENTINEL MASTER` and kin).
+    pub fn fields<K: AsRef<str>, V: AsRef<str>>(pairs: impl IntoIterator<Item = (K, V)>) -> Self {
+        let pairs = pairs.into_iter();
+        Self::Map(pairs.map(|(k, v)| (Self::bulk(k.as_ref()), Self::bulk(v.as_ref()))).collect())
+    }
+
+    pub fn encode(&self, proto: Proto, out: &mut Vec<u8>) {
+        match self {
+            Self::Simple(s) => line(out, b'+', s),
+            Self::Error(s) => line(out, b'-', s),
+            Self::Int(n) => line(out, b':', &n.to_string()),
+            Self::Bulk(b) => {
+                line(out, b'$', &b.len().to_string());
+                out.extend_from_slice(b);
+                out.extend_from_slice(b"\r\n");
+            }
+            Self::NilBulk if proto == Proto::Resp3 => out.extend_from_slice(b"_\r\n"),
+            Self::NilBulk => out.extend_from_slice(b"$-1\r\n"),
+            Self::NilArray if proto == Proto::Resp3 => out.extend_from_slice(b"_\r\n"),
+            Self::NilArray => out.extend_from_slice(b"*-1\r\n"),
+            Self::Array(items) => aggregate(out, b'*', items, proto),
+            Self::Push(items) if proto == Proto::Resp3 => aggregate(out, b'>', items, proto),
+            Self::Push(items) => aggregate(out, b'*', items, proto),
+            Self::Map(pairs) => {
+                let (kind, len) = if proto == Proto::Resp3 {
+                    (b'%', pairs.len())
+                } else {
+                    (b'*', pairs.len() * 2)
+                };
+                line(out, kind, &len.to_string());
+                for (k, v) in pairs {
+                    k.encode(proto, out);
+                    v.encode(proto, out);
+                }
+            }
+        }
+    }
+}
+
+fn aggregate(out: &mut Vec<u8>, kind: u8, items: &[Reply], proto: Proto) {
+    line(out, kind, &items.len().to_string());
+    for item in items {
+        item.encode(proto, out);
+    }
+}
+
+/// A one-line reply; CR and LF (which would end it early) become spaces.
+fn line(out: &mut Vec<u8>, kind: u8, text: &str) {
+    out.push(kind);
+    out.extend(text.bytes().map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }));
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on purpose
+mod tests {
+    use super::*;
+
+    fn one(input: &[u8]) -> Result<Option<(Request, usize)>, ProtocolError> {
+        parse(input, &LIMITS)
+    }
+
+    fn words(args: &[&str]) -> Request {
+        args.iter().map(|a| a.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn multibulk_requests_parse_and_report_their_length() {
+        let input = b"*2\r\n$4\r\nPING\r\n$2\r\nhi\r\n*1\r\n";
+        assert_eq!(one(input), Ok(Some((words(&["PING", "hi"]), 22))));
+        for end in 0..22 {
+            assert_eq!(one(&input[..end]), Ok(None), "a prefix of {end} bytes is incomplete");
+        }
+    }
+
+    #[test]
+    fn inline_requests_split_on_blanks_and_honour_quotes() {
+        let input = b"SENTINEL  get-master-addr-by-name \"my master\"\r\nPING";
+        let (args, used) = one(input).unwrap().unwrap();
+        assert_eq!(args, words(&["SENTINEL", "get-master-addr-by-name", "my master"]));
+        assert_eq!(used, 47);
+        assert_eq!(one(b"PING\n"), Ok(Some((words(&["PING"]), 5))));
+        assert_eq!(one(b"\r\n"), Ok(Some((vec![], 2))));
+        assert_eq!(one(b"ECHO \"x\r\n"), Err(ProtocolError::Quotes));
+    }
+
+    #[test]
+    fn limits_are_errors_not_allocations() {
+        assert_eq!(one(b"*9999999999\r\n"), Err(ProtocolError::MultibulkLength));
+        assert_eq!(one(b"*1\r\n$99999999\r\n"), Err(ProtocolError::BulkLength));
+        assert_eq!(one(b"*1\r\n$-5\r\n"), Err(ProtocolError::BulkLength));
+        assert_eq!(one(b"*1\r\n+PING\r\n"), Err(ProtocolError::ExpectedBulk('+')));
+        assert_eq!(one(b"*1\r\n$4\r\nPINGxx"), Err(ProtocolError::MissingCrlf));
+        assert_eq!(one(b"*12345678901234567890123456789"), Err(ProtocolError::MultibulkLength));
+        assert_eq!(one(b"*x\r\n"), Err(ProtocolError::MultibulkLength));
+        let long = vec![b'a'; LIMITS.max_inline + 1];
+        assert_eq!(one(&long), Err(ProtocolError::InlineTooLong));
+        assert_eq!(one(&long[..LIMITS.max_inline]), Ok(None));
+    }
+
+    #[test]
+    fn replies_encode_per_protocol() {
+        let encode = |r: Reply, p| {
+            let mut out = Vec::new();
+            r.encode(p, &mut out);
+            String::from_utf8(out).unwrap()
+        };
+        let map = Reply::fields([("ip", "127.0.0.1")]);
+        assert_eq!(encode(map.clone(), Proto::Resp2), "*2\r\n$2\r\nip\r\n$9\r\n127.0.0.1\r\n");
+        assert_eq!(encode(map, Proto::Resp3), "%1\r\n$2\r\nip\r\n$9\r\n127.0.0.1\r\n");
+        assert_eq!(encode(Reply::NilArray, Proto::Resp2), "*-1\r\n");
+        assert_eq!(encode(Reply::NilArray, Proto::Resp3), "_\r\n");
+        assert_eq!(encode(Reply::Push(vec![Reply::Int(1)]), Proto::Resp3), ">1\r\n:1\r\n");
+        assert_eq!(encode(Reply::error("ERR a\r\nb"), Proto::Resp2), "-ERR a  b\r\n");
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    //! Whatever arrives, the parser answers without panicking, never claims more bytes than it
+    //! was given, and a request it accepts encodes back to itself.
+    use super::*;
+    use proptest::prelude::*;
+
+    fn config() -> ProptestConfig {
+        let cases = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok());
+        ProptestConfig { cases: cases.unwrap_or(2000), ..ProptestConfig::default() }
+    }
+
+    fn encode_request(args: &[Vec<u8>]) -> Vec<u8> {
+        let items = args.iter().map(|a| Reply::Bulk(a.clone())).collect();
+        let mut out = Vec::new();
+        Reply::Array(items).encode(Proto::Resp2, &mut out);
+        out
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let small = Limits { max_args: 4, max_bulk: 16, max_inline: 64 };
+            for limits in [LIMITS, small] {
+                if let Ok(Some((_, used))) = parse(&bytes, &limits) {
+                    prop_assert!(used > 0 && used <= bytes.len());
+                }
+            }
+        }
+
+        #[test]
+        fn resp_shaped_noise_never_panics(
+            parts in proptest::collection::vec(
+                prop_oneof![
+                    Just(b"*".to_vec()), Just(b"$".to_vec()), Just(b"\r\n".to_vec()),
+                    Just(b"-1".to_vec()), Just(b"99999999999999999999".to_vec()),
+                    "[0-9]{1,3}".prop_map(String::into_bytes),
+                    proptest::collection::vec(any::<u8>(), 0..8),
+                ],
+                0..24,
+            )
+        ) {
+            let bytes = parts.concat();
+            if let Ok(Some((_, used))) = parse(&bytes, &LIMITS) {
+                prop_assert!(used > 0 && used <= bytes.len());
+            }
+        }
+
+        #[test]
+        fn encoded_requests_round_trip(
+            args in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..8),
+            split in 0usize..400,
+        ) {
+            let wire = encode_request(&args);
+            prop_assert_eq!(parse(&wire, &LIMITS), Ok(Some((args.clone(), wire.len()))));
+            let cut = split.min(wire.len() - 1);
+            prop_assert_eq!(parse(&wire[..cut], &LIMITS), Ok(None));
+        }
+    }
+}
