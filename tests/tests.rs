@@ -29,5 +29,6 @@ mod http_api;
 mod lab;
 mod metrics;
 mod operation;
+mod sentinel_api;
 mod status_page;
 mod sweep_netns;

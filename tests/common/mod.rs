@@ -153,7 +153,8 @@ impl Polestar {
         panic!("polestar not ready within {STARTUP:?}:\n{}", self.log_tail(TAIL));
     }
 
-    fn find_addr(&self, prefix: &str) -> Option<SocketAddr> {
+    /// The address of the first log line that starts with `prefix` (`listening for ... on `).
+    pub fn find_addr(&self, prefix: &str) -> Option<SocketAddr> {
         let log = lock(&self.log);
         log.iter().find_map(|line| {
             let rest = &line[line.find(prefix)? + prefix.len()..];
@@ -163,6 +164,10 @@ impl Polestar {
 
     fn logged_ready(&self) -> bool {
         lock(&self.log).iter().any(|l| l.trim_end().ends_with(": ready") || l.trim_end() == "ready")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Whether any log line contains `text`.

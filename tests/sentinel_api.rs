@@ -1,0 +1,425 @@
+//! The Sentinel protocol endpoint (issue 16) against real processes: a loopback lab, the
+//! polestar binary, `redis-cli`, and the real client libraries (redis-py `Sentinel`, ioredis
+//! `{sentinels, name}`; `bash tests/deps.sh` installs them) writing through failovers.
+//!
+//! The client tests print `SENTINEL_API <case> <client> via <endpoint>: ...` lines: from the
+//! promotion (the new primary first answering `ROLE` master) to each client's first write
+//! acknowledged by the new primary, through polestar's endpoint and through the real
+//! Sentinels, in one run.
+
+use crate::common::{Env, FAILOVER, Polestar, PolestarConfig, collect_lines, lock};
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use polestar::lab::{Lab, LabOptions, query};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep, timeout};
+
+const API_LINE: &str = "listening for Sentinel API on ";
+
+fn config(lab: &Lab, api: &str) -> PolestarConfig {
+    let mut config = PolestarConfig::for_lab(lab);
+    config.extra = format!("sentinel_api:\n  listen: [\"127.0.0.1:0\"]\n{api}");
+    config
+}
+
+fn api_addr(ps: &Polestar) -> SocketAddr {
+    ps.find_addr(API_LINE).unwrap_or_else(|| panic!("no `{API_LINE}` line:\n{}", ps.log_tail(40)))
+}
+
+/// `redis-cli -p PORT ARGS...`'s stdout (its non-tty output: one line per element).
+async fn redis_cli(addr: SocketAddr, args: &[&str]) -> String {
+    let out = tokio::process::Command::new("redis-cli")
+        .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output();
+    let out = timeout(Duration::from_secs(10), out).await.expect("redis-cli finishes");
+    String::from_utf8_lossy(&out.expect("redis-cli runs").stdout).into_owned()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// A raw subscriber: the time each `+switch-master` message arrived.
+
+/// Subscribes to `+switch-master` at `addr`; every message's payload arrives on the channel
+/// with the instant it was read.
+async fn switch_subscriber(addr: SocketAddr) -> mpsc::UnboundedReceiver<(Instant, String)> {
+    let mut stream = TcpStream::connect(addr).await.expect("connect the subscriber");
+    stream.write_all(b"SUBSCRIBE +switch-master\r\n").await.expect("subscribe");
+    let (tx, rx) = mpsc::unbounded_channel();
+    let marker = b"$7\r\nmessage\r\n$14\r\n+switch-master\r\n".as_slice();
+    tokio::spawn(async move {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let at = Instant::now();
+            buf.extend_from_slice(&chunk[..n]);
+            while let Some((payload, used)) = take_message(&buf, marker) {
+                let _ = tx.send((at, payload));
+                buf.drain(..used);
+            }
+        }
+    });
+    rx
+}
+
+/// The payload of the first complete message after `marker`, and how far it reaches.
+fn take_message(buf: &[u8], marker: &[u8]) -> Option<(String, usize)> {
+    let start = buf.windows(marker.len()).position(|w| w == marker)? + marker.len();
+    let rest = &buf[start..];
+    let cr = rest.iter().position(|&b| b == b'\r')?;
+    let len: usize = std::str::from_utf8(rest.get(1..cr)?).ok()?.parse().ok()?;
+    let body = rest.get(cr + 2..cr + 2 + len)?;
+    Some((String::from_utf8_lossy(body).into_owned(), start + cr + 2 + len + 2))
+}
+
+async fn next_switch(
+    rx: &mut mpsc::UnboundedReceiver<(Instant, String)>,
+    who: &str,
+) -> (Instant, String) {
+    let got = timeout(FAILOVER * 2, rx.recv()).await;
+    got.unwrap_or_else(|_| panic!("{who}: no +switch-master within {:?}", FAILOVER * 2))
+        .unwrap_or_else(|| panic!("{who}: the subscription closed"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The protocol, with redis-cli, against the real Sentinels' own answers.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cli_gets_the_sentinels_answer_after_every_failover_and_hears_the_switch_first() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let config = config(&lab, "");
+    let env = Env::with_config(lab, &config).await;
+    let api = api_addr(&env.ps);
+    let sentinels = env.lab.sentinel_addrs();
+    let ask = ["SENTINEL", "get-master-addr-by-name", "mymaster"];
+    let initial = redis_cli(sentinels[0], &ask).await;
+    assert_eq!(redis_cli(api, &ask).await, initial, "before any failover");
+    for round in 1..=2 {
+        let mut ours = switch_subscriber(api).await;
+        let mut theirs = Vec::new();
+        for s in &sentinels {
+            theirs.push(switch_subscriber(*s).await);
+        }
+        sleep(Duration::from_millis(200)).await; // the SUBSCRIBEs are answered
+        let new = env.failover().await;
+        let (at, payload) = next_switch(&mut ours, "polestar").await;
+        assert!(payload.ends_with(&format!(" {} {}", new.ip(), new.port())), "{payload}");
+        assert!(payload.starts_with("mymaster "), "{payload}");
+        let mut leads = Vec::new();
+        for (i, rx) in theirs.iter_mut().enumerate() {
+            let (their_at, their_payload) = next_switch(rx, &format!("sentinel {i}")).await;
+            assert_eq!(their_payload, payload, "polestar's +switch-master is Sentinel's");
+            assert!(
+                at < their_at,
+                "round {round}: polestar's +switch-master came after sentinel {i}'s"
+            );
+            leads.push(their_at.duration_since(at).as_millis());
+        }
+        println!(
+            "SENTINEL_API switch round {round}: polestar's +switch-master before the real \
+             Sentinels' by {:?} ms (first {} ms)",
+            leads,
+            leads.iter().min().copied().unwrap_or(0)
+        );
+        let expected = redis_cli(sentinels[0], &ask).await;
+        for s in &sentinels {
+            assert_eq!(redis_cli(*s, &ask).await, expected, "the Sentinels agree");
+        }
+        env.wait_until(Duration::from_secs(5), "polestar answers as the Sentinels", || async {
+            let ours = redis_cli(api, &ask).await;
+            anyhow::ensure!(ours == expected, "polestar {ours:?}, Sentinels {expected:?}");
+            Ok(())
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_are_refused_and_unknown_masters_answer_like_sentinel() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let config = config(&lab, "");
+    let env = Env::with_config(lab, &config).await;
+    let (api, sentinel) = (api_addr(&env.ps), env.lab.sentinel_addrs()[0]);
+    let unknown: [&[&str]; 5] = [
+        &["SENTINEL", "get-master-addr-by-name", "nope"],
+        &["SENTINEL", "MASTER", "nope"],
+        &["SENTINEL", "REPLICAS", "nope"],
+        &["SENTINEL", "SENTINELS", "nope"],
+        &["SENTINEL", "CKQUORUM", "nope"],
+    ];
+    for args in unknown {
+        let (ours, theirs) = (redis_cli(api, args).await, redis_cli(sentinel, args).await);
+        assert_eq!(ours, theirs, "{args:?}: polestar answers as Sentinel does");
+    }
+    let refused: [&[&str]; 6] = [
+        &["SENTINEL", "SET", "mymaster", "quorum", "1"],
+        &["SENTINEL", "FAILOVER", "mymaster"],
+        &["SENTINEL", "MONITOR", "other", "127.0.0.1", "6399", "2"],
+        &["SENTINEL", "REMOVE", "mymaster"],
+        &["SENTINEL", "RESET", "*"],
+        &["CONFIG", "SET", "maxclients", "1"],
+    ];
+    let epoch = env.lab.epoch().await.expect("the epoch");
+    for args in refused {
+        let out = redis_cli(api, args).await;
+        assert!(out.starts_with("ERR ") && out.contains("HTTP API"), "{args:?}: {out:?}");
+    }
+    // Nothing reached the Sentinels: same epoch, same quorum, no new master.
+    assert_eq!(env.lab.epoch().await.expect("the epoch"), epoch, "no failover was started");
+    let info = env.lab.master_info().await.expect("SENTINEL MASTER");
+    assert_eq!(info.get("quorum").map(String::as_str), Some("2"));
+    assert_eq!(redis_cli(sentinel, &["SENTINEL", "get-master-addr-by-name", "other"]).await, "\n");
+
+    // What clients parse matches the Sentinels' own view.
+    let ours: BTreeMap<String, String> =
+        query(api, &sentinel_cmd("master", &["mymaster"])).await.expect("SENTINEL MASTER");
+    let theirs = env.lab.master_info().await.expect("SENTINEL MASTER");
+    for field in ["name", "ip", "port", "flags", "num-slaves", "config-epoch"] {
+        assert_eq!(ours.get(field), theirs.get(field), "SENTINEL MASTER field {field}");
+    }
+    let replicas = |list: Vec<BTreeMap<String, String>>| -> BTreeSet<String> {
+        list.iter().map(|r| format!("{}:{}", r["ip"], r["port"])).collect()
+    };
+    let ours = query(api, &sentinel_cmd("replicas", &["mymaster"])).await.expect("REPLICAS");
+    let theirs = query(sentinel, &sentinel_cmd("replicas", &["mymaster"])).await.expect("REPLICAS");
+    assert_eq!(replicas(ours), replicas(theirs));
+    let sentinels: Vec<BTreeMap<String, String>> =
+        query(api, &sentinel_cmd("sentinels", &["mymaster"])).await.expect("SENTINELS");
+    assert!(sentinels.is_empty(), "no peers configured: never the real Sentinels: {sentinels:?}");
+    assert_eq!(redis_cli(api, &["ROLE"]).await, "sentinel\nmymaster\n");
+    assert!(
+        redis_cli(api, &["INFO", "sentinel"]).await.contains("master0:name=mymaster,status=ok")
+    );
+}
+
+fn sentinel_cmd(sub: &str, args: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd("SENTINEL");
+    cmd.arg(sub).arg(args);
+    cmd
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real client libraries writing through failovers.
+
+#[derive(Clone, Copy, Debug)]
+enum Library {
+    RedisPy,
+    Ioredis,
+}
+
+/// One client application process and what it printed.
+struct Writer {
+    label: String,
+    key: String,
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+struct Ack {
+    seq: u64,
+    ms: u64,
+    port: u16,
+}
+
+fn clients_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
+}
+
+impl Writer {
+    fn start(library: Library, via: &str, endpoints: &[SocketAddr], master: &str) -> Writer {
+        let dir = clients_dir();
+        let list: Vec<String> = endpoints.iter().map(ToString::to_string).collect();
+        let key = format!("writes:{library:?}:{via}");
+        let (program, script) = match library {
+            Library::RedisPy => (dir.join("venv/bin/python"), dir.join("sentinel_writer.py")),
+            Library::Ioredis => (PathBuf::from("node"), dir.join("sentinel_writer.js")),
+        };
+        let installed = match library {
+            Library::RedisPy => dir.join("venv/bin/python").exists(),
+            Library::Ioredis => dir.join("node_modules/ioredis").exists(),
+        };
+        assert!(installed, "{library:?} is not installed: run `bash tests/deps.sh`");
+        let mut child = Command::new(program)
+            .arg(script)
+            .args([&list.join(","), master, &key, "120"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the client starts");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        collect_lines(child.stdout.take().expect("stdout is piped"), lines.clone());
+        Writer { label: format!("{library:?} via {via}"), key, child, lines }
+    }
+
+    fn acks(&self) -> Vec<Ack> {
+        let lines = lock(&self.lines);
+        lines
+            .iter()
+            .filter_map(|l| {
+                let mut words = l.strip_prefix("ack ")?.split(' ');
+                let seq = words.next()?.parse().ok()?;
+                let ms = words.next()?.parse().ok()?;
+                let port = words.next()?.parse().ok()?;
+                Some(Ack { seq, ms, port })
+            })
+            .collect()
+    }
+
+    /// When the first write acknowledged by `port` at or after `after_ms` was acknowledged.
+    fn first_on(&self, port: u16, after_ms: u64) -> Option<u64> {
+        self.acks().iter().find(|a| a.port == port && a.ms >= after_ms).map(|a| a.ms)
+    }
+
+    fn errors_tail(&self) -> String {
+        let lines = lock(&self.lines);
+        let errors: Vec<&String> = lines.iter().filter(|l| l.starts_with("err ")).collect();
+        let start = errors.len().saturating_sub(5);
+        errors[start..].iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// When one of `candidates` first answers `ROLE` master (polled every 5 ms): the promotion.
+async fn watch_promotion(candidates: Vec<SocketAddr>) -> Option<(u64, SocketAddr)> {
+    let end = Instant::now() + FAILOVER * 2;
+    while Instant::now() < end {
+        for addr in &candidates {
+            if let Ok(redis::Value::Array(items)) = query(*addr, &redis::cmd("ROLE")).await {
+                if matches!(items.first(), Some(redis::Value::BulkString(b)) if b == b"master") {
+                    return Some((now_ms(), *addr));
+                }
+            }
+        }
+        sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fault {
+    Planned,
+    Hung,
+}
+
+/// Four applications (redis-py and ioredis, each through polestar's endpoint and through the
+/// real Sentinels) write through one `fault`; returns `(label, ms from promotion to the first
+/// write on the new primary)` after checking that no acknowledged write was lost.
+async fn clients_through(fault: Fault) -> Vec<(String, u64)> {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = config(&lab, "");
+    config.drain = true;
+    let env = Env::with_config(lab, &config).await;
+    let (api, sentinels) = (api_addr(&env.ps), env.lab.sentinel_addrs());
+    let master = env.master_name();
+    let mut writers = Vec::new();
+    for library in [Library::RedisPy, Library::Ioredis] {
+        writers.push(Writer::start(library, "polestar", &[api], &master));
+        writers.push(Writer::start(library, "sentinels", &sentinels, &master));
+    }
+    for w in &writers {
+        env.wait_until(Duration::from_secs(30), &format!("{} writing", w.label), || async {
+            let n = w.acks().len();
+            anyhow::ensure!(n >= 20, "{n} acks; errors:\n{}", w.errors_tail());
+            Ok(())
+        })
+        .await;
+    }
+    let old = env.lab.primary().await.expect("the primary");
+    let candidates = env.lab.node_addrs().into_iter().filter(|a| *a != old).collect();
+    let promotion = tokio::spawn(watch_promotion(candidates));
+    sleep(Duration::from_millis(20)).await;
+    match fault {
+        Fault::Planned => env.lab.failover().await.expect("SENTINEL FAILOVER"),
+        Fault::Hung => {
+            let i = env.lab.index_of(old).expect("the primary is a lab node");
+            env.lab.stop_node(i).expect("SIGSTOP the primary");
+        }
+    }
+    let new = env.lab.wait_for_primary_change(old, FAILOVER * 2).await;
+    let new = new.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
+    let (promoted_ms, promoted) = promotion.await.expect("the watcher").expect("a promotion seen");
+    assert_eq!(promoted, new, "the replica that first answered ROLE master is the new primary");
+    let mut results = Vec::new();
+    for w in &writers {
+        let what = format!("{} on the new primary", w.label);
+        let first = env
+            .wait_until(Duration::from_secs(30), &what, || async {
+                let first = w.first_on(new.port(), promoted_ms);
+                first.ok_or_else(|| anyhow::anyhow!("not yet; errors:\n{}", w.errors_tail()))
+            })
+            .await;
+        results.push((w.label.clone(), first.saturating_sub(promoted_ms)));
+    }
+    sleep(Duration::from_millis(500)).await;
+    for w in &mut writers {
+        let _ = w.child.kill();
+        let _ = w.child.wait();
+    }
+    for w in &writers {
+        let stored: Vec<String> =
+            query(new, &redis::cmd("LRANGE").arg(&w.key).arg(0).arg(-1).clone())
+                .await
+                .expect("LRANGE on the new primary");
+        let stored: BTreeSet<u64> = stored.iter().filter_map(|s| s.parse().ok()).collect();
+        let acks = w.acks();
+        let lost: Vec<u64> = acks.iter().map(|a| a.seq).filter(|s| !stored.contains(s)).collect();
+        println!(
+            "SENTINEL_API {fault:?} {}: {} writes acknowledged, {} lost",
+            w.label,
+            acks.len(),
+            lost.len()
+        );
+        assert!(lost.is_empty(), "{fault:?}: {} lost acknowledged writes {lost:?}", w.label);
+    }
+    if fault == Fault::Hung {
+        let i = env.lab.index_of(old).expect("the old primary is a lab node");
+        let _ = env.lab.cont_node(i);
+    }
+    for (label, ms) in &results {
+        println!(
+            "SENTINEL_API {fault:?} {label}: first write on the new primary {ms} ms after the \
+             promotion"
+        );
+    }
+    results
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_and_ioredis_lose_nothing_and_move_within_half_a_second_on_a_planned_failover() {
+    let results = clients_through(Fault::Planned).await;
+    for (label, ms) in &results {
+        if label.ends_with("via polestar") {
+            assert!(*ms <= 500, "{label}: {ms} ms from the promotion to the new primary");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_and_ioredis_lose_nothing_through_a_hung_primary() {
+    let results = clients_through(Fault::Hung).await;
+    let by = |via: &str| results.iter().filter(|(l, _)| l.ends_with(via)).count();
+    assert_eq!((by("via polestar"), by("via sentinels")), (2, 2));
+}
