@@ -307,10 +307,11 @@ async fn watch_promotion(candidates: Vec<SocketAddr>) -> Option<(u64, SocketAddr
     let end = Instant::now() + FAILOVER * 2;
     while Instant::now() < end {
         for addr in &candidates {
-            if let Ok(redis::Value::Array(items)) = query(*addr, &redis::cmd("ROLE")).await {
-                if matches!(items.first(), Some(redis::Value::BulkString(b)) if b == b"master") {
-                    return Some((now_ms(), *addr));
-                }
+            let role = query(*addr, &redis::cmd("ROLE")).await;
+            if let Ok(redis::Value::Array(items)) = role
+                && matches!(items.first(), Some(redis::Value::BulkString(b)) if b == b"master")
+            {
+                return Some((now_ms(), *addr));
             }
         }
         sleep(Duration::from_millis(5)).await;
