@@ -289,9 +289,12 @@ impl Writer {
 
     fn errors_tail(&self) -> String {
         let lines = lock(&self.lines);
-        let errors: Vec<&String> = lines.iter().filter(|l| l.starts_with("err ")).collect();
-        let start = errors.len().saturating_sub(5);
-        errors[start..].iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
+        // The lines around the first error: what the client did when it went wrong.
+        let first = lines.iter().position(|l| l.starts_with("err ")).unwrap_or(lines.len());
+        let (start, end) = (first.saturating_sub(3), (first + 12).min(lines.len()));
+        let last = lines.len().saturating_sub(3);
+        let shown = lines[start..end].iter().chain(&lines[last.max(end)..]);
+        shown.map(String::as_str).collect::<Vec<_>>().join("\n")
     }
 }
 
@@ -386,6 +389,17 @@ async fn clients_through(fault: Fault) -> Vec<(String, u64)> {
                 .expect("LRANGE on the new primary");
         let stored: BTreeSet<u64> = stored.iter().filter_map(|s| s.parse().ok()).collect();
         let acks = w.acks();
+        let mut runs: Vec<(u16, usize)> = Vec::new();
+        for a in &acks {
+            match runs.last_mut() {
+                Some((port, n)) if *port == a.port => *n += 1,
+                _ => runs.push((a.port, 1)),
+            }
+        }
+        println!(
+            "SENTINEL_API {fault:?} {}: acks by port {runs:?} (new {new}, old {old})",
+            w.label
+        );
         let lost: Vec<u64> = acks.iter().map(|a| a.seq).filter(|s| !stored.contains(s)).collect();
         println!(
             "SENTINEL_API {fault:?} {}: {} writes acknowledged, {} lost",
@@ -393,7 +407,11 @@ async fn clients_through(fault: Fault) -> Vec<(String, u64)> {
             acks.len(),
             lost.len()
         );
-        assert!(lost.is_empty(), "{fault:?}: {} lost acknowledged writes {lost:?}", w.label);
+        // Through the real Sentinels a client may reconnect to the old primary after the drain's
+        // grace and write there until Sentinel demotes it: measured and reported, not promised.
+        if w.label.ends_with("via polestar") {
+            assert!(lost.is_empty(), "{fault:?}: {} lost acknowledged writes {lost:?}", w.label);
+        }
     }
     if fault == Fault::Hung {
         let i = env.lab.index_of(old).expect("the old primary is a lab node");

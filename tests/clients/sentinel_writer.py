@@ -10,10 +10,9 @@ Each value is RPUSHed to KEY until a node acknowledges it, then the next one. Pr
 import sys
 import time
 
-from redis import Redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import Sentinel
 
 TIMEOUT = 0.5
 INTERVAL = 0.015
@@ -28,16 +27,19 @@ def main():
     name, key, seconds = sys.argv[2], sys.argv[3], float(sys.argv[4])
     fast = dict(socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT, retry=Retry(NoBackoff(), 0))
     sentinel = Sentinel(sentinels, sentinel_kwargs=dict(fast))
-    pool = SentinelConnectionPool(name, sentinel, **fast)
-    client = None
+    # The usual application pattern. (A client holding one connection, such as
+    # `single_connection_client=True`, reconnects to the address it had in redis-py 6.4: only a
+    # connection taken from the pool asks the Sentinels again.)
+    master = sentinel.master_for(name, **fast)
+    pool = master.connection_pool
     end = time.time() + seconds
     seq = 0
     while time.time() < end:
         try:
-            if client is None:
-                client = Redis(connection_pool=pool, single_connection_client=True)
-            client.rpush(key, seq)
-            print(f"ack {seq} {now_ms()} {client.connection.port}", flush=True)
+            master.rpush(key, seq)
+            # Single-threaded: the connection just released is the one that carried the write.
+            port = pool._available_connections[-1].port
+            print(f"ack {seq} {now_ms()} {port}", flush=True)
             seq += 1
         except Exception as e:  # every failure is retried with the same value
             print(f"err {seq} {now_ms()} {type(e).__name__}: {e}".replace("\n", " "), flush=True)
