@@ -464,3 +464,201 @@ async fn redis_py_and_ioredis_lose_nothing_through_a_hung_primary() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Bounded: a flood of subscribers, the connection cap, idle clients, slow readers.
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap_or("VmRSS: 0 kB");
+    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+/// A connection with a small receive buffer (so a reader that stops reading is slow at once).
+async fn small_buffer_connect(addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    socket.connect(addr).await.expect("connect")
+}
+
+/// Sends `request` and reads until `expect` has arrived (or fails after 5 s).
+async fn exchange(stream: &mut TcpStream, request: &str, expect: &str) -> String {
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let end = Instant::now() + Duration::from_secs(5);
+    while !String::from_utf8_lossy(&seen).contains(expect) {
+        let left = end.saturating_duration_since(Instant::now());
+        match timeout(left, stream.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => seen.extend_from_slice(&chunk[..n]),
+            other => panic!(
+                "{request:?}: no {expect:?} ({other:?}); got {:?}",
+                String::from_utf8_lossy(&seen)
+            ),
+        }
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+/// Reads until the peer closes; `true` when it did within `within`.
+async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    let mut chunk = vec![0u8; 64 * 1024];
+    let end = Instant::now() + within;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        match timeout(left, stream.read(&mut chunk)).await {
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_subscribers_stays_within_the_cap_and_costs_bounded_memory() {
+    const CAP: usize = 200;
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let secrets = tempfile::tempdir().expect("a temp dir");
+    let password = secrets.path().join("api.pass");
+    std::fs::write(&password, "flood-pass\n").expect("write the password file");
+    let extra = format!(
+        "  max_connections: {CAP}\n  idle_timeout: 1s\n  password_file: {}\n",
+        password.display()
+    );
+    let config = config(&lab, &extra);
+    let env = Env::with_config(lab, &config).await;
+    let api = api_addr(&env.ps);
+
+    // The password gates everything; an idle client is closed after idle_timeout.
+    let mut idle = TcpStream::connect(api).await.expect("connect");
+    exchange(&mut idle, "PING\r\n", "-NOAUTH Authentication required.").await;
+    exchange(&mut idle, "AUTH nope\r\n", "-WRONGPASS").await;
+    exchange(&mut idle, "AUTH flood-pass\r\nPING\r\n", "+PONG").await;
+    assert!(closed_within(&mut idle, Duration::from_secs(5)).await, "the idle client is closed");
+
+    let before = rss_kib(env.ps.pid());
+    let mut listener = small_buffer_connect(api).await;
+    exchange(&mut listener, "AUTH flood-pass\r\nSUBSCRIBE +switch-master\r\n", ":1\r\n").await;
+    let mut flood = Vec::new();
+    for _ in 1..CAP {
+        let mut s = small_buffer_connect(api).await;
+        // Subscribed, then never read again: past the idle timeout, they stay.
+        exchange(&mut s, "AUTH flood-pass\r\nPSUBSCRIBE *\r\n", ":1\r\n").await;
+        flood.push(s);
+    }
+    for _ in 0..50 {
+        let mut s = TcpStream::connect(api).await.expect("the kernel accepts");
+        let reply = exchange(&mut s, "", "max number of clients reached").await;
+        assert!(reply.starts_with("-ERR"), "{reply:?}");
+        assert!(closed_within(&mut s, Duration::from_secs(5)).await, "past the cap: closed");
+    }
+    sleep(Duration::from_millis(1500)).await;
+    // The flood does not hold up publication: the one reading subscriber hears the switch.
+    let new = env.failover().await;
+    let heard = exchange(&mut listener, "", &format!("{}\r\n", new.port())).await;
+    assert!(heard.contains("+switch-master"), "{heard:?}");
+    let after = rss_kib(env.ps.pid());
+    println!(
+        "SENTINEL_API flood: {CAP} subscribers (cap {CAP}), 50 refused; polestar RSS {before} -> \
+         {after} KiB"
+    );
+    assert!(after < before + 32 * 1024, "RSS grew from {before} to {after} KiB");
+    drop(flood);
+    drop(listener);
+    env.wait_until(Duration::from_secs(10), "connections back to 0", || async {
+        let (_, metrics) = env.ps.get_text("/metrics").await?;
+        let open = metrics
+            .lines()
+            .find(|l| l.starts_with("polestar_sentinel_api_connections "))
+            .unwrap_or_default();
+        anyhow::ensure!(open.ends_with(" 0"), "{open:?}");
+        anyhow::ensure!(metrics.contains("outcome=\"refused_full\"} 50"), "refused count");
+        Ok(())
+    })
+    .await;
+}
+
+/// In-process (the topology written by the test, so thousands of messages go out in a second):
+/// subscribers that stop reading are disconnected, one that reads keeps up, and memory stays
+/// flat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_subscribers_are_disconnected_not_buffered() {
+    use polestar::topology::{self, Master, MasterState, Node, Replica, SentinelCounts, Snapshot};
+    const REPLICAS: u16 = 100;
+    const CHANGES: usize = 300;
+    let snapshot = |version: u64| {
+        let replicas = (0..REPLICAS)
+            .map(|i| Replica {
+                ip: [10, 0, 0, 2].into(),
+                port: 7000 + i,
+                hostname: None,
+                healthy: version % 2 == 0,
+            })
+            .collect();
+        let master = Master {
+            name: "m".into(),
+            label: "m".into(),
+            primary: Some(Node { ip: [10, 0, 0, 1].into(), port: 6379, hostname: None }),
+            epoch: Some(1),
+            since: None,
+            state: MasterState::Ok,
+            replicas,
+            sentinels: SentinelCounts::default(),
+        };
+        let masters = [("m".to_string(), Arc::new(master))].into_iter().collect();
+        Arc::new(Snapshot { version, masters, source_reachable: true })
+    };
+    let (writer, reader) = topology::channel();
+    writer.send_replace(snapshot(0));
+    let listeners = polestar::sentinel_api::bind(&["127.0.0.1:0".parse().unwrap()]).await.unwrap();
+    let addr = listeners[0].local_addr().unwrap();
+    let api = polestar::sentinel_api::Api {
+        topology: reader,
+        peers: tokio::sync::watch::channel(Vec::new()).1,
+        password: tokio::sync::watch::channel(None).1,
+        max_connections: 100,
+        idle_timeout: Duration::from_secs(60),
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(polestar::sentinel_api::serve(listeners, api, stop.clone()));
+    let mut slow = Vec::new();
+    for _ in 0..20 {
+        let mut s = small_buffer_connect(addr).await;
+        exchange(&mut s, "PSUBSCRIBE *\r\n", ":1\r\n").await;
+        slow.push(s);
+    }
+    let mut fast = TcpStream::connect(addr).await.unwrap();
+    exchange(&mut fast, "SUBSCRIBE +sdown -sdown\r\n", ":2\r\n").await;
+    let reading = tokio::spawn(async move {
+        let (mut bytes, mut chunk) = (Vec::new(), vec![0u8; 64 * 1024]);
+        let marker = b"$7\r\nmessage\r\n";
+        let expected = REPLICAS as usize * CHANGES;
+        while bytes.windows(marker.len()).filter(|w| w == marker).count() < expected {
+            match timeout(Duration::from_secs(30), fast.read(&mut chunk)).await {
+                Ok(Ok(n)) if n > 0 => bytes.extend_from_slice(&chunk[..n]),
+                _ => break,
+            }
+        }
+        bytes.windows(marker.len()).filter(|w| w == marker).count()
+    });
+    let before = rss_kib(std::process::id());
+    for version in 1..=CHANGES as u64 {
+        writer.send_replace(snapshot(version));
+        sleep(Duration::from_millis(3)).await;
+    }
+    let received = reading.await.unwrap();
+    let after = rss_kib(std::process::id());
+    println!(
+        "SENTINEL_API slow readers: {} messages published; the reading subscriber got {received}; \
+         test process RSS {before} -> {after} KiB",
+        REPLICAS as usize * CHANGES
+    );
+    assert_eq!(received, REPLICAS as usize * CHANGES, "a subscriber that reads gets everything");
+    for (i, s) in slow.iter_mut().enumerate() {
+        let within = polestar::sentinel_api::WRITE_TIMEOUT + Duration::from_secs(10);
+        assert!(closed_within(s, within).await, "slow subscriber {i} was not disconnected");
+    }
+    assert!(after < before + 64 * 1024, "RSS grew from {before} to {after} KiB");
+    stop.cancel();
+    timeout(Duration::from_secs(10), server).await.expect("the server stops").unwrap().unwrap();
+}

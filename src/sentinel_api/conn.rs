@@ -135,7 +135,12 @@ impl<'a> Connection<'a> {
             match wake {
                 Wake::Read(Ok(0) | Err(_)) => return End::Closed,
                 Wake::Read(Ok(n)) => self.input.extend_from_slice(&chunk[..n]),
-                Wake::Message(Ok(message)) => self.deliver(&message),
+                Wake::Message(Ok(message)) => {
+                    self.deliver(&message);
+                    if let Err(end) = self.deliver_queued() {
+                        return end;
+                    }
+                }
                 Wake::Message(Err(broadcast::error::RecvError::Lagged(_))) => {
                     return End::SlowSubscriber;
                 }
@@ -238,6 +243,20 @@ impl<'a> Connection<'a> {
                 push.encode(self.session.proto, &mut self.output);
             }
         }
+    }
+
+    /// Adds the messages already waiting (up to [`MAX_OUTPUT`]) to the same write.
+    fn deliver_queued(&mut self) -> Result<(), End> {
+        use broadcast::error::TryRecvError;
+        while self.output.len() < MAX_OUTPUT {
+            let Some(rx) = self.messages.as_mut() else { return Ok(()) };
+            match rx.try_recv() {
+                Ok(message) => self.deliver(&message),
+                Err(TryRecvError::Empty | TryRecvError::Closed) => return Ok(()),
+                Err(TryRecvError::Lagged(_)) => return Err(End::SlowSubscriber),
+            }
+        }
+        Ok(())
     }
 
     async fn flush(&mut self) -> Result<(), End> {

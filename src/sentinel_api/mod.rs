@@ -38,8 +38,13 @@ pub use conn::{MAX_REQUEST, WRITE_TIMEOUT};
 pub use publish::Message;
 
 /// Messages a subscriber may fall behind by before it is disconnected. Shared by all of them
-/// (one broadcast ring), so a slow subscriber costs no memory of its own.
-pub const SUBSCRIBER_BACKLOG: usize = 64;
+/// (one broadcast ring of about 100 bytes a message), so a slow subscriber costs no memory of
+/// its own; large enough for one change that moves many masters at once (a host with the
+/// primaries of hundreds of masters going down).
+pub const SUBSCRIBER_BACKLOG: usize = 4096;
+/// The kernel's send buffer per connection (it autotunes up to megabytes otherwise): what a
+/// subscriber that stops reading can hold in the kernel before it counts as slow here.
+const SEND_BUFFER: usize = 128 * 1024;
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// What a client past the connection cap is told before it is closed (Redis's words).
 const FULL: &[u8] = b"-ERR max number of clients reached\r\n";
@@ -155,7 +160,7 @@ async fn serve_one(
 ) {
     metrics::counter!(m::SENTINEL_API_ACCEPTED, "outcome" => "served").increment(1);
     let _ = stream.set_nodelay(true);
-    keepalive(&stream);
+    socket_options(&stream);
     conn::serve(stream, shared, shutdown).await;
     drop(slot);
 }
@@ -167,8 +172,9 @@ fn refuse(stream: TcpStream) {
 }
 
 /// A subscriber has no idle timeout: keepalive and `TCP_USER_TIMEOUT` find the ones whose host
-/// went away.
-fn keepalive(stream: &TcpStream) {
+/// went away. The send buffer is capped, so one that stops reading is found out (and costs
+/// kernel memory) within [`SEND_BUFFER`].
+fn socket_options(stream: &TcpStream) {
     let socket = socket2::SockRef::from(stream);
     let settings = socket2::TcpKeepalive::new()
         .with_time(Duration::from_secs(30))
@@ -176,6 +182,7 @@ fn keepalive(stream: &TcpStream) {
         .with_retries(3);
     let _ = socket.set_tcp_keepalive(&settings);
     let _ = socket.set_tcp_user_timeout(Some(Duration::from_secs(60)));
+    let _ = socket.set_send_buffer_size(SEND_BUFFER);
 }
 
 /// The series exist from the start, so `rate()` works before the first client.
