@@ -592,7 +592,7 @@ async fn slow_subscribers_are_disconnected_not_buffered() {
                 ip: [10, 0, 0, 2].into(),
                 port: 7000 + i,
                 hostname: None,
-                healthy: version % 2 == 0,
+                healthy: version.is_multiple_of(2),
             })
             .collect();
         let master = Master {
