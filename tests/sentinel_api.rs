@@ -662,3 +662,57 @@ async fn slow_subscribers_are_disconnected_not_buffered() {
     stop.cancel();
     timeout(Duration::from_secs(10), server).await.expect("the server stops").unwrap().unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// SIGHUP: peers and password change in place; RESP3.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_peers_and_password_and_resp3_is_spoken() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let config = config(&lab, "  peers: [\"10.0.0.1:26380\"]\n");
+    let env = Env::with_config(lab, &config).await;
+    let api = api_addr(&env.ps);
+    let peers = ["SENTINEL", "SENTINELS", "mymaster"];
+    assert!(redis_cli(api, &peers).await.contains("ip\n10.0.0.1\nport\n26380\n"));
+    let resp3 = redis_cli(api, &["-3", "SENTINEL", "get-master-addr-by-name", "nope"]).await;
+    let theirs = redis_cli(
+        env.lab.sentinel_addrs()[0],
+        &["-3", "SENTINEL", "get-master-addr-by-name", "nope"],
+    )
+    .await;
+    assert_eq!(resp3, theirs, "RESP3 nil as Sentinel sends it");
+    let mut hello = TcpStream::connect(api).await.expect("connect");
+    let reply = exchange(&mut hello, "HELLO 3\r\n", "modules").await;
+    assert!(reply.starts_with("%7\r\n") && reply.contains("sentinel"), "{reply:?}");
+    let pushed = exchange(&mut hello, "SUBSCRIBE +switch-master\r\n", ":1\r\n").await;
+    assert!(pushed.starts_with(">3\r\n"), "RESP3 subscriptions answer as pushes: {pushed:?}");
+
+    // New peers and a password, then SIGHUP.
+    let password = env.ps.config_path.with_file_name("api.pass");
+    std::fs::write(&password, "reloaded\n").expect("write the password file");
+    let yaml = std::fs::read_to_string(&env.ps.config_path).expect("the config");
+    let yaml = yaml.replace(
+        "  peers: [\"10.0.0.1:26380\"]\n",
+        &format!(
+            "  peers: [\"10.0.0.2:26390\", \"10.0.0.3:26390\"]\n  password_file: {}\n",
+            password.display()
+        ),
+    );
+    std::fs::write(&env.ps.config_path, yaml).expect("rewrite the config");
+    let pid = nix::unistd::Pid::from_raw(env.ps.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
+    env.wait_until(Duration::from_secs(10), "the password applies", || async {
+        let out = redis_cli(api, &peers).await;
+        anyhow::ensure!(out.starts_with("NOAUTH"), "{out:?}");
+        Ok(())
+    })
+    .await;
+    let out = redis_cli(
+        api,
+        &["--no-auth-warning", "-a", "reloaded", "SENTINEL", "SENTINELS", "mymaster"],
+    )
+    .await;
+    assert!(out.contains("10.0.0.2") && out.contains("10.0.0.3"), "{out:?}");
+    assert!(!out.contains("10.0.0.1"), "{out:?}");
+    assert!(env.ps.logged("sentinel_api.peers"), "the reload names what it applied");
+}
