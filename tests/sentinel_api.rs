@@ -78,6 +78,21 @@ async fn switch_subscriber(addr: SocketAddr) -> mpsc::UnboundedReceiver<(Instant
     rx
 }
 
+/// Sends `request` and collects everything the connection then receives.
+async fn raw_subscriber(addr: SocketAddr, request: &str) -> Arc<Mutex<Vec<u8>>> {
+    let mut stream = TcpStream::connect(addr).await.expect("connect the subscriber");
+    stream.write_all(request.as_bytes()).await.expect("subscribe");
+    let bytes = Arc::new(Mutex::new(Vec::new()));
+    let sink = bytes.clone();
+    tokio::spawn(async move {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n @ 1..) = stream.read(&mut chunk).await {
+            lock(&sink).extend_from_slice(&chunk[..n]);
+        }
+    });
+    bytes
+}
+
 /// The payload of the first complete message after `marker`, and how far it reaches.
 fn take_message(buf: &[u8], marker: &[u8]) -> Option<(String, usize)> {
     let start = buf.windows(marker.len()).position(|w| w == marker)? + marker.len();
@@ -365,6 +380,7 @@ async fn clients_through(fault: Fault) -> Vec<(String, u64)> {
         })
         .await;
     }
+    let heard = raw_subscriber(api, "PSUBSCRIBE *\r\n").await;
     let old = env.lab.primary().await.expect("the primary");
     let candidates = env.lab.node_addrs().into_iter().filter(|a| *a != old).collect();
     let promotion = tokio::spawn(watch_promotion(candidates));
@@ -430,6 +446,19 @@ async fn clients_through(fault: Fault) -> Vec<(String, u64)> {
             assert!(lost.is_empty(), "{fault:?}: {} lost acknowledged writes {lost:?}", w.label);
         }
     }
+    let switch = "+switch-master\r\n$".to_string();
+    let sdown =
+        format!("slave {old} {} {} @ {master} {} {}", old.ip(), old.port(), new.ip(), new.port());
+    env.wait_until(Duration::from_secs(20), "polestar's subscribers hear the failover", || async {
+        let text = String::from_utf8_lossy(&lock(&heard)).into_owned();
+        anyhow::ensure!(text.contains(&switch), "no +switch-master in {text:?}");
+        if fault == Fault::Hung {
+            // The hung old primary, once Sentinel lists it as a replica that is down.
+            anyhow::ensure!(text.contains(&sdown), "no +sdown {sdown:?} in {text:?}");
+        }
+        Ok(())
+    })
+    .await;
     if fault == Fault::Hung {
         let i = env.lab.index_of(old).expect("the old primary is a lab node");
         let _ = env.lab.cont_node(i);
