@@ -745,3 +745,42 @@ async fn sighup_reloads_peers_and_password_and_resp3_is_spoken() {
     assert!(!out.contains("10.0.0.1"), "{out:?}");
     assert!(env.ps.logged("sentinel_api.peers"), "the reload names what it applied");
 }
+
+/// Garbage, oversized requests and a client that says nothing useful: each gets Redis's
+/// protocol error and is closed; the endpoint keeps serving everyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_input_is_a_protocol_error_and_the_endpoint_keeps_serving() {
+    let (_writer, reader) = polestar::topology::channel();
+    let listeners = polestar::sentinel_api::bind(&["127.0.0.1:0".parse().unwrap()]).await.unwrap();
+    let addr = listeners[0].local_addr().unwrap();
+    let api = polestar::sentinel_api::Api {
+        topology: reader,
+        peers: tokio::sync::watch::channel(Vec::new()).1,
+        password: tokio::sync::watch::channel(None).1,
+        max_connections: 16,
+        idle_timeout: Duration::from_secs(60),
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(polestar::sentinel_api::serve(listeners, api, stop.clone()));
+    let huge_inline = "A".repeat(70 * 1024);
+    let unfinished = format!("*1\r\n$60000\r\n{}", "x".repeat(1000));
+    let cases = [
+        ("*2\r\n+PING\r\n".to_string(), "Protocol error: expected '$', got '+'"),
+        ("*99999999\r\n".to_string(), "Protocol error: invalid multibulk length"),
+        ("*1\r\n$99999999\r\n".to_string(), "Protocol error: invalid bulk length"),
+        (huge_inline, "Protocol error: too big inline request"),
+        ("ECHO \"unbalanced\r\n".to_string(), "Protocol error: unbalanced quotes"),
+    ];
+    for (input, expect) in cases {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        exchange(&mut s, &input, expect).await;
+        assert!(closed_within(&mut s, Duration::from_secs(5)).await, "{expect}: closed");
+    }
+    // A request that is still arriving is not an error: it is answered once complete.
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(unfinished.as_bytes()).await.unwrap();
+    let mut ok = TcpStream::connect(addr).await.unwrap();
+    exchange(&mut ok, "PING\r\nSENTINEL get-master-addr-by-name x\r\n", "+PONG\r\n*-1\r\n").await;
+    stop.cancel();
+    timeout(Duration::from_secs(10), server).await.expect("the server stops").unwrap().unwrap();
+}

@@ -80,3 +80,18 @@ async fn a_projection_follows_its_part_only() {
     rate.changed().await.expect("the projection follows");
     assert_eq!(*rate.borrow_and_update(), 7);
 }
+
+#[test]
+fn sentinel_api_peers_apply_and_its_listener_needs_a_restart() {
+    let old = format!(
+        "{BASE}sentinel_api: {{ listen: [\"127.0.0.1:26380\"], peers: [\"10.0.0.1:1\"] }}\n"
+    );
+    let new = old.replace("10.0.0.1:1", "10.0.0.2:1").replace("26380", "26381");
+    let changes = Changes::between(&parse(&old), &parse(&new));
+    assert_eq!(changes.applied, ["sentinel_api.peers"]);
+    assert_eq!(changes.restart, ["sentinel_api.listen"]);
+    assert!(!Changes::watcher(&parse(&old), &parse(&new)));
+    let kept = keep_listeners(&parse(&old), parse(&new)).sentinel_api.expect("kept");
+    assert_eq!(kept.listen[0].port(), 26380, "the bound address stays published");
+    assert_eq!(kept.peers[0].host, "10.0.0.2", "the new peers are");
+}
