@@ -277,7 +277,11 @@ impl Config {
             Some(h) => format!("HTTP on {}", h.listen),
             None => "no HTTP".to_string(),
         };
-        format!("ok: {source}, {masters}, {dns}, {http}")
+        let api = match &self.sentinel_api {
+            Some(a) => format!(", Sentinel API on {}", join(&a.listen)),
+            None => String::new(),
+        };
+        format!("ok: {source}, {masters}, {dns}, {http}{api}")
     }
 }
 

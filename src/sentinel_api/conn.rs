@@ -205,7 +205,7 @@ impl<'a> Connection<'a> {
                     }
                 }
                 Ok(None) if self.input.len() - used > MAX_REQUEST => {
-                    break Err(resp::ProtocolError::MultibulkLength);
+                    break Err(resp::ProtocolError::TooLarge);
                 }
                 Ok(None) => break Ok(false),
                 Err(e) => break Err(e),

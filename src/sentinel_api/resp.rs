@@ -39,6 +39,9 @@ pub enum ProtocolError {
     InlineTooLong,
     #[error("unbalanced quotes in request")]
     Quotes,
+    /// More than [`crate::sentinel_api::MAX_REQUEST`] buffered without a complete request.
+    #[error("request too large")]
+    TooLarge,
 }
 
 /// The first complete request in `buf` and how many bytes it took; `Ok(None)` when `buf`
