@@ -602,6 +602,9 @@ async fn a_flood_of_subscribers_stays_within_the_cap_and_costs_bounded_memory() 
             .unwrap_or_default();
         anyhow::ensure!(open.ends_with(" 0"), "{open:?}");
         anyhow::ensure!(metrics.contains("outcome=\"refused_full\"} 50"), "refused count");
+        let psubscribes = format!("command=\"psubscribe\"}} {}", CAP - 1);
+        anyhow::ensure!(metrics.contains(&psubscribes), "commands by name");
+        anyhow::ensure!(metrics.contains("reason=\"idle\"} 1"), "the idle client");
         Ok(())
     })
     .await;

@@ -66,7 +66,8 @@ impl Session {
     }
 }
 
-/// The command's name for metrics: one of a fixed set, so the label stays bounded.
+/// The command's name for metrics: one of a fixed set (`SENTINEL` with its subcommand), so the
+/// label stays bounded.
 pub fn metric_name(request: &Request) -> &'static str {
     const KNOWN: [&str; 18] = [
         "ping",
@@ -88,8 +89,25 @@ pub fn metric_name(request: &Request) -> &'static str {
         "publish",
         "shutdown",
     ];
-    let name = request.first().map(|n| String::from_utf8_lossy(n).to_ascii_lowercase());
-    KNOWN.into_iter().find(|k| Some(*k) == name.as_deref()).unwrap_or("other")
+    const SENTINEL: [&str; 10] = [
+        "sentinel get-master-addr-by-name",
+        "sentinel masters",
+        "sentinel master",
+        "sentinel replicas",
+        "sentinel slaves",
+        "sentinel sentinels",
+        "sentinel ckquorum",
+        "sentinel myid",
+        "sentinel failover",
+        "sentinel set",
+    ];
+    let word = |i: usize| request.get(i).map(|w| String::from_utf8_lossy(w).to_ascii_lowercase());
+    let name = word(0).unwrap_or_default();
+    if name == "sentinel" {
+        let full = format!("sentinel {}", word(1).unwrap_or_default());
+        return SENTINEL.into_iter().find(|k| *k == full).unwrap_or("sentinel other");
+    }
+    KNOWN.into_iter().find(|k| *k == name).unwrap_or("other")
 }
 
 /// Answers one request. Subscription commands answer one reply per channel, hence the `Vec`.

@@ -162,3 +162,13 @@ fn client_names_and_info_are_accepted() {
     assert_eq!(ask(s, None, "CLIENT SETINFO LIB-NAME redis-py"), "+OK\r\n");
     assert!(ask(s, None, "CLIENT KILL ID 1").starts_with("-ERR unknown subcommand"));
 }
+
+#[test]
+fn metric_names_are_a_bounded_set() {
+    let name = |line: &str| metric_name(&line.split(' ').map(|w| w.as_bytes().to_vec()).collect());
+    assert_eq!(name("SENTINEL get-master-addr-by-name m"), "sentinel get-master-addr-by-name");
+    assert_eq!(name("sentinel MASTERS"), "sentinel masters");
+    assert_eq!(name("SENTINEL whatever"), "sentinel other");
+    assert_eq!(name("PSUBSCRIBE *"), "psubscribe");
+    assert_eq!(name("FLUSHALL"), "other");
+}
