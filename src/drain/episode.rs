@@ -124,6 +124,15 @@ enum Demotion {
     Refused(String),
 }
 
+/// What a demotion attempt leaves the fence loop to do.
+enum Attempt {
+    /// The node is a replica now.
+    Demoted,
+    /// It answered but must not be demoted (yet): keep fencing.
+    Refused,
+    Unreachable,
+}
+
 pub struct Episode {
     shared: Arc<Shared>,
     master: String,
@@ -221,10 +230,19 @@ impl Episode {
                 next = current.until;
                 continue;
             }
-            if let Some(to) = &current.demote
-                && self.demote(to).await
-            {
-                continue;
+            if let Some(to) = &current.demote {
+                match self.demote(to).await {
+                    Attempt::Demoted => continue,
+                    Attempt::Refused => {}
+                    Attempt::Unreachable => {
+                        // A hung node: keep an attempt queued at it (each is bounded by its
+                        // deadlines), so that it is demoted the moment it resumes.
+                        if now.elapsed() >= interval {
+                            next = Instant::now();
+                        }
+                        continue;
+                    }
+                }
             }
             if now < current.fence_until {
                 self.fence_once().await;
@@ -297,8 +315,8 @@ impl Episode {
         self.shared.events.push("unfence", Some(&self.master), data);
     }
 
-    /// Demotes the node to `to` if it still claims master; true once it is a replica.
-    async fn demote(&self, to: &Node) -> bool {
+    /// Demotes the node to `to` if it still claims master.
+    async fn demote(&self, to: &Node) -> Attempt {
         let outcome = self.try_demote(to).await;
         self.fence_tried.send_replace(true);
         match outcome {
@@ -311,16 +329,16 @@ impl Episode {
             }
             Ok(Demotion::Refused(why)) => {
                 self.refused(to, &why);
-                return false;
+                return Attempt::Refused;
             }
             Err(e) => {
                 self.unreachable::<()>(e, "demote");
-                return false;
+                return Attempt::Unreachable;
             }
         }
         self.reachable_again();
         self.demoted.store(true, Ordering::SeqCst);
-        true
+        Attempt::Demoted
     }
 
     async fn try_demote(&self, to: &Node) -> Result<Demotion, NodeError> {
