@@ -263,6 +263,7 @@ fn start_writers(
     writers
 }
 
+/// Until every writer has written on `node` for a second (so that a lost write would show).
 async fn all_writing_on(env: &Env, writers: &[Writer], node: SocketAddr) {
     env.wait_until(FAILOVER, "every writer writes on the primary", || async {
         for w in writers {
@@ -271,6 +272,7 @@ async fn all_writing_on(env: &Env, writers: &[Writer], node: SocketAddr) {
         Ok(())
     })
     .await;
+    sleep(Duration::from_secs(1)).await;
 }
 
 /// When polestar published the latest switch.
@@ -301,6 +303,13 @@ async fn back_within_cache_time(env: &Env, writers: &[Writer], old: SocketAddr, 
             )
             .await;
         let back = secs_since(flip, found.0);
+        // Keep writing there a while: what it writes there is counted too.
+        let before = w.log.successes();
+        env.wait_until(FAILOVER, "the writer goes on writing", || async {
+            ensure!(w.log.successes() >= before + 10, "not yet");
+            Ok(())
+        })
+        .await;
         eprintln!(
             "writer {:?}: first write on the new primary {back:.3} s after the flip",
             w.finds
