@@ -710,6 +710,24 @@ async fn the_drain_is_paced_by_rate() {
     assert!(last > Duration::from_secs(2) && last < Duration::from_secs(6), "last after {last:?}");
 }
 
+/// Build 3 of issue 12: two polestars draining the same node kill the same clients in the same
+/// order (by id, from the same listing), so together they disconnect at about one rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_polestars_draining_one_node_kill_at_about_one_rate() {
+    let old = Server::start(&[]).await;
+    let tasks = clients(old.addr(), &[(Kind::Idle, 300)]).await;
+    let (a, b) =
+        (harness(settings(1500, 250, 30_000, 100)), harness(settings(1500, 250, 30_000, 100)));
+    let flipped = Instant::now();
+    a.flip("m", &old, other_node());
+    b.flip("m", &old, other_node());
+    let times = all_closed(tasks).await.unwrap_or_else(|open| panic!("{open} still open"));
+    let last = times.iter().max().map(|t| t.duration_since(flipped)).unwrap_or_default();
+    eprintln!("300 clients, two polestars at rate 100 each: last killed after {last:?}");
+    // Alone, one would take 3 s; the two adding up their rates would take 1.5 s.
+    assert!(last > Duration::from_millis(2300), "killed at twice the rate: {last:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_old_primary_delays_no_other_master_and_is_retried() {
     let hung = Server::start(&[]).await;
