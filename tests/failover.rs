@@ -482,3 +482,98 @@ async fn two_polestars_lose_no_write_whatever_the_client_caches() {
         "the second polestar did nothing: {kinds:?}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The same writer through HAProxy with role checks (bench/haproxy.sh's configuration), on the
+// loopback lab: a measurement for issue 12's table, not a check.
+
+/// HAProxy in front of the lab's nodes (`tcp-check` `PING` and `role:master`, `inter 500ms
+/// fall 2 rise 1`, `on-marked-down shutdown-sessions`), killed on drop.
+struct Haproxy {
+    child: std::process::Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_haproxy(nodes: &[SocketAddr]) -> Haproxy {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let servers: String =
+        nodes.iter().enumerate().map(|(i, a)| format!("    server r{i} {a} check\n")).collect();
+    let conf = format!(
+        "global\n    maxconn 256\ndefaults\n    mode tcp\n    timeout connect 1s\n\
+         \x20   timeout client 1h\n    timeout server 1h\n\
+         frontend redis\n    bind 127.0.0.1:{port}\n    default_backend primary\n\
+         backend primary\n    option tcp-check\n    tcp-check connect\n\
+         \x20   tcp-check send PING\\r\\n\n    tcp-check expect string +PONG\n\
+         \x20   tcp-check send info\\ replication\\r\\n\n    tcp-check expect string role:master\n\
+         \x20   tcp-check send QUIT\\r\\n\n    tcp-check expect string +OK\n\
+         \x20   default-server inter 500ms fall 2 rise 1 on-marked-down shutdown-sessions\n\
+         {servers}"
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("haproxy.cfg");
+    std::fs::write(&path, conf).expect("write haproxy.cfg");
+    let child = std::process::Command::new("haproxy")
+        .arg("-db")
+        .arg("-f")
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("haproxy is installed (apt-get install haproxy)");
+    Haproxy { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), _dir: dir }
+}
+
+/// Run with `cargo nextest run --locked --run-ignored only --no-capture failover::haproxy`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: needs haproxy; prints lost writes and time back through HAProxy"]
+async fn haproxy_on_the_same_writer_planned_failover() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let old = lab.primary().await.expect("primary");
+    let proxy = start_haproxy(&lab.node_addrs());
+    sleep(Duration::from_millis(1500)).await;
+    let stop = CancellationToken::new();
+    let client =
+        Client::writer(Target::Fixed(proxy.addr)).node_from_client_info().key("via-haproxy");
+    let (log, task) = client.spawn(stop.clone());
+    for _ in 0..200 {
+        if log.last_ok().is_some_and(|(_, a)| a == old) {
+            break;
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+    sleep(Duration::from_secs(1)).await;
+    let fault = SystemTime::now();
+    lab.failover().await.expect("SENTINEL FAILOVER");
+    let new = lab.wait_for_primary_change(old, FAILOVER * 2).await.expect("a new primary");
+    let mut back = None;
+    for _ in 0..400 {
+        back = log.first_ok_elsewhere(old, fault);
+        if back.is_some() {
+            break;
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+    sleep(Duration::from_secs(2)).await;
+    stop.cancel();
+    let _ = timeout(Duration::from_secs(10), task).await;
+    let acked = log.successes();
+    let stored = get_u64(new, "via-haproxy").await.expect("counter");
+    let back = back.map(|(t, _)| format!("{:.3} s", secs_since(fault, t)));
+    eprintln!(
+        "HAProxy (role checks), planned failover: back on the new primary {} after SENTINEL \
+         FAILOVER; {acked} acknowledged, {stored} stored, lost {}",
+        back.unwrap_or_else(|| "never".into()),
+        acked.saturating_sub(stored)
+    );
+}

@@ -317,12 +317,13 @@ impl Episode {
 
     /// Demotes the node to `to` if it still claims master.
     async fn demote(&self, to: &Node) -> Attempt {
+        let started = Instant::now();
         let outcome = self.try_demote(to).await;
         self.fence_tried.send_replace(true);
         match outcome {
             Ok(Demotion::Done { killed }) => {
                 self.demoted_by_us.store(true, Ordering::SeqCst);
-                self.demoted(to, killed)
+                self.demoted(to, killed, started.elapsed())
             }
             Ok(Demotion::AlreadyReplica) => {
                 self.lift("replica").await;
@@ -392,12 +393,13 @@ impl Episode {
         }
     }
 
-    fn demoted(&self, to: &Node, killed: usize) {
-        tracing::info!(master = %self.master, node = %self.node(), to = %to, killed, "demoted the old primary: REPLICAOF the new primary, pause lifted");
+    fn demoted(&self, to: &Node, killed: usize, took: Duration) {
+        let duration_ms = took.as_millis() as u64;
+        tracing::info!(master = %self.master, node = %self.node(), to = %to, killed, duration_ms, "demoted the old primary: REPLICAOF the new primary, pause lifted");
         if killed > 0 {
             metrics::counter!(crate::metrics::DRAIN_KILLED, "master" => self.master.clone(), "method" => "client_kill").increment(killed as u64);
         }
-        let data = json!({ "node": self.node(), "to": to.addr(), "killed": killed });
+        let data = json!({ "node": self.node(), "to": to.addr(), "killed": killed, "duration_ms": duration_ms });
         self.shared.events.push("demote", Some(&self.master), data);
     }
 
