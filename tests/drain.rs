@@ -606,6 +606,23 @@ async fn a_provisional_flip_is_demoted_once_confirmed() {
     assert!(old.ask(&["ROLE"]).await.contains("slave"));
 }
 
+/// An old primary that Sentinel promotes again (it answered replica, now master) is never
+/// demoted by a late or repeated signal of the failover that demoted it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_primary_promoted_again_is_never_demoted_by_a_late_signal() {
+    let old = Server::start(&[]).await;
+    let new = Server::start(&[]).await;
+    let h = harness(settings(300, 100, 30_000, 2000));
+    h.flip("m", &old, new.node());
+    h.event("demote", |_| true).await.expect("demote event");
+    assert_eq!(old.ask(&["REPLICAOF", "NO", "ONE"]).await, "+OK\r\n");
+    h.send(Signal::Confirmed { master: "m".into(), new: new.node(), epoch: 2 });
+    let refused = h.event("demote_refused", |_| true).await.expect("refused");
+    assert!(field(&refused, "why").as_str().is_some_and(|w| w.contains("promoted again")));
+    assert!(old.ask(&["ROLE"]).await.contains("master"));
+    assert_eq!(h.count("demote"), 1);
+}
+
 /// Issue 11: the returning-node drain checked neither the epoch nor an ongoing failover, so it
 /// could fence and drain the replica being promoted before it was published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -113,7 +113,12 @@ impl Coordinator {
     fn apply(&mut self, signal: Signal, episodes: &mut Episodes, shutdown: &CancellationToken) {
         tracing::debug!(?signal, "drain signal");
         match signal {
-            Signal::Promoting { master, old, .. } => {
+            Signal::Promoting { master, old, new, .. } => {
+                // The replica being promoted may be an old primary still in its window: its
+                // episode must neither sweep nor demote it any more.
+                if let Some(new) = &new {
+                    stop_node(episodes, &master, new.addr(), Stop::Primary);
+                }
                 // Fenced until the flip: from now on O's writes are lost. Lifted within
                 // FENCE_HOLD if no flip or confirmation follows.
                 let hold = Instant::now() + FENCE_HOLD;

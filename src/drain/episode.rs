@@ -143,6 +143,10 @@ pub struct Episode {
     demoted: AtomicBool,
     /// We demoted it ourselves: a returning node's drain goes ahead although it answers replica.
     demoted_by_us: AtomicBool,
+    /// It answered replica at some point of the current drain order: if it answers master
+    /// later, Sentinel promoted it again, and it is never demoted (until a returning-node order
+    /// says it came back claiming master).
+    seen_replica: AtomicBool,
     /// The drain loop reached the node for the current order.
     drained: AtomicBool,
     /// An unreachable node is reported once per episode, not every interval.
@@ -172,6 +176,7 @@ impl Episode {
             paused: AtomicBool::new(false),
             demoted: AtomicBool::new(false),
             demoted_by_us: AtomicBool::new(false),
+            seen_replica: AtomicBool::new(false),
             drained: AtomicBool::new(true),
             unreachable: AtomicBool::new(false),
             refused: AtomicBool::new(false),
@@ -205,6 +210,7 @@ impl Episode {
     async fn fence_loop(&self, mut orders: watch::Receiver<Orders>) -> u64 {
         let interval = self.shared.cfg.interval;
         let mut next = Instant::now();
+        let mut last_drain = None;
         loop {
             let until = orders.borrow().until;
             tokio::select! {
@@ -216,6 +222,13 @@ impl Episode {
                 }
             }
             let current = orders.borrow_and_update().clone();
+            if current.drain != last_drain {
+                last_drain = current.drain;
+                if last_drain.is_some_and(|d| d.reason == Reason::Returning) {
+                    // Back claiming master (restarted from an old config): demote it again.
+                    self.seen_replica.store(false, Ordering::SeqCst);
+                }
+            }
             let now = Instant::now();
             next = now + interval;
             if let Some(stop) = current.stop {
@@ -274,6 +287,7 @@ impl Episode {
             Role::Master => self.fence().await,
             Role::Replica => {
                 self.demoted.store(true, Ordering::SeqCst);
+                self.seen_replica.store(true, Ordering::SeqCst);
                 self.lift("replica").await;
             }
             Role::Other(ref other) => {
@@ -344,8 +358,15 @@ impl Episode {
 
     async fn try_demote(&self, to: &Node) -> Result<Demotion, NodeError> {
         match self.link.role().await? {
+            Role::Master if self.seen_replica.load(Ordering::SeqCst) => {
+                // A replica earlier, a master now: promoted again (by Sentinel), not ours.
+                return Ok(Demotion::Refused("it answered replica before: promoted again".into()));
+            }
             Role::Master => {}
-            Role::Replica => return Ok(Demotion::AlreadyReplica),
+            Role::Replica => {
+                self.seen_replica.store(true, Ordering::SeqCst);
+                return Ok(Demotion::AlreadyReplica);
+            }
             Role::Other(other) => return Ok(Demotion::Refused(format!("it answers ROLE {other}"))),
         }
         if let Some(why) = self.not_demotable_to(to).await {
@@ -355,7 +376,7 @@ impl Episode {
         let held = select(&listing, &self.shared.rules, Scope::Held).kill;
         let killed = self.link.demote(&held, to).await?;
         match self.link.role().await? {
-            Role::Replica => {}
+            Role::Replica => self.seen_replica.store(true, Ordering::SeqCst),
             other => return Ok(Demotion::Refused(format!("still {other:?} after REPLICAOF"))),
         }
         self.paused.store(false, Ordering::SeqCst);
