@@ -3,6 +3,10 @@
 //! (`READONLY`...). It records every success with the node that served it, so a test can tell
 //! when it is on the new primary.
 //!
+//! A DNS cache time ([`Client::dns_cache`]) makes it reuse a found address that long after the
+//! lookup, as the JVM does (`networkaddress.cache.ttl`, 30 s by default); [`Target::Fixed`]
+//! pins one address for good; [`Client::reader`] only reads (`GET`).
+//!
 //! One client serves every measurement: it finds the primary through polestar's HTTP API, at a
 //! fixed address (HAProxy), or through a lookup of the caller's (polestar's DNS); it runs in a
 //! host's namespace or on the loopback lab; and it takes the serving node from the address it
