@@ -410,6 +410,14 @@ async fn planned_failover_loses_no_write_whatever_the_client_caches() {
         demote.iter().any(|e| e["node"] == old.to_string()),
         "not demoted by polestar: {demote:?}"
     );
+    let at = |events: &[Value]| events.iter().filter_map(|e| e["time_ms"].as_u64()).min();
+    let (fenced, demoted) = (at(&events_of(&env, "fence").await), at(&demote));
+    let flip_ms = flip.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    eprintln!(
+        "old primary paused {:?} ms (fence to demotion); demoted {:?} ms after the flip",
+        demoted.zip(fenced).map(|(d, f)| d.saturating_sub(f)),
+        demoted.map(|d| d.saturating_sub(flip_ms))
+    );
     let (reader, back) = tokio::join!(
         a_late_reader_stays(&env, old, flip),
         back_within_cache_time(&env, &writers, old, flip)
