@@ -606,6 +606,38 @@ async fn a_provisional_flip_is_demoted_once_confirmed() {
     assert!(old.ask(&["ROLE"]).await.contains("slave"));
 }
 
+/// A node that refuses `REPLICAOF` (here an ACL without it) stays fenced, and its fence ends as
+/// it did before demotion existed: held clients killed in the transaction that lifts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_refuses_replicaof_stays_fenced_and_no_held_write_runs() {
+    let acl = ["--user", "default", "on", "nopass", "~*", "&*", "+@all", "-replicaof", "-slaveof"];
+    let old = Server::start(&acl).await;
+    let new = Server::start(&[]).await;
+    let h = harness(settings(300, 100, 30_000, 2000));
+    h.send(Signal::Promoting {
+        master: "m".into(),
+        old: old.node(),
+        new: None,
+        at: Instant::now(),
+    });
+    h.event("fence", |_| true).await.expect("fence event");
+    h.flip("m", &old, new.node());
+    let refused = h.event("demote_refused", |_| true).await.expect("refused");
+    assert!(
+        field(&refused, "why").as_str().is_some_and(|w| w.contains("replicaof")),
+        "{refused:?}"
+    );
+    // Past the grace: the write is held by the fence (and its client killed as a stale writer).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut writer = TcpStream::connect(old.addr()).await.expect("connect");
+    writer.write_all(&encode(&["SET", "k", "held"])).await.expect("send SET");
+    let reply = read_some(&mut writer, Duration::from_secs(2)).await.unwrap_or_default();
+    assert!(!reply.starts_with('+'), "a write acknowledged while the fence should hold: {reply:?}");
+    let unfence = h.event("unfence", |_| true).await.expect("the fence ends");
+    assert_eq!(field(&unfence, "reason"), "fence_over");
+    assert_eq!(old.ask(&["GET", "k"]).await, "$-1\r\n", "a held write ran");
+}
+
 /// An old primary that Sentinel promotes again (it answered replica, now master) is never
 /// demoted by a late or repeated signal of the failover that demoted it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -346,6 +346,12 @@ impl Episode {
                 self.refused(to, &why);
                 return Attempt::Refused;
             }
+            // Refused by the node (an ACL without REPLICAOF, a FAILOVER in progress): keep
+            // fencing, so the fence ends as it would without demotion.
+            Err(e @ NodeError::Command { .. }) => {
+                self.refused(to, &e.to_string());
+                return Attempt::Refused;
+            }
             Err(e) => {
                 self.unreachable::<()>(e, "demote");
                 return Attempt::Unreachable;
