@@ -575,8 +575,9 @@ fn drain(value: Value, ttl: Duration, p: &mut Problems) -> Option<Drain> {
         if d.is_zero() { Err("must be > 0".to_string()) } else { Ok(d) }
     };
     let grace = s.take_with("grace", p, positive).unwrap_or(ttl + Duration::from_millis(500));
-    let interval = s.take_with("interval", p, positive).unwrap_or(Duration::from_millis(250));
-    let window = s.take_with("window", p, positive).unwrap_or(Duration::from_secs(30));
+    let interval = s.take_with("interval", p, |d| positive(d).and_then(at_most_interval));
+    let interval = interval.unwrap_or(Duration::from_millis(250));
+    let window = s.take_with("window", p, positive).unwrap_or(Duration::from_secs(60));
     let rate_path = s.path("rate");
     let rate = s.take::<i64>("rate", p).unwrap_or(2000);
     let spare = s.raw("spare").map(|v| spare(v, p)).unwrap_or_default();
@@ -592,6 +593,17 @@ fn drain(value: Value, ttl: Duration, p: &mut Problems) -> Option<Drain> {
         rate: rate.clamp(1, u32::MAX as i64) as u32,
         spare,
     })
+}
+
+/// The longest `drain.interval`: a pause lasts two intervals and a half second, so a polestar
+/// that dies while fencing leaves a pause of at most ~10 s behind.
+pub const MAX_DRAIN_INTERVAL: Duration = Duration::from_secs(5);
+
+fn at_most_interval(d: Duration) -> Result<Duration, String> {
+    if d > MAX_DRAIN_INTERVAL {
+        return Err(format!("must be at most {}s", MAX_DRAIN_INTERVAL.as_secs()));
+    }
+    Ok(d)
 }
 
 fn spare(value: Value, p: &mut Problems) -> Spare {

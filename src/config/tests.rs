@@ -59,6 +59,7 @@ fn minimal_config_gets_defaults() {
     assert!(config.drain.enabled);
     assert_eq!(config.drain.grace, Duration::from_millis(1500));
     assert_eq!(config.drain.interval, Duration::from_millis(250));
+    assert_eq!(config.drain.window, Duration::from_secs(60));
     assert_eq!(config.drain.rate, 2000);
     assert_eq!(config.label_of("My_Master"), "my-master");
 }
@@ -86,6 +87,15 @@ fn every_problem_is_listed_with_its_path() {
     for want in expect {
         assert!(problems.iter().any(|p| p.starts_with(want)), "{want} not in {problems:#?}");
     }
+}
+
+#[test]
+fn a_drain_interval_over_five_seconds_is_refused_with_its_path() {
+    let text = "sentinels: {addresses: ['127.0.0.1:26379']}\ndrain: {interval: 6s}\n";
+    let problems = parse(text).expect_err("invalid");
+    assert!(problems.iter().any(|p| p == "drain.interval: must be at most 5s"), "{problems:?}");
+    let text = "sentinels: {addresses: ['127.0.0.1:26379']}\ndrain: {interval: 5s}\n";
+    assert_eq!(parse(text).expect("valid").drain.interval, Duration::from_secs(5));
 }
 
 #[test]

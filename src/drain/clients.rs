@@ -47,7 +47,134 @@ impl ClientInfo {
     pub fn command(&self) -> &str {
         self.cmd.split('|').next().unwrap_or("")
     }
+
+    /// Whether the last command changes data (see [`WRITE_COMMANDS`]).
+    pub fn last_command_writes(&self) -> bool {
+        WRITE_COMMANDS.binary_search(&self.command()).is_ok()
+    }
+
+    /// Waiting on the server: in a blocking command, or held by `CLIENT PAUSE`.
+    pub fn blocked(&self) -> bool {
+        self.flags.has('b')
+    }
 }
+
+/// Commands that change data (Redis 7.x and Valkey 8 `write` flag, plus `exec`, `eval`,
+/// `evalsha` and `fcall`, which may write), lower case. A client whose last command is one of
+/// them, on a node that is no longer the primary, got `READONLY`: it holds a stale address.
+/// An unknown command counts as a read: a wrongly spared writer is caught when it writes a
+/// known command, a wrongly killed reader would lose its connection for nothing.
+const WRITE_COMMANDS: &[&str] = &[
+    "append",
+    "bitfield",
+    "bitop",
+    "blmove",
+    "blmpop",
+    "blpop",
+    "brpop",
+    "brpoplpush",
+    "bzmpop",
+    "bzpopmax",
+    "bzpopmin",
+    "copy",
+    "decr",
+    "decrby",
+    "del",
+    "eval",
+    "evalsha",
+    "exec",
+    "expire",
+    "expireat",
+    "fcall",
+    "flushall",
+    "flushdb",
+    "geoadd",
+    "georadius",
+    "georadiusbymember",
+    "geosearchstore",
+    "getdel",
+    "getex",
+    "getset",
+    "hdel",
+    "hexpire",
+    "hexpireat",
+    "hgetdel",
+    "hgetex",
+    "hincrby",
+    "hincrbyfloat",
+    "hmset",
+    "hpersist",
+    "hpexpire",
+    "hpexpireat",
+    "hset",
+    "hsetex",
+    "hsetnx",
+    "incr",
+    "incrby",
+    "incrbyfloat",
+    "linsert",
+    "lmove",
+    "lmpop",
+    "lpop",
+    "lpush",
+    "lpushx",
+    "lrem",
+    "lset",
+    "ltrim",
+    "migrate",
+    "move",
+    "mset",
+    "msetnx",
+    "persist",
+    "pexpire",
+    "pexpireat",
+    "pfadd",
+    "pfmerge",
+    "psetex",
+    "rename",
+    "renamenx",
+    "restore",
+    "rpop",
+    "rpoplpush",
+    "rpush",
+    "rpushx",
+    "sadd",
+    "sdiffstore",
+    "set",
+    "setbit",
+    "setex",
+    "setnx",
+    "setrange",
+    "sinterstore",
+    "smove",
+    "sort",
+    "spop",
+    "srem",
+    "sunionstore",
+    "swapdb",
+    "unlink",
+    "xack",
+    "xadd",
+    "xautoclaim",
+    "xclaim",
+    "xdel",
+    "xgroup",
+    "xsetid",
+    "xtrim",
+    "zadd",
+    "zdiffstore",
+    "zincrby",
+    "zinterstore",
+    "zmpop",
+    "zpopmax",
+    "zpopmin",
+    "zrangestore",
+    "zrem",
+    "zremrangebylex",
+    "zremrangebyrank",
+    "zremrangebyscore",
+    "zunionstore",
+];
 
 /// Why a line of `CLIENT LIST` could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -166,6 +293,25 @@ mod tests {
         assert_eq!(list.clients.len(), 2);
         assert_eq!(list.unreadable, 2);
         assert_eq!(list.clients[1].age, Duration::ZERO);
+    }
+
+    #[test]
+    fn the_write_commands_are_sorted_and_lower_case() {
+        assert!(WRITE_COMMANDS.windows(2).all(|w| w[0] < w[1]));
+        assert!(WRITE_COMMANDS.iter().all(|c| *c == c.to_ascii_lowercase()));
+    }
+
+    #[test]
+    fn writers_are_told_from_readers() {
+        let last = |cmd: &str| parse_line(&format!("id=1 cmd={cmd}")).expect("valid line");
+        for cmd in ["set", "INCR", "rpush", "exec", "xgroup|create", "blpop"] {
+            assert!(last(cmd).last_command_writes(), "{cmd}");
+        }
+        for cmd in ["get", "mget", "ping", "client|info", "subscribe", "NULL", "", "eval_ro"] {
+            assert!(!last(cmd).last_command_writes(), "{cmd}");
+        }
+        assert!(parse_line("id=1 flags=b").expect("valid").blocked());
+        assert!(!parse_line("id=1 flags=N").expect("valid").blocked());
     }
 
     #[test]

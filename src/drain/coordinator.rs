@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::episode::{DrainOrder, Episode, Orders, Stop};
+use super::episode::{DrainOrder, Episode, FENCE_HOLD, Orders, Stop};
 use super::handle::DrainHandle;
 use super::{Reason, Shared};
 use crate::config;
@@ -22,6 +22,9 @@ pub struct Coordinator {
     /// with; the manual drain's handles read the current ones.
     shared: watch::Sender<Arc<Shared>>,
     settings: Option<watch::Receiver<Settings>>,
+    /// Per master, until when a promotion announced (or flipped provisionally) and neither
+    /// confirmed nor aborted counts as under way: no returning-node drain meanwhile.
+    promoting: HashMap<String, Instant>,
 }
 
 /// What a reload can change: the `drain` section and the data nodes' credentials.
@@ -39,7 +42,11 @@ impl Coordinator {
         topology: TopologyReader,
     ) -> Self {
         let shared = Shared::new(cfg, nodes_auth, events, topology);
-        Self { shared: watch::Sender::new(Arc::new(shared)), settings: None }
+        Self {
+            shared: watch::Sender::new(Arc::new(shared)),
+            settings: None,
+            promoting: HashMap::new(),
+        }
     }
 
     /// Follows `settings` (a reloaded configuration): what starts after a change uses it.
@@ -103,33 +110,50 @@ impl Coordinator {
         }
     }
 
-    fn apply(&self, signal: Signal, episodes: &mut Episodes, shutdown: &CancellationToken) {
+    fn apply(&mut self, signal: Signal, episodes: &mut Episodes, shutdown: &CancellationToken) {
         tracing::debug!(?signal, "drain signal");
         match signal {
-            Signal::Promoting { master, old, at, .. } => {
-                // Fenced until the flip (or the abort): from now on O's writes are lost.
-                let until = Instant::from_std(at) + self.shared().cfg.window;
+            Signal::Promoting { master, old, new, .. } => {
+                // The replica being promoted may be an old primary still in its window: its
+                // episode must neither sweep nor demote it any more.
+                if let Some(new) = &new {
+                    stop_node(episodes, &master, new.addr(), Stop::Primary);
+                }
+                // Fenced until the flip: from now on O's writes are lost. Lifted within
+                // FENCE_HOLD if no flip or confirmation follows.
+                let hold = Instant::now() + FENCE_HOLD;
+                self.promoting.insert(master.clone(), hold);
                 self.order(episodes, shutdown, &master, &old, |o| {
-                    o.until = o.until.max(until);
-                    if o.drain.is_none() {
-                        o.fence_until = o.until;
-                    }
+                    o.until = o.until.max(hold);
+                    o.fence_until = o.fence_until.max(hold);
                 });
             }
-            Signal::Flipped { master, old, new, at, .. } => {
-                self.flipped(episodes, shutdown, &master, old, &new, Instant::from_std(at));
+            Signal::Flipped { master, old, new, provisional, at, .. } => {
+                if provisional {
+                    self.promoting.insert(master.clone(), Instant::now() + FENCE_HOLD);
+                } else {
+                    self.promoting.remove(&master);
+                }
+                let at = Instant::from_std(at);
+                self.flipped(episodes, shutdown, &master, old, &new, at, provisional);
+            }
+            Signal::Confirmed { master, new, .. } => {
+                self.promoting.remove(&master);
+                confirm(episodes, &master, &new);
             }
             Signal::Aborted { master } => {
-                stop_where(episodes, &master, Stop::Aborted, |_, o| o.drain.is_none());
+                // Undoes every fence and drain of a promotion not confirmed yet, a provisional
+                // flip's included: the node stays the primary.
+                self.promoting.remove(&master);
+                stop_where(episodes, &master, Stop::Aborted, |_, o| o.demote.is_none());
             }
-            // Demotion of the old primary: not built yet.
-            Signal::Confirmed { .. } => {}
-            Signal::Returning { master, node, .. } => {
-                self.returning(episodes, shutdown, &master, &node)
+            Signal::Returning { master, node, published, epoch } => {
+                self.returning(episodes, shutdown, &master, &node, &published, epoch)
             }
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn flipped(
         &self,
         episodes: &mut Episodes,
@@ -138,6 +162,7 @@ impl Coordinator {
         old: Option<Node>,
         new: &Node,
         at: Instant,
+        provisional: bool,
     ) {
         stop_node(episodes, master, new.addr(), Stop::Primary);
         let Some(old) = old.filter(|o| o.addr() != new.addr()) else { return };
@@ -145,27 +170,69 @@ impl Coordinator {
         let others = |node, o: &Orders| o.drain.is_none() && node != old.addr();
         stop_where(episodes, master, Stop::Superseded, others);
         let order = DrainOrder { at, reason: Reason::Flip, only_if_master: false };
-        self.drain_order(episodes, shutdown, master, &old, order);
+        let demote = (!provisional).then(|| new.clone());
+        self.drain_order(episodes, shutdown, master, &old, order, new, demote);
     }
 
+    /// A node back while another is published: fenced, drained and demoted at once, but only
+    /// if the signal still matches what is published (primary and epoch) and no failover of
+    /// the master is under way (the node could be the replica being promoted). The episode
+    /// itself checks that the node still answers `ROLE` master and the published one too.
     fn returning(
         &self,
         episodes: &mut Episodes,
         shutdown: &CancellationToken,
         master: &str,
         node: &Node,
+        published: &Node,
+        epoch: u64,
     ) {
-        let published =
-            self.shared().topology.borrow().master(master).and_then(|m| m.primary.clone());
-        if published.is_none_or(|p| p.addr() == node.addr()) {
-            tracing::debug!(master, %node, "returning node is the published primary (or none is): nothing to do");
+        if let Some(why) = self.not_returning(master, node, published, epoch) {
+            tracing::debug!(master, %node, why, "not draining a returning node");
             return;
         }
         let order =
             DrainOrder { at: Instant::now(), reason: Reason::Returning, only_if_master: true };
-        self.drain_order(episodes, shutdown, master, node, order);
+        self.drain_order(
+            episodes,
+            shutdown,
+            master,
+            node,
+            order,
+            published,
+            Some(published.clone()),
+        );
     }
 
+    /// Why `node` is not to be treated as a returning old primary, if it is not.
+    fn not_returning(
+        &self,
+        master: &str,
+        node: &Node,
+        published: &Node,
+        epoch: u64,
+    ) -> Option<&'static str> {
+        if node.addr() == published.addr() {
+            return Some("it is the published primary");
+        }
+        if self.promoting.get(master).is_some_and(|until| Instant::now() < *until) {
+            return Some("a failover of the master is under way");
+        }
+        let topology = self.shared().topology.clone();
+        let snapshot = topology.borrow();
+        let Some(m) = snapshot.master(master) else { return Some("unknown master") };
+        match &m.primary {
+            None => Some("no primary is published"),
+            Some(p) if p.addr() == node.addr() => Some("it is the published primary"),
+            Some(p) if p.addr() != published.addr() => Some("the signal names another primary"),
+            Some(_) if m.epoch.is_some_and(|e| e != epoch) => {
+                Some("the signal's epoch is not the published one")
+            }
+            Some(_) => None,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn drain_order(
         &self,
         episodes: &mut Episodes,
@@ -173,13 +240,17 @@ impl Coordinator {
         master: &str,
         node: &Node,
         order: DrainOrder,
+        target: &Node,
+        demote: Option<Node>,
     ) {
-        let cfg = &self.shared().cfg;
-        let (until, fence_until) = (order.at + cfg.window, order.at + cfg.grace);
+        let until = order.at + self.shared().cfg.window;
+        let hold = Instant::now() + FENCE_HOLD;
         self.order(episodes, shutdown, master, node, |o| {
             o.until = o.until.max(until);
-            o.fence_until = fence_until;
+            o.fence_until = o.fence_until.max(hold);
             o.drain = Some(order);
+            o.target = Some(target.clone());
+            o.demote = demote.clone();
         });
     }
 
@@ -210,6 +281,8 @@ impl Coordinator {
             until: now,
             fence_until: now,
             drain: None,
+            target: None,
+            demote: None,
             stop: None,
         };
         change(&mut orders);
@@ -237,6 +310,24 @@ fn update(tx: &watch::Sender<Orders>, change: &impl Fn(&mut Orders)) -> bool {
         o.generation += 1;
         true
     })
+}
+
+/// The promotion of `new` is confirmed: every episode whose flip named it demotes its node.
+fn confirm(episodes: &Episodes, master: &str, new: &Node) {
+    let hold = Instant::now() + FENCE_HOLD;
+    for ((_, node), tx) in episodes.iter().filter(|((m, _), _)| m == master) {
+        let named = {
+            let orders = tx.borrow();
+            orders.stop.is_none() && orders.target.as_ref().is_some_and(|t| t.addr() == new.addr())
+        };
+        if named {
+            tracing::debug!(master, %node, %new, "promotion confirmed: demoting");
+            update(tx, &|o: &mut Orders| {
+                o.demote = Some(new.clone());
+                o.fence_until = o.fence_until.max(hold);
+            });
+        }
+    }
 }
 
 fn stop_node(episodes: &Episodes, master: &str, node: SocketAddr, stop: Stop) {

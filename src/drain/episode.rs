@@ -2,29 +2,39 @@
 //! its window: the fence loop and the drain loop, run side by side in one task per node so that
 //! a slow or dead node delays nothing but itself.
 //!
-//! The fence loop runs every `interval` until the fence ends (`fence_until`: the cutoff of the
-//! drain order, or the end of the window for a promotion that is never published): while the node answers
-//! `ROLE` master it is paused for [`pause_length`] (longer than the gap between renewals, so
-//! the pause never lapses between two of them, short enough to lapse on its own soon after a
-//! polestar crash); when it answers replica the pause is lifted. At the end of the fence, once
-//! the drain loop has finished its sweeps, a node that still claims master has its remaining
-//! clients killed in the same transaction that lifts the pause, so no held write ever runs on
-//! it. The coordinator can end it sooner (abort, node published again).
+//! The fence loop runs every `interval`. Before the promotion is confirmed it fences: while the
+//! node answers `ROLE` master it is paused for [`pause_length`] (longer than the gap between
+//! renewals, short enough to lapse on its own soon after a polestar crash), renewed until
+//! `fence_until` ([`FENCE_HOLD`] after the latest signal of the failover). Once the promotion is
+//! confirmed (`demote`), it demotes: it kills the clients the pause holds and sends `REPLICAOF
+//! <new primary>` in one transaction, and lifts the pause only once `ROLE` confirms the node is
+//! a replica. From then on the node refuses every write (`READONLY`), whatever address its
+//! clients hold, so it never acknowledges a write that will be lost. A node that does not
+//! answer is retried every `interval` until the window ends; when it answers (a hung primary
+//! resumed) it is demoted at once.
 //!
-//! Why the fence does not last until Sentinel demotes the node: a paused node also holds
-//! Sentinel's hello `PUBLISH` and every command Sentinel pipelines behind it on that link,
-//! including the `REPLICAOF` that demotes it. Measured with Redis 7.0: after a planned
-//! failover the old primary became a replica 11.5 s later without a pause, and was still a
-//! master 52 s later with a pause renewed every 250 ms (Sentinel flapping it `+sdown`). Ending
-//! the fence at the cutoff keeps the pause shorter than a typical `down-after-milliseconds`.
+//! Why demote rather than hold the pause: a paused node also holds Sentinel's hello `PUBLISH`
+//! and every command Sentinel pipelines behind it on that link, including the `REPLICAOF` that
+//! demotes it. Measured with Redis 7.0: a pause renewed every 250 ms left the old primary a
+//! master 52 s after a planned failover. Demoting it ourselves ends the pause within
+//! milliseconds of the confirmation, and Sentinel's own `REPLICAOF` later changes nothing.
+//!
+//! When the pause is lifted, and why that is safe beside other polestars (a `CLIENT UNPAUSE`
+//! lifts every client's pause, and `CLIENT PAUSE` only ever extends one): only once the node is
+//! a replica (it needs no fence any more, for anyone), on an abort or when the node is
+//! published again (the Sentinels agreed it stays the primary). A fence that no confirmation
+//! follows is never lifted: polestar stops renewing it and it lapses by itself, so a fence
+//! another polestar still renews stays. If the node cannot be demoted (the new primary does not
+//! answer `ROLE` master), the fence ends at `fence_until` as it did before demotion existed:
+//! the clients are killed in the transaction that lifts the pause.
 //!
 //! The drain loop runs once per drain order (a flip, a returning node): a first pass at once,
 //! then a sweep every `interval` and one exactly at the cutoff (`order.at + grace`). Every pass
-//! kills the clients that may have connected before the cutoff, which until the cutoff means
-//! every client that is not spared: whoever is connected then resolved the name before the
-//! grace ran out, so may hold a stale DNS answer. After the cutoff no sweep runs; a node first
-//! reached after the cutoff gets one pass that spares the clients whose `age` proves they
-//! connected after it (replica reads).
+//! kills the clients that may have connected before the cutoff. After the cutoff, until the
+//! window ends, every [`STALE_SWEEP`] it kills the clients whose last command is a write: on a
+//! demoted node they got `READONLY`, so they hold a stale cached or pinned address and must
+//! resolve again; readers stay. A node first reached after the cutoff gets one pass that spares
+//! the clients whose `age` proves they connected after it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +50,14 @@ use super::killer::{Reason, Scope, drain, record, select};
 use super::node::{NodeError, NodeLink, Role};
 use crate::topology::Node;
 
+/// How long a fence lasts after the latest signal of its failover (a promotion, a provisional
+/// flip, a confirmation) when no demotion ends it first: a fence that no promotion follows
+/// (the leader died, an event was lost) is lifted within seconds, not held for the window.
+pub const FENCE_HOLD: Duration = Duration::from_secs(5);
+
+/// How often, at most, a demoted node is swept for clients that still write to it.
+pub const STALE_SWEEP: Duration = Duration::from_secs(1);
+
 /// What the coordinator wants of one episode. It only ever replaces the whole value; the
 /// episode acts on the latest one.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,11 +67,15 @@ pub struct Orders {
     /// Set by the episode, under the channel's lock, when it ends on orders it has seen in
     /// full: the coordinator then starts a new episode instead of sending to this one.
     pub closed: bool,
-    /// The end of the window: nothing is fenced or swept after it.
+    /// The end of the window: nothing is fenced, swept or demoted after it.
     pub until: Instant,
-    /// No pause is set or renewed after this (the cutoff of the drain order).
+    /// No pause is set or renewed after this.
     pub fence_until: Instant,
     pub drain: Option<DrainOrder>,
+    /// The new primary the flip (or the return) named.
+    pub target: Option<Node>,
+    /// The promotion of this primary is confirmed: demote the node to it.
+    pub demote: Option<Node>,
     /// Lift the pause and end now.
     pub stop: Option<Stop>,
 }
@@ -92,21 +114,53 @@ pub fn pause_length(interval: Duration) -> Duration {
     interval * 2 + Duration::from_millis(500)
 }
 
+/// What one demotion attempt found.
+enum Demotion {
+    /// We sent `REPLICAOF`; the node answers replica now.
+    Done { killed: usize },
+    /// The node already answers replica (Sentinel or another polestar demoted it).
+    AlreadyReplica,
+    /// Not demoted, and why (the node stays fenced until `fence_until`).
+    Refused(String),
+}
+
+/// What a demotion attempt leaves the fence loop to do.
+enum Attempt {
+    /// The node is a replica now.
+    Demoted,
+    /// It answered but must not be demoted (yet): keep fencing.
+    Refused,
+    Unreachable,
+}
+
 pub struct Episode {
     shared: Arc<Shared>,
     master: String,
     link: NodeLink,
     /// Whether polestar holds a pause on the node (set before the command is sent).
     paused: AtomicBool,
-    /// The drain loop has nothing more to do for the current order.
+    /// The node answers replica (until the orders change): nothing left to fence or demote.
+    demoted: AtomicBool,
+    /// We demoted it ourselves: a returning node's drain goes ahead although it answers replica.
+    demoted_by_us: AtomicBool,
+    /// It answered replica at some point of the current drain order: if it answers master
+    /// later, Sentinel promoted it again, and it is never demoted (until a returning-node order
+    /// says it came back claiming master).
+    seen_replica: AtomicBool,
+    /// The drain loop reached the node for the current order.
     drained: AtomicBool,
     /// An unreachable node is reported once per episode, not every interval.
     unreachable: AtomicBool,
+    /// A refused demotion is reported once per episode.
+    refused: AtomicBool,
     /// The drain order the drain loop last took up.
     handled: Mutex<Option<DrainOrder>>,
-    /// Becomes true after the first fence attempt, whatever its outcome: the first drain pass
-    /// waits for it, so that a client killed at the flip reconnects to a paused node.
+    /// Becomes true after the first fence or demotion attempt, whatever its outcome: the first
+    /// drain pass waits for it, so that a client killed at the flip reconnects to a paused (or
+    /// demoted) node.
     fence_tried: watch::Sender<bool>,
+    /// The new primary, asked for `ROLE` before the node is made its replica.
+    target: Mutex<Option<Arc<NodeLink>>>,
 }
 
 /// How long the first drain pass waits for the first fence attempt (a connect and a command).
@@ -120,10 +174,15 @@ impl Episode {
             master,
             link,
             paused: AtomicBool::new(false),
+            demoted: AtomicBool::new(false),
+            demoted_by_us: AtomicBool::new(false),
+            seen_replica: AtomicBool::new(false),
             drained: AtomicBool::new(true),
             unreachable: AtomicBool::new(false),
+            refused: AtomicBool::new(false),
             handled: Mutex::new(None),
             fence_tried: watch::Sender::new(false),
+            target: Mutex::new(None),
         }
     }
 
@@ -151,13 +210,25 @@ impl Episode {
     async fn fence_loop(&self, mut orders: watch::Receiver<Orders>) -> u64 {
         let interval = self.shared.cfg.interval;
         let mut next = Instant::now();
+        let mut last_drain = None;
         loop {
             let until = orders.borrow().until;
             tokio::select! {
                 () = sleep_until(next.min(until)) => {}
-                changed = orders.changed() => if changed.is_err() { return 0 },
+                changed = orders.changed() => {
+                    if changed.is_err() { return 0 }
+                    // New orders (a returning node again): look at the node afresh.
+                    self.demoted.store(false, Ordering::SeqCst);
+                }
             }
             let current = orders.borrow_and_update().clone();
+            if current.drain != last_drain {
+                last_drain = current.drain;
+                if last_drain.is_some_and(|d| d.reason == Reason::Returning) {
+                    // Back claiming master (restarted from an old config): demote it again.
+                    self.seen_replica.store(false, Ordering::SeqCst);
+                }
+            }
             let now = Instant::now();
             next = now + interval;
             if let Some(stop) = current.stop {
@@ -168,20 +239,34 @@ impl Episode {
                 self.expire(&current).await;
                 return current.generation;
             }
-            let drained = self.drained.load(Ordering::SeqCst);
-            if now >= current.fence_until && drained {
-                self.release(&current).await;
-                return current.generation;
+            if self.demoted.load(Ordering::SeqCst) {
+                next = current.until;
+                continue;
             }
-            if now < current.fence_until || self.paused.load(Ordering::SeqCst) {
-                // Past the fence's end a pause is still renewed until the sweeps are done.
-                let role = self.fence_once().await;
-                if role == Some(Role::Replica) && drained {
-                    return current.generation;
+            if let Some(to) = &current.demote {
+                match self.demote(to).await {
+                    Attempt::Demoted => continue,
+                    Attempt::Refused => {}
+                    Attempt::Unreachable => {
+                        // A hung node: keep an attempt queued at it (each is bounded by its
+                        // deadlines), so that it is demoted the moment it resumes.
+                        if now.elapsed() >= interval {
+                            next = Instant::now();
+                        }
+                        continue;
+                    }
                 }
             }
             if now < current.fence_until {
+                self.fence_once().await;
                 next = next.min(current.fence_until);
+            } else if self.paused.load(Ordering::SeqCst) {
+                self.fence_over(&current, "fence_over").await;
+            } else {
+                self.fence_tried.send_replace(true);
+                if current.drain.is_none() {
+                    return current.generation;
+                }
             }
         }
     }
@@ -200,7 +285,11 @@ impl Episode {
         };
         match role {
             Role::Master => self.fence().await,
-            Role::Replica => self.lift("replica").await,
+            Role::Replica => {
+                self.demoted.store(true, Ordering::SeqCst);
+                self.seen_replica.store(true, Ordering::SeqCst);
+                self.lift("replica").await;
+            }
             Role::Other(ref other) => {
                 tracing::warn!(master = %self.master, node = %self.node(), role = %other, "not fencing: unexpected role");
             }
@@ -222,6 +311,8 @@ impl Episode {
         }
     }
 
+    /// Lifts our pause at once: the node is a replica, or the Sentinels agreed it stays the
+    /// primary. Either way no polestar needs a fence on it.
     async fn lift(&self, reason: &'static str) {
         if !self.paused.swap(false, Ordering::SeqCst) {
             return;
@@ -238,26 +329,140 @@ impl Episode {
         self.shared.events.push("unfence", Some(&self.master), data);
     }
 
-    /// The end of the fence. A node that still claims master after a flip has its clients
-    /// killed in the same transaction that lifts the pause, so the writes the pause held never
-    /// run on it.
-    async fn release(&self, orders: &Orders) {
+    /// Demotes the node to `to` if it still claims master.
+    async fn demote(&self, to: &Node) -> Attempt {
+        let started = Instant::now();
+        let outcome = self.try_demote(to).await;
+        self.fence_tried.send_replace(true);
+        match outcome {
+            Ok(Demotion::Done { killed }) => {
+                self.demoted_by_us.store(true, Ordering::SeqCst);
+                self.demoted(to, killed, started.elapsed())
+            }
+            Ok(Demotion::AlreadyReplica) => {
+                self.lift("replica").await;
+            }
+            Ok(Demotion::Refused(why)) => {
+                self.refused(to, &why);
+                return Attempt::Refused;
+            }
+            // Refused by the node (an ACL without REPLICAOF, a FAILOVER in progress): keep
+            // fencing, so the fence ends as it would without demotion.
+            Err(e @ NodeError::Command { .. }) => {
+                self.refused(to, &e.to_string());
+                return Attempt::Refused;
+            }
+            Err(e) => {
+                self.unreachable::<()>(e, "demote");
+                return Attempt::Unreachable;
+            }
+        }
+        self.reachable_again();
+        self.demoted.store(true, Ordering::SeqCst);
+        Attempt::Demoted
+    }
+
+    async fn try_demote(&self, to: &Node) -> Result<Demotion, NodeError> {
+        match self.link.role().await? {
+            Role::Master if self.seen_replica.load(Ordering::SeqCst) => {
+                // A replica earlier, a master now: promoted again (by Sentinel), not ours.
+                return Ok(Demotion::Refused("it answered replica before: promoted again".into()));
+            }
+            Role::Master => {}
+            Role::Replica => {
+                self.seen_replica.store(true, Ordering::SeqCst);
+                return Ok(Demotion::AlreadyReplica);
+            }
+            Role::Other(other) => return Ok(Demotion::Refused(format!("it answers ROLE {other}"))),
+        }
+        if let Some(why) = self.not_demotable_to(to).await {
+            return Ok(Demotion::Refused(why));
+        }
+        let listing = self.link.clients().await?;
+        let held = select(&listing, &self.shared.rules, Scope::Held).kill;
+        let killed = self.link.demote(&held, to).await?;
+        match self.link.role().await? {
+            Role::Replica => self.seen_replica.store(true, Ordering::SeqCst),
+            other => return Ok(Demotion::Refused(format!("still {other:?} after REPLICAOF"))),
+        }
+        self.paused.store(false, Ordering::SeqCst);
+        if let Err(e) = self.link.unpause().await {
+            tracing::warn!(master = %self.master, node = %self.node(), error = %e, "demoted, but cannot lift the pause; it lapses by itself");
+        }
+        Ok(Demotion::Done { killed })
+    }
+
+    /// Why the node must not be made a replica of `to`, if it must not: the published primary
+    /// is the node itself or another than `to`, or `to` does not answer `ROLE` master.
+    async fn not_demotable_to(&self, to: &Node) -> Option<String> {
+        let published = {
+            let topology = self.shared.topology.borrow();
+            topology.master(&self.master).and_then(|m| m.primary.as_ref().map(Node::addr))
+        };
+        match published {
+            Some(p) if p == self.node() => return Some("it is the published primary".into()),
+            Some(p) if p != to.addr() => return Some(format!("{p} is published, not {to}")),
+            _ => {}
+        }
+        match self.target_link(to).role().await {
+            Ok(Role::Master) => None,
+            Ok(role) => Some(format!("{to} answers ROLE {role:?}, not master")),
+            Err(e) => Some(format!("the new primary does not answer: {e}")),
+        }
+    }
+
+    fn target_link(&self, to: &Node) -> Arc<NodeLink> {
+        // Held to read or replace the slot; a poisoned slot is still a valid value.
+        let mut slot = self.target.lock().unwrap_or_else(|p| p.into_inner());
+        match slot.as_ref() {
+            Some(link) if link.addr() == to.addr() => link.clone(),
+            _ => slot.insert(Arc::new(NodeLink::new(to, &self.shared.auth))).clone(),
+        }
+    }
+
+    fn demoted(&self, to: &Node, killed: usize, took: Duration) {
+        let duration_ms = took.as_millis() as u64;
+        tracing::info!(master = %self.master, node = %self.node(), to = %to, killed, duration_ms, "demoted the old primary: REPLICAOF the new primary, pause lifted");
+        if killed > 0 {
+            metrics::counter!(crate::metrics::DRAIN_KILLED, "master" => self.master.clone(), "method" => "client_kill").increment(killed as u64);
+        }
+        let data = json!({ "node": self.node(), "to": to.addr(), "killed": killed, "duration_ms": duration_ms });
+        self.shared.events.push("demote", Some(&self.master), data);
+    }
+
+    fn refused(&self, to: &Node, why: &str) {
+        if self.refused.swap(true, Ordering::SeqCst) {
+            tracing::debug!(master = %self.master, node = %self.node(), to = %to, why, "still not demoting");
+            return;
+        }
+        tracing::warn!(master = %self.master, node = %self.node(), to = %to, why, "not demoting the old primary; it stays fenced for now");
+        let data = json!({ "node": self.node(), "to": to.addr(), "why": why });
+        self.shared.events.push("demote_refused", Some(&self.master), data);
+    }
+
+    /// The end of a fence that no demotion ended. Unconfirmed: the pause is left to lapse (no
+    /// `UNPAUSE`, which would also lift the fence of another polestar that saw the flip).
+    /// Confirmed but not demotable: the clients are killed in the transaction that lifts the
+    /// pause, so the writes the pause held never run on the node.
+    async fn fence_over(&self, orders: &Orders, reason: &'static str) {
         if !self.paused.swap(false, Ordering::SeqCst) {
             return;
         }
-        self.unpause_finally(orders).await;
-        self.unfenced("cutoff");
-    }
-
-    async fn unpause_finally(&self, orders: &Orders) {
-        if orders.drain.is_some() && self.link.role().await.ok() == Some(Role::Master) {
+        if orders.demote.is_none() {
+            tracing::info!(master = %self.master, node = %self.node(), "no confirmed promotion followed the fence: left to lapse");
+            let data = json!({ "node": self.node(), "reason": "unconfirmed" });
+            self.shared.events.push("unfence", Some(&self.master), data);
+            return;
+        }
+        if self.link.role().await.ok() == Some(Role::Master) {
             self.kill_and_unpause().await;
         } else if let Err(e) = self.link.unpause().await {
             tracing::warn!(master = %self.master, node = %self.node(), error = %e, "cannot lift the pause; it lapses by itself");
         }
+        self.unfenced(reason);
     }
 
-    /// The end of the window: the node never answered long enough to be drained.
+    /// The end of the window.
     async fn expire(&self, orders: &Orders) {
         if !self.drained.load(Ordering::SeqCst) {
             let window = self.shared.cfg.window.as_millis() as u64;
@@ -265,11 +470,7 @@ impl Episode {
             let data = json!({ "node": self.node(), "window_ms": window });
             self.shared.events.push("drain_abandoned", Some(&self.master), data);
         }
-        if !self.paused.swap(false, Ordering::SeqCst) {
-            return;
-        }
-        self.unpause_finally(orders).await;
-        self.unfenced(if orders.drain.is_some() { "window" } else { "unpublished" });
+        self.fence_over(orders, "window").await;
     }
 
     async fn kill_and_unpause(&self) {
@@ -286,7 +487,7 @@ impl Episode {
                 self.shared.events.push("drain", Some(&self.master), data);
             }
             Err(e) => {
-                tracing::warn!(master = %self.master, node = %self.node(), error = %e, "cannot lift the pause at the end of the window; it lapses by itself");
+                tracing::warn!(master = %self.master, node = %self.node(), error = %e, "cannot lift the pause at the end of the fence; it lapses by itself");
             }
         }
     }
@@ -324,7 +525,10 @@ impl Episode {
             let started = Instant::now();
             match self.pass(order, first, cutoff).await {
                 Some(true) => first = false,
-                Some(false) => break,
+                Some(false) => {
+                    self.drained.store(true, Ordering::SeqCst);
+                    return;
+                }
                 None => {}
             }
             if !first && started >= cutoff {
@@ -336,6 +540,36 @@ impl Episode {
             }
         }
         self.drained.store(true, Ordering::SeqCst);
+        self.stale_writers(order, orders).await;
+    }
+
+    /// After the cutoff and until the window ends: kills the clients whose last command is a
+    /// write (on a demoted node, they got `READONLY`), so that they resolve the name again.
+    async fn stale_writers(&self, order: DrainOrder, orders: &mut watch::Receiver<Orders>) {
+        let every = self.shared.cfg.interval.max(STALE_SWEEP);
+        loop {
+            let next = Instant::now() + every;
+            if next >= orders.borrow().until {
+                return;
+            }
+            tokio::select! {
+                () = sleep_until(next) => {}
+                _ = orders.changed() => {
+                    if orders.borrow().drain != Some(order) { return }
+                    continue;
+                }
+            }
+            let pacer = self.shared.pacers.of(self.node());
+            let sweep =
+                drain(&self.link, &self.shared.rules, &pacer, Scope::Writers, Reason::StaleWriter);
+            match sweep.await {
+                Ok(report) => {
+                    self.reachable_again();
+                    record(&self.shared.events, &self.master, &report, false);
+                }
+                Err(e) => drop(self.unreachable::<()>(e, "stale writers")),
+            }
+        }
     }
 
     /// One pass. `Some(true)` when it ran, `Some(false)` when the order does not apply (a
@@ -344,6 +578,8 @@ impl Episode {
         if first && order.only_if_master {
             match self.link.role().await {
                 Ok(Role::Master) => {}
+                // Demoted a moment ago by this episode's fence loop: still drain it.
+                Ok(Role::Replica) if self.demoted_by_us.load(Ordering::SeqCst) => {}
                 Ok(_) => return Some(false),
                 Err(e) => return self.unreachable(e, "drain"),
             }

@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::time::{Instant, sleep_until};
 
+use super::clients::ClientInfo;
 use super::node::{Listing, NodeError, NodeLink};
 use super::pace::Pacer;
 use super::spare::{Rules, SpareReason};
@@ -23,11 +24,16 @@ pub enum Scope {
     /// Clients that may have connected before this moment (a stale DNS cache could have sent
     /// them); those that certainly connected later are taken to be intended and left alone.
     ConnectedBefore(Instant),
+    /// Clients whose last command is a write: on a demoted node they got `READONLY`, so they
+    /// hold a stale address (a cached DNS answer, a pinned address). Readers stay.
+    Writers,
+    /// Clients waiting on the server (held by the pause, or in a blocking command).
+    Held,
 }
 
 /// Why a pass ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum Reason {
     /// The first pass after the published primary moved away from the node.
     Flip,
@@ -39,6 +45,10 @@ pub enum Reason {
     Manual,
     /// The end of the fence, in the same transaction that lifts the pause.
     Unfence,
+    /// The clients the pause held, in the transaction that demotes the node.
+    Demote,
+    /// Clients of a demoted node whose last command is a write, until the window ends.
+    StaleWriter,
 }
 
 impl Reason {
@@ -49,6 +59,8 @@ impl Reason {
             Self::Returning => "returning",
             Self::Manual => "manual",
             Self::Unfence => "unfence",
+            Self::Demote => "demote",
+            Self::StaleWriter => "stale_writer",
         }
     }
 }
@@ -90,7 +102,7 @@ pub fn select(listing: &Listing, rules: &Rules, scope: Scope) -> Selection {
     for client in &listing.list.clients {
         if let Some(reason) = rules.spare(client, listing.own_id) {
             *selection.spared_by.entry(reason).or_default() += 1;
-        } else if in_scope(scope, listing.at, client.age) {
+        } else if in_scope(scope, listing.at, client) {
             selection.kill.push(client.id);
         } else {
             selection.left += 1;
@@ -99,10 +111,12 @@ pub fn select(listing: &Listing, rules: &Rules, scope: Scope) -> Selection {
     selection
 }
 
-fn in_scope(scope: Scope, listed_at: Instant, age: Duration) -> bool {
+fn in_scope(scope: Scope, listed_at: Instant, client: &ClientInfo) -> bool {
     match scope {
         Scope::All => true,
-        Scope::ConnectedBefore(cutoff) => possibly_connected_before(listed_at, age, cutoff),
+        Scope::ConnectedBefore(cutoff) => possibly_connected_before(listed_at, client.age, cutoff),
+        Scope::Writers => client.last_command_writes(),
+        Scope::Held => client.blocked(),
     }
 }
 
@@ -219,6 +233,13 @@ mod tests {
         assert_eq!(sel.kill, vec![4]);
         assert_eq!(sel.left, 1);
         assert_eq!(sel.spared_by.values().sum::<usize>(), 4);
+        let writers = "id=7 cmd=set age=50\nid=8 cmd=get age=50\nid=9 cmd=incr flags=b\n\
+                       id=10 name=sentinel-x-cmd cmd=publish\nid=11 cmd=blpop flags=b";
+        let w = select(&listing(writers, t0), &rules, Scope::Writers);
+        assert_eq!(w.kill, vec![7, 9, 11]);
+        assert_eq!(w.left, 1);
+        let held = select(&listing(writers, t0), &rules, Scope::Held);
+        assert_eq!(held.kill, vec![9, 11]);
         let all = select(&listing(text, t0), &rules, Scope::All);
         assert_eq!(all.kill, vec![4, 5]);
         assert_eq!(all.left, 0);

@@ -11,30 +11,36 @@
 //! # Timeline of a failover from O to N, and why
 //!
 //! - **Promoting** (the leader chose N): O is fenced at once with `CLIENT PAUSE <ms> WRITE`,
-//!   because from now until Sentinel demotes O (seconds later) both nodes accept writes and
-//!   O's are lost. Reads go on. The pause is short and renewed every `interval`, so that it
-//!   lapses by itself if polestar dies.
-//! - **Flipped** (DNS and HTTP answer N): fence again, and kill every client of O that is not
-//!   spared, at once. Clients that resolve afresh land on N; one whose DNS cache still names O
-//!   reconnects to a paused node (or, later, a replica), so it cannot lose a write, and the
-//!   next sweep catches it.
-//! - **Sweeps** every `interval` until the cutoff `flip + grace`, and one at the cutoff: every
-//!   client present then connected before the cutoff, so may hold a stale answer, and is
-//!   killed. After the cutoff new connections to O are intended (replica reads) and left alone.
-//! - The pause is lifted once O answers `ROLE` as a replica, on **Aborted**, when O becomes
-//!   the published primary again, or at the cutoff once the sweeps are done (a promotion that
-//!   is never published nor aborted: at the end of the window). Paused writes never run on
-//!   O: their clients are killed first (at the cutoff in the same transaction as the unpause).
-//! - An unreachable O is retried every `interval` until `window` after the flip; the first pass
-//!   that reaches it after the cutoff kills the clients that may have connected before it.
-//! - **Returning**: a node that comes back still claiming master while another is published
-//!   is fenced and drained at once, with its own grace and window.
+//!   because from now until O is demoted both nodes accept writes and O's are lost. Reads go
+//!   on. The pause is short and renewed every `interval`, so that it lapses by itself if
+//!   polestar dies; a fence that no flip or confirmation follows within
+//!   [`episode::FENCE_HOLD`] is left to lapse.
+//! - **Flipped** (DNS and HTTP answer N): every client of O that is not spared is killed at
+//!   once; then a sweep every `interval` until the cutoff `flip + grace`.
+//! - **Confirmed** (or a flip that is not provisional): O is demoted: the clients the pause
+//!   holds are killed and `REPLICAOF N` is sent in one transaction, and the pause is lifted once
+//!   `ROLE` says replica. From then on O refuses every write (`READONLY`), whatever address its
+//!   clients hold, so nothing it acknowledges after the promotion is lost.
+//! - **Stale writers**: after the cutoff and until `window`, every client of O whose last
+//!   command is a write (it got `READONLY`: a cached or pinned address) is killed every second,
+//!   so it resolves again; readers of O (now a replica) stay.
+//! - **Aborted**: every fence and drain of a promotion not confirmed yet (a provisional flip's
+//!   included) is undone at once.
+//! - An unreachable O is retried until `window` after the flip and demoted the moment it
+//!   answers (a hung primary resumed).
+//! - **Returning**: a node that comes back still claiming master while another is published is
+//!   drained and demoted at once, with its own grace and window, if the signal matches what is
+//!   published and no failover of the master is under way.
 //!
-//! Why the fence ends at the cutoff and not when Sentinel demotes O (as SPEC step 4 has it): a
-//! paused node holds Sentinel's hello `PUBLISH` and every command pipelined behind it,
-//! including the `REPLICAOF` that demotes it, so a pause renewed until demotion is never lifted
-//! (measured; see [`episode`]). Connections made to O after the cutoff are intended replica
-//! reads, so O needs no fence any more by then.
+//! Why demote rather than hold the pause until Sentinel does (8–11 s later): a paused node
+//! holds Sentinel's hello `PUBLISH` and every command pipelined behind it, including the
+//! `REPLICAOF` that demotes it, so a pause renewed until demotion is never lifted (measured;
+//! see [`episode`]).
+//!
+//! Several polestars against the same Sentinels (the normal deployment) do all of this to the
+//! same node: kills are by id, `REPLICAOF` to the same primary changes nothing, `CLIENT PAUSE`
+//! only extends a pause, and `CLIENT UNPAUSE` (which lifts everyone's) is sent only when the
+//! node is a replica or the failover was aborted; a fence no longer needed is left to lapse.
 //!
 //! On shutdown episodes are dropped without unpausing: a pause lapses by itself within
 //! [`episode::pause_length`], and lifting it early would only let held writes run sooner.

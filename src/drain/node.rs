@@ -139,6 +139,23 @@ impl NodeLink {
         Ok(replies.iter().map(killed).sum())
     }
 
+    /// Demotes the node: kills `held` (the clients the pause holds) and makes it a replica of
+    /// `to` in one transaction; returns how many clients it killed. From `REPLICAOF` on the
+    /// node refuses writes (`READONLY`). The caller lifts the pause only once `ROLE` confirms
+    /// the demotion, so no held write runs on a node that still claims master (`EXEC` does
+    /// not roll back: a refused `REPLICAOF` would not stop an `UNPAUSE` in the same block).
+    pub async fn demote(&self, held: &[u64], to: &Node) -> Result<usize, NodeError> {
+        let host = to.hostname.clone().unwrap_or_else(|| to.ip.to_string());
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for id in held {
+            pipe.cmd("CLIENT").arg("KILL").arg("ID").arg(*id);
+        }
+        pipe.cmd("REPLICAOF").arg(host).arg(to.port);
+        let replies: Vec<Value> = self.pipeline("MULTI CLIENT KILL REPLICAOF", pipe).await?;
+        Ok(replies.iter().map(killed).sum())
+    }
+
     async fn query<T: FromRedisValue>(
         &self,
         command: &'static str,

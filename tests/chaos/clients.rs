@@ -82,28 +82,60 @@ impl Log {
 pub struct Client {
     pub name: String,
     pub log: Arc<Log>,
+    /// How long it keeps a found address (zero: it asks again on every reconnect). A caching
+    /// client is back on the new primary only within this, so recovery times leave it out.
+    pub cache: Duration,
 }
 
 /// Starts a client in `host`'s namespace; it runs until `stop`.
 pub fn start(host: &Host, name: &str, find: Find, mode: Mode, stop: CancellationToken) -> Client {
+    start_caching(host, name, find, mode, Duration::ZERO, stop)
+}
+
+/// [`start`] for a client that keeps a found address for `cache` after asking (the JVM's
+/// default `networkaddress.cache.ttl` is 30 s).
+pub fn start_caching(
+    host: &Host,
+    name: &str,
+    find: Find,
+    mode: Mode,
+    cache: Duration,
+    stop: CancellationToken,
+) -> Client {
     let log = Arc::new(Log::default());
     let (log2, name2) = (log.clone(), name.to_string());
     drop(netns::in_ns(host, move || async move {
-        run(&name2, &find, mode, &log2, &stop).await;
+        run(&name2, &find, mode, cache, &log2, &stop).await;
         Ok(())
     }));
-    Client { name: name.to_string(), log }
+    Client { name: name.to_string(), log, cache }
 }
 
-async fn run(name: &str, find: &Find, mode: Mode, log: &Log, stop: &CancellationToken) {
+async fn run(
+    name: &str,
+    find: &Find,
+    mode: Mode,
+    cache: Duration,
+    log: &Log,
+    stop: &CancellationToken,
+) {
     let http =
         reqwest::Client::builder().timeout(Duration::from_secs(1)).build().unwrap_or_default();
     let mut seq = 0u64;
+    let mut cached: Option<(SocketAddr, Instant)> = None;
     while !stop.is_cancelled() {
-        let Some(primary) = locate(&http, find).await else {
+        let fresh = cached.filter(|(_, at)| at.elapsed() < cache).map(|(a, _)| a);
+        let found = match fresh {
+            Some(addr) => Some(addr),
+            None => locate(&http, find).await,
+        };
+        let Some(primary) = found else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
+        if fresh.is_none() {
+            cached = Some((primary, Instant::now()));
+        }
         let session = async {
             let stream = timeout(Duration::from_secs(2), TcpStream::connect(primary))
                 .await

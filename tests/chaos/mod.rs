@@ -24,6 +24,8 @@ use report::{Fault, Report};
 /// How long after a fault every client must be serving from the new primary before it counts
 /// as stuck.
 const RECOVERY_LIMIT: Duration = Duration::from_secs(20);
+/// The DNS cache time of the caching writer.
+const CACHE: Duration = Duration::from_secs(30);
 const FAILOVER_LIMIT: Duration = Duration::from_secs(30);
 const STEADY_LIMIT: Duration = Duration::from_secs(90);
 
@@ -161,6 +163,16 @@ async fn run(cluster: &Cluster, settings: &Settings) -> anyhow::Result<Report> {
         clients::start(app, "w3-agent", agent.clone(), Mode::Writer, stop.clone()),
         clients::start(app, "r1-dns", dns.clone(), Mode::Reader, stop.clone()),
         clients::start(app, "b1-agent", agent.clone(), Mode::Blocked, stop.clone()),
+        // Caches the answer as the JVM does by default: never back within seconds, but it
+        // must lose nothing (the old primary is demoted; issue 12).
+        clients::start_caching(
+            app,
+            "w4-dns-cache30",
+            dns.clone(),
+            Mode::Writer,
+            CACHE,
+            stop.clone(),
+        ),
     ];
     let targets = monitor::Targets {
         sentinels: (0..cluster.sentinels.len()).map(|i| cluster.sentinel(i)).collect(),
@@ -293,6 +305,7 @@ async fn recovered(
     loop {
         let status: Vec<(String, Option<Duration>)> = clients
             .iter()
+            .filter(|c| c.cache.is_zero())
             .map(|c| (c.name.clone(), c.log.first_ok_on(node, since).map(|t| t - since)))
             .collect();
         if status.iter().all(|(_, r)| r.is_some()) || Instant::now() > deadline {

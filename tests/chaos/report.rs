@@ -79,6 +79,8 @@ pub struct Report {
     reconnects: u64,
     /// Why client sessions ended, summed over the clients.
     reasons: BTreeMap<String, u64>,
+    /// Per client that caches DNS answers: its name, cache time, lost and acknowledged writes.
+    caching: Vec<(String, Duration, usize, usize)>,
 }
 
 impl Report {
@@ -104,11 +106,18 @@ impl Report {
             }
         }
         let present: HashSet<&str> = listing.lines().map(str::trim).collect();
+        let mut caching = Vec::new();
         for client in clients {
+            let (mut lost, mut acked) = (0, 0);
             for (id, at) in client.log.acked() {
                 let fig = by_kind.entry(window_by_end(&faults, at)).or_default();
+                let missing = usize::from(!present.contains(id.as_str()));
                 fig.acked += 1;
-                fig.lost += usize::from(!present.contains(id.as_str()));
+                fig.lost += missing;
+                (lost, acked) = (lost + missing, acked + 1);
+            }
+            if !client.cache.is_zero() {
+                caching.push((client.name.clone(), client.cache, lost, acked));
             }
         }
         answers(samples, &faults, &mut by_kind);
@@ -127,6 +136,7 @@ impl Report {
             counter,
             reconnects,
             reasons,
+            caching,
         }
     }
 
@@ -165,6 +175,13 @@ impl Report {
             self.reconnects
         );
         let _ = writeln!(out, "client sessions ended by: {:?}", self.reasons);
+        for (name, cache, lost, acked) in &self.caching {
+            let cache = cache.as_secs();
+            let _ = writeln!(
+                out,
+                "{name} (caches DNS {cache} s): lost {lost} of {acked} acknowledged writes"
+            );
+        }
         out.push_str(
             "kind              n  recovery med/max s  switch->ok med/max s  lost/acked    \
              wrong>grace s dns/http/agent  no answer s dns/http/agent  stuck\n",

@@ -3,6 +3,10 @@
 //! (`READONLY`...). It records every success with the node that served it, so a test can tell
 //! when it is on the new primary.
 //!
+//! A DNS cache time ([`Client::dns_cache`]) makes it reuse a found address that long after the
+//! lookup, as the JVM does (`networkaddress.cache.ttl`, 30 s by default); [`Target::Fixed`]
+//! pins one address for good; [`Client::reader`] only reads (`GET`).
+//!
 //! One client serves every measurement: it finds the primary through polestar's HTTP API, at a
 //! fixed address (HAProxy), or through a lookup of the caller's (polestar's DNS); it runs in a
 //! host's namespace or on the loopback lab; and it takes the serving node from the address it
@@ -65,6 +69,8 @@ pub enum Mode {
     Writer,
     /// `PING`, then `BLPOP <key> 0`, over and over (a blocked reader).
     Blocked,
+    /// `GET <key>`, then a pause of [`Pace::incr`], over and over (a reader).
+    Reader,
 }
 
 /// The client's pauses.
@@ -99,6 +105,10 @@ pub struct Client {
     /// Take the serving node from `CLIENT INFO` (`laddr=`) rather than from the address the
     /// client connected to (a proxy's).
     node_from_client_info: bool,
+    /// How long a found address is used again without a new lookup, from the lookup on (the
+    /// JVM's `networkaddress.cache.ttl`, a local resolver that clamps TTLs). Zero: a lookup
+    /// before every connection.
+    dns_cache: Duration,
 }
 
 impl Client {
@@ -112,9 +122,21 @@ impl Client {
         Client::new(target, Mode::Blocked, "queue")
     }
 
+    /// `GET counter` every 50 ms.
+    pub fn reader(target: Target) -> Client {
+        Client::new(target, Mode::Reader, "counter")
+    }
+
+    /// Reuses a found address for `cache` after its lookup (see [`Client::dns_cache`]).
+    pub fn dns_cache(mut self, cache: Duration) -> Client {
+        self.dns_cache = cache;
+        self
+    }
+
     fn new(target: Target, mode: Mode, key: &str) -> Client {
         let key = key.to_string();
-        Client { target, mode, key, pace: Pace::default(), node_from_client_info: false }
+        let pace = Pace::default();
+        Client { target, mode, key, pace, node_from_client_info: false, dns_cache: Duration::ZERO }
     }
 
     pub fn key(mut self, key: &str) -> Client {
@@ -161,14 +183,23 @@ impl Client {
             tokio::time::sleep(STOP_GRACE).await;
         };
         tokio::pin!(stopped);
+        let mut cached: Option<(SocketAddr, tokio::time::Instant)> = None;
         for _ in 0..MAX_ATTEMPTS {
             if stop.is_cancelled() {
                 return;
             }
-            let Some(addr) = self.target.find(&http).await else {
+            let fresh = cached.filter(|(_, at)| at.elapsed() < self.dns_cache).map(|(a, _)| a);
+            let found = match fresh {
+                Some(addr) => Some(addr),
+                None => self.target.find(&http).await,
+            };
+            let Some(addr) = found else {
                 tokio::time::sleep(self.pace.lookup_retry).await;
                 continue;
             };
+            if fresh.is_none() {
+                cached = Some((addr, tokio::time::Instant::now()));
+            }
             let result = tokio::select! {
                 r = self.session(addr, log, stop) => r,
                 _ = &mut stopped => return,
@@ -195,10 +226,16 @@ impl Client {
         let node = if self.node_from_client_info { serving_node(&mut stream).await? } else { addr };
         let (incr, ping) = (resp(&["INCR", &self.key]), resp(&["PING"]));
         let blpop = resp(&["BLPOP", &self.key, "0"]);
+        let get = resp(&["GET", &self.key]);
         while !stop.is_cancelled() {
             match self.mode {
                 Mode::Writer => {
                     command(&mut stream, &incr, 1).await?;
+                    log.ok(node);
+                    tokio::time::sleep(self.pace.incr).await;
+                }
+                Mode::Reader => {
+                    bulk(&mut stream, &get).await?;
                     log.ok(node);
                     tokio::time::sleep(self.pace.incr).await;
                 }
@@ -289,6 +326,26 @@ async fn serving_node(stream: &mut BufReader<TcpStream>) -> std::io::Result<Sock
         .find_map(|f| f.strip_prefix("laddr="))
         .and_then(|a| a.parse().ok())
         .ok_or_else(|| std::io::Error::other("CLIENT INFO without laddr"))
+}
+
+/// Sends a command whose reply is a bulk string (or nil) and reads it, with no timeout.
+async fn bulk(stream: &mut BufReader<TcpStream>, cmd: &str) -> std::io::Result<()> {
+    stream.get_mut().write_all(cmd.as_bytes()).await?;
+    let mut header = String::new();
+    if stream.read_line(&mut header).await? == 0 {
+        return Err(std::io::Error::other("connection closed"));
+    }
+    if header.starts_with('-') {
+        return Err(std::io::Error::other(header.trim().to_string()));
+    }
+    if header.starts_with("$-1") {
+        return Ok(());
+    }
+    let mut value = String::new();
+    if stream.read_line(&mut value).await? == 0 {
+        return Err(std::io::Error::other("connection closed"));
+    }
+    Ok(())
 }
 
 /// Sends a command and reads `lines` reply lines, with no timeout (as the clients that hang).
