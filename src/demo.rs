@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::lab::{Lab, LabOptions};
+use crate::log_output::say;
 
 /// Preferred listeners; a free port is taken when one is busy.
 const DNS_PORT: u16 = 5353;
@@ -25,7 +26,7 @@ const INSTALL: &str = "apt-get install -y redis-server redis-sentinel";
 /// Runs the demo until `shutdown` is cancelled.
 pub async fn demo(shutdown: CancellationToken) -> anyhow::Result<()> {
     require_programs()?;
-    println!("starting 3 redis-server and 3 redis-sentinel on 127.0.0.1...");
+    say("starting 3 redis-server and 3 redis-sentinel on 127.0.0.1...");
     let lab = tokio::select! {
         lab = Lab::start(LabOptions::default()) => lab.context("cannot start the demo cluster")?,
         _ = shutdown.cancelled() => return Ok(()),
@@ -33,11 +34,11 @@ pub async fn demo(shutdown: CancellationToken) -> anyhow::Result<()> {
     let listeners = Listeners::choose()?;
     let path = write_config(&lab, &listeners)?;
     let config = Config::load(&path)?;
-    println!("{}", guide(&lab, &listeners, &path).await);
+    say(&guide(&lab, &listeners, &path).await);
     let result = crate::daemon::run(config, shutdown.clone()).await;
     // The cluster goes first thing after the daemon, whatever its result.
     drop(lab);
-    println!("demo stopped; every process it started is gone");
+    say("demo stopped; every process it started is gone");
     result
 }
 
@@ -124,9 +125,10 @@ async fn guide(lab: &Lab, listeners: &Listeners, config: &Path) -> String {
     let dir = lab.dir().display();
     let mut out = format!("\ncluster ready in {dir} (config {})\n", config.display());
     out += &processes(lab, primary);
-    out += &api_lines(lab, listeners);
+    let bin = command_name();
+    out += &api_lines(lab, listeners, &bin);
     out += &dns_lines(listeners);
-    out += &failover_lines(lab, listeners, primary);
+    out += &failover_lines(lab, listeners, primary, &bin);
     out += "\nCtrl-C stops the daemon and every process the demo started.\n";
     out
 }
@@ -145,13 +147,27 @@ fn processes(lab: &Lab, primary: Option<SocketAddr>) -> String {
     out
 }
 
-fn api_lines(lab: &Lab, listeners: &Listeners) -> String {
+/// How to call this binary from a shell: `polestar` when that name on the PATH is this very
+/// file, else its full path (after `cargo run` there is no `polestar` on the PATH).
+fn command_name() -> String {
+    let Ok(exe) = std::env::current_exe().and_then(|p| p.canonicalize()) else {
+        return "polestar".to_string();
+    };
+    let on_path = find_on_path("polestar").and_then(|p| p.canonicalize().ok());
+    if on_path.as_deref() == Some(exe.as_path()) {
+        "polestar".to_string()
+    } else {
+        exe.display().to_string()
+    }
+}
+
+fn api_lines(lab: &Lab, listeners: &Listeners, bin: &str) -> String {
     let (api, m) = (format!("http://{}", listeners.http), lab.master_name());
     format!(
         "\nAsk the API:\n  curl -s {api}/v1/masters\n  curl -s {api}/v1/masters/{m}/primary\n  \
          curl -s '{api}/v1/masters/{m}?wait=30s&after=EPOCH'   # blocks until the epoch passes EPOCH\n  \
          curl -sN {api}/v1/events/stream                       # live events\n  \
-         polestar status --api {api}\n"
+         {bin} status --api {api}\n"
     )
 }
 
@@ -164,13 +180,18 @@ fn dns_lines(listeners: &Listeners) -> String {
     )
 }
 
-fn failover_lines(lab: &Lab, listeners: &Listeners, primary: Option<SocketAddr>) -> String {
+fn failover_lines(
+    lab: &Lab,
+    listeners: &Listeners,
+    primary: Option<SocketAddr>,
+    bin: &str,
+) -> String {
     let (api, m) = (format!("http://{}", listeners.http), lab.master_name());
     let sentinel = lab.sentinel_addrs()[0].port();
     let mut out = format!(
         "\nTrigger a failover (and watch the answers above change):\n  \
          redis-cli -p {sentinel} sentinel failover {m}\n  \
-         polestar failover {m} --wait --api {api} --token-file {token}\n",
+         {bin} failover {m} --wait --api {api} --token-file {token}\n",
         token = lab.dir().join(TOKEN_FILE).display(),
     );
     if let Some(pid) = primary.and_then(|p| lab.index_of(p)).and_then(|i| lab.node_pid(i)) {
@@ -193,6 +214,17 @@ mod tests {
         let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
         let chosen = port_or_free(port, free).expect("some port is free");
         assert_ne!(chosen, port);
+    }
+
+    #[test]
+    fn guide_names_polestar_by_a_path_that_runs_it() {
+        // The test binary is not on the PATH: the guide must name it by its full path.
+        let name = command_name();
+        let exe = std::env::current_exe().expect("exe").canonicalize().expect("canonical");
+        assert!(name == "polestar" || Path::new(&name) == exe, "{name}");
+        if find_on_path("polestar").is_none() {
+            assert_eq!(Path::new(&name), exe);
+        }
     }
 
     #[test]
