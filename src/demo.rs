@@ -1,6 +1,7 @@
-//! `polestar demo`: a real local cluster (3 `redis-server`, 3 `redis-sentinel` on loopback)
-//! and the daemon serving it, so that anyone can watch a failover move the DNS name and the
-//! API within a minute of cloning the repository. Ctrl-C stops everything it started.
+//! `polestar demo`: a real local cluster (3 `redis-server`, 3 `redis-sentinel` on loopback;
+//! Valkey with `POLESTAR_VALKEY_SERVER=/path/to/valkey-server`) and the daemon serving it, so
+//! that anyone can watch a failover move the DNS name and the API within a minute of cloning
+//! the repository. Ctrl-C stops everything it started.
 
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
@@ -10,7 +11,7 @@ use anyhow::{Context, bail};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::lab::{Lab, LabOptions};
+use crate::lab::{Flavor, Lab, LabOptions, VALKEY_ENV};
 use crate::log_output::say;
 
 /// Preferred listeners; a free port is taken when one is busy.
@@ -25,10 +26,15 @@ const INSTALL: &str = "apt-get install -y redis-server redis-sentinel";
 
 /// Runs the demo until `shutdown` is cancelled.
 pub async fn demo(shutdown: CancellationToken) -> anyhow::Result<()> {
-    require_programs()?;
-    say("starting 3 redis-server and 3 redis-sentinel on 127.0.0.1...");
+    let opts = LabOptions::default();
+    require_programs(&opts.flavor)?;
+    let what = match &opts.flavor {
+        Flavor::Redis => "3 redis-server and 3 redis-sentinel".to_string(),
+        Flavor::Valkey { server } => format!("3 {} (data nodes) and 3 Sentinels", server.display()),
+    };
+    say(&format!("starting {what} on 127.0.0.1..."));
     let lab = tokio::select! {
-        lab = Lab::start(LabOptions::default()) => lab.context("cannot start the demo cluster")?,
+        lab = Lab::start(opts) => lab.context("cannot start the demo cluster")?,
         _ = shutdown.cancelled() => return Ok(()),
     };
     let listeners = Listeners::choose()?;
@@ -43,7 +49,13 @@ pub async fn demo(shutdown: CancellationToken) -> anyhow::Result<()> {
 }
 
 /// Fails with the install command when a program the lab runs is missing.
-fn require_programs() -> anyhow::Result<()> {
+fn require_programs(flavor: &Flavor) -> anyhow::Result<()> {
+    if let Flavor::Valkey { server } = flavor {
+        if !is_executable(server) {
+            bail!("{VALKEY_ENV}={}: not an executable", server.display());
+        }
+        return Ok(());
+    }
     for program in ["redis-server", "redis-sentinel"] {
         if find_on_path(program).is_none() {
             bail!("{program} not found: {INSTALL}");

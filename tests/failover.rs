@@ -23,7 +23,11 @@ use tokio::time::{Instant, sleep, timeout};
 const SPARED: &str = "keepme";
 
 async fn start() -> Env {
-    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    start_on(LabOptions::default()).await
+}
+
+async fn start_on(opts: LabOptions) -> Env {
+    let lab = Lab::start(opts).await.expect("the lab starts");
     let mut config = PolestarConfig::for_lab(&lab);
     config.masters = vec![(lab.master_name().to_string(), Some("cache".to_string()))];
     config.dns = true;
@@ -95,7 +99,17 @@ async fn events_of(env: &Env, kind: &str) -> Vec<Value> {
 
 #[tokio::test]
 async fn planned_failover_cuts_every_stale_client_after_the_flip_and_loses_no_write() {
-    let env = start().await;
+    planned_failover_on(LabOptions::default()).await;
+}
+
+/// Valkey 8: fence, drain (its `CLIENT LIST`), demotion and no lost write, as on Redis.
+#[tokio::test]
+async fn valkey_planned_failover_cuts_every_stale_client_after_the_flip_and_loses_no_write() {
+    planned_failover_on(LabOptions { flavor: valkey(), ..LabOptions::default() }).await;
+}
+
+async fn planned_failover_on(opts: LabOptions) {
+    let env = start_on(opts).await;
     let old = env.lab.primary().await.expect("primary");
     let dns = env.ps.dns.expect("DNS listener");
     let stop = Arc::new(AtomicBool::new(false));
