@@ -31,6 +31,7 @@ use netns::cluster::{Cluster, HTTP_PORT};
 use netns::measure::{SWITCH, SentinelEvents, secs};
 use netns::{Host, in_ns, until};
 use nix::sys::signal::Signal;
+use polestar::lab::Flavor;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -320,8 +321,13 @@ fn report(line: &str) {
 }
 
 async fn scenario(fault: Fault, mode: Mode) {
+    scenario_on(fault, mode, Flavor::Redis).await;
+}
+
+async fn scenario_on(fault: Fault, mode: Mode, flavor: Flavor) {
     let _serial = netns::SERIAL.lock().await;
-    let cluster = Cluster::start(DOWN_AFTER_MS).await.unwrap_or_else(|e| panic!("{e:#}"));
+    let cluster = Cluster::start_on(DOWN_AFTER_MS, flavor).await;
+    let cluster = cluster.unwrap_or_else(|e| panic!("{e:#}"));
     let result = run(&cluster, fault, mode).await;
     cluster.net.with_logs(result).unwrap_or_else(|e| panic!("{e:#}"));
 }
@@ -424,8 +430,9 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
             None => "(BLPOP)".to_string(),
         };
         report(&format!(
-            "CLIENTS {fault:?} {mode:?} {} [{version}]: {back_text} (fault->switch {:.3}s), {lost_text}; {resolver_text}",
+            "CLIENTS {fault:?} {mode:?} {} [{version}, {}]: {back_text} (fault->switch {:.3}s), {lost_text}; {resolver_text}",
             app.label,
+            cluster.flavor.name(),
             secs(fault_at, switch),
         ));
         if mode == Mode::Polestar && app.timed {
@@ -463,6 +470,12 @@ async fn real_clients_hung_primary_through_unbound_are_back_within_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_clients_dark_primary_through_unbound_are_back_within_ttl() {
     scenario(Fault::Dark, Mode::Polestar).await;
+}
+
+/// Valkey 8: the node-side sweeper reads Valkey's `CLIENT LIST` to spare Sentinels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_real_clients_hung_primary_through_unbound_are_back_within_ttl() {
+    scenario_on(Fault::Hung, Mode::Polestar, crate::common::valkey()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -59,6 +59,16 @@ impl Flavor {
         }
     }
 
+    /// The data node's program and its arguments after the config file.
+    pub fn server_command(&self) -> (PathBuf, &'static [&'static str]) {
+        self.command(Kind::Server)
+    }
+
+    /// The Sentinel's program and its arguments after the config file.
+    pub fn sentinel_command(&self) -> (PathBuf, &'static [&'static str]) {
+        self.command(Kind::Sentinel)
+    }
+
     /// The program and the arguments after the config file for a process of `kind`.
     fn command(&self, kind: Kind) -> (PathBuf, &'static [&'static str]) {
         match (self, kind) {
