@@ -421,9 +421,14 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
         } else {
             None
         };
-        let back_text = match at {
-            Some(at) => format!("switch->back {:.3}s", secs(switch, *at)),
-            None => format!("not back within {watch:?} of the switch"),
+        let back_text = match (at, flip) {
+            (Some(at), Some(flip)) => format!(
+                "switch->back {:.3}s (flip->back {:.3}s)",
+                secs(switch, *at),
+                secs(flip, *at)
+            ),
+            (Some(at), None) => format!("switch->back {:.3}s", secs(switch, *at)),
+            (None, _) => format!("not back within {watch:?} of the switch"),
         };
         let lost_text = match lost {
             Some((lost, of)) => format!("lost {lost} of {of} acked"),
