@@ -497,3 +497,53 @@ async fn control_real_clients_pinned_hung_primary() {
 async fn control_real_clients_pinned_dark_primary() {
     scenario(Fault::Dark, Mode::Pinned).await;
 }
+
+/// Found with ioredis behind unbound (issue 15, found 5): the agent stopped sweeping at
+/// `drain.grace` (1.5 s then), unbound still named the dark old primary until 1.9 s after the
+/// flip, and the connections opened in that gap hung for the library's connect timeout. Here a
+/// connection to the dark old primary is opened well after the grace (2.5 s by default now), as
+/// from a stale cache: it must be aborted at once, not left to retransmit SYNs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_stopped_sweeping_a_dark_old_primary_before_the_resolver_forgot_it() {
+    let _serial = netns::SERIAL.lock().await;
+    let cluster = Cluster::start(DOWN_AFTER_MS).await.unwrap_or_else(|e| panic!("{e:#}"));
+    let result = late_connect_to_dark_primary(&cluster).await;
+    cluster.net.with_logs(result).unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+async fn late_connect_to_dark_primary(cluster: &Cluster) -> anyhow::Result<()> {
+    const GRACE: Duration = Duration::from_millis(2500);
+    let listen = format!("{}:{HTTP_PORT}", cluster.ctl.ip);
+    cluster.polestar(&cluster.ctl, "ctl-polestar", &cluster.sentinels_yaml(), &listen, "").await?;
+    let upstream = format!("upstream: http://{}:{HTTP_PORT}\n", cluster.ctl.ip);
+    let (agent_listen, sweep) = (format!("127.0.0.1:{HTTP_PORT}"), "sweep:\n  remote: true\n");
+    cluster.polestar(&cluster.app, "app-agent", &upstream, &agent_listen, sweep).await?;
+    let old = cluster.primary();
+    cluster.net.go_dark(&cluster.db[0])?;
+    let url = format!("http://127.0.0.1:{HTTP_PORT}/v1/events");
+    let flip = until("the agent's switch", Duration::from_secs(30), || async {
+        let events = netns::get_json(&cluster.app, url.clone()).await?;
+        let switch =
+            events.as_array()?.iter().find(|e| e["kind"] == "switch" && !e["from"].is_null());
+        switch?["time_ms"].as_u64().map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
+    })
+    .await?;
+    let late = flip + GRACE + Duration::from_millis(700);
+    tokio::time::sleep(late.duration_since(SystemTime::now()).unwrap_or_default()).await;
+    let connect = in_ns(&cluster.app, move || async move {
+        let started = std::time::Instant::now();
+        let outcome =
+            tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(old)).await;
+        Ok((started.elapsed(), format!("{outcome:?}")))
+    });
+    let (took, outcome) = connect.await??;
+    eprintln!(
+        "CLIENTS late connect to the dark old primary {:.3}s after the flip: {outcome} after {took:?}",
+        secs(flip, SystemTime::now()) - took.as_secs_f64()
+    );
+    anyhow::ensure!(
+        took < Duration::from_secs(2) && outcome.contains("Err"),
+        "a connection opened after the grace to the dark old primary was not aborted: {outcome} after {took:?}"
+    );
+    Ok(())
+}
