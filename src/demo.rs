@@ -146,15 +146,19 @@ async fn guide(lab: &Lab, listeners: &Listeners, config: &Path) -> String {
 }
 
 fn processes(lab: &Lab, primary: Option<SocketAddr>) -> String {
+    let (server, sentinel) = match lab.options().flavor {
+        Flavor::Redis => ("redis-server  ", "redis-sentinel"),
+        Flavor::Valkey { .. } => ("valkey-server ", "valkey sentinel"),
+    };
     let mut out = String::new();
     for (i, addr) in lab.node_addrs().iter().enumerate() {
         let pid = lab.node_pid(i).map(|p| p.to_string()).unwrap_or_default();
         let role = if Some(*addr) == primary { "primary" } else { "replica" };
-        let _ = writeln!(out, "  redis-server   {addr}  pid {pid}  ({role})");
+        let _ = writeln!(out, "  {server} {addr}  pid {pid}  ({role})");
     }
     for (i, addr) in lab.sentinel_addrs().iter().enumerate() {
         let pid = lab.sentinel_pid(i).map(|p| p.to_string()).unwrap_or_default();
-        let _ = writeln!(out, "  redis-sentinel {addr}  pid {pid}");
+        let _ = writeln!(out, "  {sentinel} {addr}  pid {pid}");
     }
     out
 }
