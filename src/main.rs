@@ -206,8 +206,8 @@ fn report(text: &str) {
     let _ = writeln!(std::io::stderr(), "{text}");
 }
 
-/// SIGTERM and SIGINT stop gracefully; a second one exits at once (the demo's cluster is then
-/// cleaned by the next lab's start). SIGHUP (reload) is the daemon's own: see
+/// SIGTERM and SIGINT stop gracefully; a second one, or [`STOP_DEADLINE`] without the stop
+/// completing, exits at once (the demo's cluster is then cleaned by the next lab's start). SIGHUP (reload) is the daemon's own: see
 /// `polestar::reload`.
 async fn signals(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
@@ -224,10 +224,16 @@ async fn signals(shutdown: CancellationToken) {
     tracing::info!("shutting down");
     shutdown.cancel();
     tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+        _ = term.recv() => tracing::warn!("second signal: exiting now"),
+        _ = int.recv() => tracing::warn!("second signal: exiting now"),
+        _ = tokio::time::sleep(STOP_DEADLINE) => {
+            tracing::error!("not stopped {STOP_DEADLINE:?} after the signal: exiting now");
+        }
     }
-    tracing::warn!("second signal: exiting now");
     log_output::flush(Duration::from_millis(200));
     std::process::exit(130);
 }
+
+/// A graceful stop takes well under a second; past this something is wedged, and the process
+/// exits rather than ignore the signal that asked it to stop.
+const STOP_DEADLINE: Duration = Duration::from_secs(10);
