@@ -50,6 +50,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     let mut tasks = JoinSet::new();
     tasks.spawn(reload::on_sighup(reloader, shutdown.clone()));
+    tasks.spawn(register_master_series(&config, reader.clone(), shutdown.clone()));
     let (drain_tx, drain_rx) = mpsc::unbounded_channel();
     let coordinator = Coordinator::new(
         config.drain.clone(),
@@ -130,6 +131,36 @@ async fn supervise(
             Ok(result) => result,
             Err(e) => Err(anyhow::anyhow!("a component panicked: {e}")),
         },
+    }
+}
+
+/// Registers the per-master metric series of every configured master at once and of every
+/// master that appears in the topology later (discovered ones), until shutdown.
+fn register_master_series(
+    config: &Config,
+    mut reader: TopologyReader,
+    shutdown: CancellationToken,
+) -> impl std::future::Future<Output = anyhow::Result<()>> + use<> {
+    for master in config.masters.iter().flatten() {
+        crate::metrics::register_master(&master.name);
+    }
+    async move {
+        let mut known = std::collections::BTreeSet::new();
+        loop {
+            let names: Vec<String> = reader.borrow_and_update().masters.keys().cloned().collect();
+            for name in names {
+                if known.insert(name.clone()) {
+                    crate::metrics::register_master(&name);
+                }
+            }
+            tokio::select! {
+                changed = reader.changed() => if changed.is_err() { break },
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        // The writer went away or shutdown: wait for shutdown so as not to stop the daemon.
+        shutdown.cancelled().await;
+        Ok(())
     }
 }
 

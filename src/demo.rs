@@ -1,6 +1,7 @@
-//! `polestar demo`: a real local cluster (3 `redis-server`, 3 `redis-sentinel` on loopback)
-//! and the daemon serving it, so that anyone can watch a failover move the DNS name and the
-//! API within a minute of cloning the repository. Ctrl-C stops everything it started.
+//! `polestar demo`: a real local cluster (3 `redis-server`, 3 `redis-sentinel` on loopback;
+//! Valkey with `POLESTAR_VALKEY_SERVER=/path/to/valkey-server`) and the daemon serving it, so
+//! that anyone can watch a failover move the DNS name and the API within a minute of cloning
+//! the repository. Ctrl-C stops everything it started.
 
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
@@ -10,7 +11,8 @@ use anyhow::{Context, bail};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::lab::{Lab, LabOptions};
+use crate::lab::{Flavor, Lab, LabOptions, VALKEY_ENV};
+use crate::log_output::say;
 
 /// Preferred listeners; a free port is taken when one is busy.
 const DNS_PORT: u16 = 5353;
@@ -24,25 +26,36 @@ const INSTALL: &str = "apt-get install -y redis-server redis-sentinel";
 
 /// Runs the demo until `shutdown` is cancelled.
 pub async fn demo(shutdown: CancellationToken) -> anyhow::Result<()> {
-    require_programs()?;
-    println!("starting 3 redis-server and 3 redis-sentinel on 127.0.0.1...");
+    let opts = LabOptions::default();
+    require_programs(&opts.flavor)?;
+    let what = match &opts.flavor {
+        Flavor::Redis => "3 redis-server and 3 redis-sentinel".to_string(),
+        Flavor::Valkey { server } => format!("3 {} (data nodes) and 3 Sentinels", server.display()),
+    };
+    say(&format!("starting {what} on 127.0.0.1..."));
     let lab = tokio::select! {
-        lab = Lab::start(LabOptions::default()) => lab.context("cannot start the demo cluster")?,
+        lab = Lab::start(opts) => lab.context("cannot start the demo cluster")?,
         _ = shutdown.cancelled() => return Ok(()),
     };
     let listeners = Listeners::choose()?;
     let path = write_config(&lab, &listeners)?;
     let config = Config::load(&path)?;
-    println!("{}", guide(&lab, &listeners, &path).await);
+    say(&guide(&lab, &listeners, &path).await);
     let result = crate::daemon::run(config, shutdown.clone()).await;
     // The cluster goes first thing after the daemon, whatever its result.
     drop(lab);
-    println!("demo stopped; every process it started is gone");
+    say("demo stopped; every process it started is gone");
     result
 }
 
 /// Fails with the install command when a program the lab runs is missing.
-fn require_programs() -> anyhow::Result<()> {
+fn require_programs(flavor: &Flavor) -> anyhow::Result<()> {
+    if let Flavor::Valkey { server } = flavor {
+        if !is_executable(server) {
+            bail!("{VALKEY_ENV}={}: not an executable", server.display());
+        }
+        return Ok(());
+    }
     for program in ["redis-server", "redis-sentinel"] {
         if find_on_path(program).is_none() {
             bail!("{program} not found: {INSTALL}");
@@ -124,34 +137,53 @@ async fn guide(lab: &Lab, listeners: &Listeners, config: &Path) -> String {
     let dir = lab.dir().display();
     let mut out = format!("\ncluster ready in {dir} (config {})\n", config.display());
     out += &processes(lab, primary);
-    out += &api_lines(lab, listeners);
+    let bin = command_name();
+    out += &api_lines(lab, listeners, &bin);
     out += &dns_lines(listeners);
-    out += &failover_lines(lab, listeners, primary);
+    out += &failover_lines(lab, listeners, primary, &bin);
     out += "\nCtrl-C stops the daemon and every process the demo started.\n";
     out
 }
 
 fn processes(lab: &Lab, primary: Option<SocketAddr>) -> String {
+    let (server, sentinel) = match lab.options().flavor {
+        Flavor::Redis => ("redis-server  ", "redis-sentinel"),
+        Flavor::Valkey { .. } => ("valkey-server ", "valkey sentinel"),
+    };
     let mut out = String::new();
     for (i, addr) in lab.node_addrs().iter().enumerate() {
         let pid = lab.node_pid(i).map(|p| p.to_string()).unwrap_or_default();
         let role = if Some(*addr) == primary { "primary" } else { "replica" };
-        let _ = writeln!(out, "  redis-server   {addr}  pid {pid}  ({role})");
+        let _ = writeln!(out, "  {server} {addr}  pid {pid}  ({role})");
     }
     for (i, addr) in lab.sentinel_addrs().iter().enumerate() {
         let pid = lab.sentinel_pid(i).map(|p| p.to_string()).unwrap_or_default();
-        let _ = writeln!(out, "  redis-sentinel {addr}  pid {pid}");
+        let _ = writeln!(out, "  {sentinel} {addr}  pid {pid}");
     }
     out
 }
 
-fn api_lines(lab: &Lab, listeners: &Listeners) -> String {
+/// How to call this binary from a shell: `polestar` when that name on the PATH is this very
+/// file, else its full path (after `cargo run` there is no `polestar` on the PATH).
+fn command_name() -> String {
+    let Ok(exe) = std::env::current_exe().and_then(|p| p.canonicalize()) else {
+        return "polestar".to_string();
+    };
+    let on_path = find_on_path("polestar").and_then(|p| p.canonicalize().ok());
+    if on_path.as_deref() == Some(exe.as_path()) {
+        "polestar".to_string()
+    } else {
+        exe.display().to_string()
+    }
+}
+
+fn api_lines(lab: &Lab, listeners: &Listeners, bin: &str) -> String {
     let (api, m) = (format!("http://{}", listeners.http), lab.master_name());
     format!(
         "\nAsk the API:\n  curl -s {api}/v1/masters\n  curl -s {api}/v1/masters/{m}/primary\n  \
          curl -s '{api}/v1/masters/{m}?wait=30s&after=EPOCH'   # blocks until the epoch passes EPOCH\n  \
          curl -sN {api}/v1/events/stream                       # live events\n  \
-         polestar status --api {api}\n"
+         {bin} status --api {api}\n"
     )
 }
 
@@ -164,13 +196,18 @@ fn dns_lines(listeners: &Listeners) -> String {
     )
 }
 
-fn failover_lines(lab: &Lab, listeners: &Listeners, primary: Option<SocketAddr>) -> String {
+fn failover_lines(
+    lab: &Lab,
+    listeners: &Listeners,
+    primary: Option<SocketAddr>,
+    bin: &str,
+) -> String {
     let (api, m) = (format!("http://{}", listeners.http), lab.master_name());
     let sentinel = lab.sentinel_addrs()[0].port();
     let mut out = format!(
         "\nTrigger a failover (and watch the answers above change):\n  \
          redis-cli -p {sentinel} sentinel failover {m}\n  \
-         polestar failover {m} --wait --api {api} --token-file {token}\n",
+         {bin} failover {m} --wait --api {api} --token-file {token}\n",
         token = lab.dir().join(TOKEN_FILE).display(),
     );
     if let Some(pid) = primary.and_then(|p| lab.index_of(p)).and_then(|i| lab.node_pid(i)) {
@@ -193,6 +230,17 @@ mod tests {
         let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
         let chosen = port_or_free(port, free).expect("some port is free");
         assert_ne!(chosen, port);
+    }
+
+    #[test]
+    fn guide_names_polestar_by_a_path_that_runs_it() {
+        // The test binary is not on the PATH: the guide must name it by its full path.
+        let name = command_name();
+        let exe = std::env::current_exe().expect("exe").canonicalize().expect("canonical");
+        assert!(name == "polestar" || Path::new(&name) == exe, "{name}");
+        if find_on_path("polestar").is_none() {
+            assert_eq!(Path::new(&name), exe);
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ use tracing_subscriber::EnvFilter;
 
 use polestar::client;
 use polestar::config::{self, Config};
+use polestar::log_output::{self, LogOutput};
 
 #[derive(Parser)]
 #[command(
@@ -81,7 +82,13 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    match cli.command {
+    let code = command(cli.command);
+    log_output::flush(Duration::from_secs(1));
+    code
+}
+
+fn command(command: Command) -> ExitCode {
+    match command {
         Command::Check { config } => check(&config),
         Command::Run { config } => run(&config),
         Command::Status { api } => runtime(async move { client::status(&api).await }),
@@ -116,10 +123,19 @@ fn admin_token(file: Option<PathBuf>) -> Result<Option<String>, String> {
     Ok(config::read_secret(default).ok().map(|s| s.expose().to_string()))
 }
 
+/// Logs go to stderr through [`LogOutput`]: a log pipe or journald that goes away or stalls
+/// costs lines, never a wedged daemon (see `polestar::log_output`).
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_env("POLESTAR_LOG")
         .unwrap_or_else(|_| EnvFilter::new("info,hickory_server=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let Ok(out) = LogOutput::stderr() else {
+        report("error: cannot start the log writer thread");
+        return;
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(out)
+        .log_internal_errors(false);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -178,13 +194,20 @@ fn runtime(work: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitC
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            report(&format!("error: {e:#}"));
             ExitCode::FAILURE
         }
     }
 }
 
-/// SIGTERM and SIGINT stop gracefully. SIGHUP (reload) is the daemon's own: see
+/// A line on stderr that cannot panic (`eprintln!` does when stderr is a closed pipe).
+fn report(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{text}");
+}
+
+/// SIGTERM and SIGINT stop gracefully; a second one, or [`STOP_DEADLINE`] without the stop
+/// completing, exits at once (the demo's cluster is then cleaned by the next lab's start). SIGHUP (reload) is the daemon's own: see
 /// `polestar::reload`.
 async fn signals(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
@@ -200,4 +223,17 @@ async fn signals(shutdown: CancellationToken) {
     }
     tracing::info!("shutting down");
     shutdown.cancel();
+    tokio::select! {
+        _ = term.recv() => tracing::warn!("second signal: exiting now"),
+        _ = int.recv() => tracing::warn!("second signal: exiting now"),
+        _ = tokio::time::sleep(STOP_DEADLINE) => {
+            tracing::error!("not stopped {STOP_DEADLINE:?} after the signal: exiting now");
+        }
+    }
+    log_output::flush(Duration::from_millis(200));
+    std::process::exit(130);
 }
+
+/// A graceful stop takes well under a second; past this something is wedged, and the process
+/// exits rather than ignore the signal that asked it to stop.
+const STOP_DEADLINE: Duration = Duration::from_secs(10);

@@ -1,4 +1,6 @@
-//! Metric names (one place, as constants) and the Prometheus recorder.
+//! Metric names (one place, as constants), the Prometheus recorder, and the series that
+//! exist from the start: every series of a known master is registered (counters at 0) as soon
+//! as the master is known, so that `rate()` and absence alerts work before the first failover.
 
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -16,6 +18,19 @@ pub const SENTINEL_API_ACCEPTED: &str = "polestar_sentinel_api_connections_total
 pub const SENTINEL_API_DISCONNECTS: &str = "polestar_sentinel_api_disconnects_total";
 pub const SENTINEL_API_COMMANDS: &str = "polestar_sentinel_api_commands_total";
 pub const SENTINEL_API_PUBLISHED: &str = "polestar_sentinel_api_published_total";
+
+/// The `method` label values of [`DRAIN_KILLED`].
+pub const KILL_METHODS: [&str; 2] = ["client_kill", "sock_destroy"];
+
+/// Registers every per-master series of `master` that counts events (at 0 when new; an
+/// existing counter keeps its value). The gauges are set by the decider with the state.
+pub fn register_master(master: &str) {
+    metrics::counter!(PRIMARY_CHANGES, "master" => master.to_string()).increment(0);
+    for method in KILL_METHODS {
+        metrics::counter!(DRAIN_KILLED, "master" => master.to_string(), "method" => method)
+            .increment(0);
+    }
+}
 
 /// Installs the process-wide recorder (once; later calls get a recorder that is not global,
 /// which only happens in tests that start several daemons in one process).

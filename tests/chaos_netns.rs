@@ -8,6 +8,7 @@ use crate::chaos;
 use std::time::Duration;
 
 use chaos::Settings;
+use polestar::lab::Flavor;
 
 fn save(table: &str) {
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/target/chaos-report.txt");
@@ -32,11 +33,24 @@ async fn soak_and_check(defaults: Settings) {
 /// no acknowledged write lost on a planned failover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_chaos_run_strands_no_client_and_loses_no_planned_write() {
-    soak_and_check(Settings { seed: 7, faults: 4, duration: Duration::from_secs(120) }).await;
+    let flavor = Flavor::Redis;
+    soak_and_check(Settings { seed: 7, faults: 4, duration: Duration::from_secs(120), flavor })
+        .await;
+}
+
+/// Valkey 8 (valkey-server, Sentinels with --sentinel): a shorter run, the faults of every
+/// kind that the seed picks first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_short_chaos_run_strands_no_client_and_loses_no_planned_write() {
+    let flavor = crate::common::valkey();
+    soak_and_check(Settings { seed: 7, faults: 3, duration: Duration::from_secs(90), flavor })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the long soak: bench/chaos.sh [SEED] [FAULTS] [MINUTES]"]
 async fn chaos_soak() {
-    soak_and_check(Settings { seed: 1, faults: 50, duration: Duration::from_secs(600) }).await;
+    let flavor = polestar::lab::Flavor::from_env();
+    soak_and_check(Settings { seed: 1, faults: 50, duration: Duration::from_secs(600), flavor })
+        .await;
 }

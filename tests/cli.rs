@@ -144,3 +144,120 @@ fn no_process_works_in(dir: &Path) -> bool {
         .flatten()
         .any(|p| std::fs::read_link(p.path().join("cwd")).is_ok_and(|c| c.starts_with(dir)))
 }
+
+/// Found by a new user: `polestar demo 2>&1 | tee demo.log` and Ctrl-C in a terminal. The
+/// SIGINT reaches the whole process group (tee and the demo's Redis processes too); the next
+/// log line hit a pipe without reader, the logger panicked the signal task and polestar never
+/// stopped. The group here gets the SIGINT a terminal sends; everything must be gone quickly.
+#[tokio::test]
+async fn demo_wedged_on_ctrl_c_when_its_output_went_through_a_pipe() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("demo.log");
+    let line = format!("'{BIN}' demo 2>&1 | tee '{}' >/dev/null", log.display());
+    let group = PipedGroup::spawn(&line);
+    let text = group.wait_logged(&log, &[": ready", "cluster ready in "]).await;
+    let lab_dir = text
+        .lines()
+        .find_map(|l| l.strip_prefix("cluster ready in "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(std::path::PathBuf::from)
+        .expect("the lab directory is printed");
+    // Found with it: the guide named `polestar`, which `cargo run` does not put on the PATH.
+    assert!(text.contains(&format!("{BIN} status --api")), "the guide names the binary:\n{text}");
+    assert!(text.contains(&format!("{BIN} failover mymaster")), "{text}");
+
+    group.interrupt_and_wait_gone(Duration::from_secs(10), &log).await;
+    assert!(!lab_dir.exists(), "{} is left behind", lab_dir.display());
+    assert!(no_process_works_in(&lab_dir), "a process of the demo survived");
+}
+
+/// The same for the daemon: its log piped to a reader that the same Ctrl-C kills (a log pipe
+/// or journald going away must never wedge it).
+#[tokio::test]
+async fn run_wedged_on_sigint_when_its_log_pipe_went_away() {
+    let lab = polestar::lab::Lab::start(polestar::lab::LabOptions::default()).await.expect("lab");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("polestar.yaml");
+    std::fs::write(&config, PolestarConfig::for_lab(&lab).yaml(dir.path())).expect("config");
+    let log = dir.path().join("run.log");
+    let line =
+        format!("'{BIN}' run -c '{}' 2>&1 | tee '{}' >/dev/null", config.display(), log.display());
+    let group = PipedGroup::spawn(&line);
+    group.wait_logged(&log, &[": ready"]).await;
+    group.interrupt_and_wait_gone(Duration::from_secs(10), &log).await;
+}
+
+/// `sh -c LINE` as the leader of its own process group, as a shell runs a pipeline.
+struct PipedGroup {
+    child: std::process::Child,
+    pgid: i32,
+}
+
+impl PipedGroup {
+    fn spawn(line: &str) -> Self {
+        use std::os::unix::process::CommandExt;
+        let child = std::process::Command::new("sh")
+            .args(["-c", line])
+            .env("NO_COLOR", "1")
+            .stdin(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("sh runs");
+        let pgid = i32::try_from(child.id()).expect("pid fits");
+        Self { child, pgid }
+    }
+
+    /// Waits until the log file holds every one of `needles`; returns its text.
+    async fn wait_logged(&self, log: &Path, needles: &[&str]) -> String {
+        let end = tokio::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            if needles.iter().all(|n| text.contains(n)) {
+                return text;
+            }
+            assert!(tokio::time::Instant::now() < end, "not ready:\n{text}");
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// SIGINT to the whole group (what Ctrl-C in a terminal does); every member must be gone
+    /// within `deadline`.
+    async fn interrupt_and_wait_gone(mut self, deadline: Duration, log: &Path) {
+        use nix::sys::signal::{Signal, killpg};
+        let pgid = nix::unistd::Pid::from_raw(self.pgid);
+        killpg(pgid, Signal::SIGINT).expect("SIGINT to the group");
+        let end = tokio::time::Instant::now() + deadline;
+        loop {
+            let _ = self.child.try_wait();
+            let left = live_members(self.pgid);
+            if left.is_empty() {
+                return;
+            }
+            if tokio::time::Instant::now() > end {
+                let _ = killpg(pgid, Signal::SIGKILL);
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                panic!("still running {deadline:?} after Ctrl-C: {left:?}\nlog:\n{text}");
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+/// Processes of group `pgid` that have not exited (zombies of others count: nobody reaped
+/// them, which is how the wedge showed).
+fn live_members(pgid: i32) -> Vec<String> {
+    let procs = std::fs::read_dir("/proc").expect("/proc");
+    procs
+        .flatten()
+        .filter_map(|p| std::fs::read_to_string(p.path().join("stat")).ok())
+        .filter_map(|stat| {
+            // pid (comm) state ppid pgrp ...; comm may hold spaces, so split after ')'.
+            let (head, rest) = stat.rsplit_once(") ")?;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let group: i32 = fields.get(2)?.parse().ok()?;
+            let own_zombie = fields.first() == Some(&"Z")
+                && fields.get(1)?.parse::<u32>().ok()? == std::process::id();
+            (group == pgid && !own_zombie).then(|| head.to_string())
+        })
+        .collect()
+}

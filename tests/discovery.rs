@@ -25,7 +25,24 @@ fn replica_set(master: &Value) -> BTreeSet<SocketAddr> {
 
 #[tokio::test]
 async fn initial_discovery_matches_sentinel() {
-    let env = Env::start().await;
+    initial_discovery_matches_sentinel_on(LabOptions::default()).await;
+}
+
+/// Valkey 8 (the same discovery on `valkey-server` and `valkey-server --sentinel`).
+#[tokio::test]
+async fn valkey_initial_discovery_matches_sentinel() {
+    initial_discovery_matches_sentinel_on(LabOptions { flavor: valkey(), ..LabOptions::default() })
+        .await;
+}
+
+#[tokio::test]
+async fn valkey_hung_primary_is_followed() {
+    let opts = LabOptions { flavor: valkey(), ..LabOptions::default() };
+    primary_failure_is_followed_on(opts, true).await;
+}
+
+async fn initial_discovery_matches_sentinel_on(opts: LabOptions) {
+    let env = Env::start_on(opts).await;
     let m = env.wait_reachable(3, STARTUP).await;
     let primary = env.lab.primary().await.expect("SENTINEL get-master-addr-by-name");
     assert_eq!(primary_of(&m), Some(primary), "{m}");
@@ -103,7 +120,11 @@ async fn sentinel_failover_moves_the_api_wakes_long_polls_and_streams() {
 
 /// Kills (SIGKILL) or hangs (SIGSTOP) the primary and checks the API follows Sentinel.
 async fn primary_failure_is_followed(hang: bool) {
-    let env = Env::start().await;
+    primary_failure_is_followed_on(LabOptions::default(), hang).await;
+}
+
+async fn primary_failure_is_followed_on(opts: LabOptions, hang: bool) {
+    let env = Env::start_on(opts).await;
     let old = env.lab.primary().await.expect("primary");
     let i = env.lab.index_of(old).expect("a lab node");
     let epoch = epoch_of(&env.master().await.expect("master")).expect("epoch");

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -31,18 +32,23 @@ struct Server {
 
 impl Server {
     async fn start(extra: &[&str]) -> Server {
+        Self::start_program(Path::new("redis-server"), extra).await
+    }
+
+    /// `program` is `redis-server` or Valkey's `valkey-server`.
+    async fn start_program(program: &Path, extra: &[&str]) -> Server {
         for _ in 0..5 {
-            if let Some(server) = Self::try_start(extra).await {
+            if let Some(server) = Self::try_start(program, extra).await {
                 return server;
             }
         }
         panic!("cannot start redis-server");
     }
 
-    async fn try_start(extra: &[&str]) -> Option<Server> {
+    async fn try_start(program: &Path, extra: &[&str]) -> Option<Server> {
         let port = free_port();
         let dir = tempfile::tempdir().expect("temp dir");
-        let child = Command::new("redis-server")
+        let child = Command::new(program)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
             .args(["--appendonly", "no", "--maxclients", "15000", "--daemonize", "no"])
             .arg("--dir")
@@ -53,7 +59,7 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server is installed");
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()));
         let server = Server { child, port, _dir: dir };
         server.ready().await.then_some(server)
     }
@@ -326,7 +332,12 @@ fn spare_names(cfg: &mut config::Drain, names: &[&str]) {
 }
 
 async fn replica_of(primary: &Server) -> Server {
-    let replica = Server::start(&["--replicaof", "127.0.0.1", &primary.port.to_string()]).await;
+    replica_of_with(Path::new("redis-server"), primary).await
+}
+
+async fn replica_of_with(program: &Path, primary: &Server) -> Server {
+    let port = primary.port.to_string();
+    let replica = Server::start_program(program, &["--replicaof", "127.0.0.1", &port]).await;
     // Generous: a full sync on a loaded machine (a CI run took more than 5 s once).
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
@@ -346,8 +357,19 @@ fn other_node() -> Node {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flip_kills_every_client_but_the_spared_and_the_replication_link() {
-    let old = Server::start(&[]).await;
-    let replica = replica_of(&old).await;
+    flip_kills_every_client_but_the_spared(Path::new("redis-server")).await;
+}
+
+/// Valkey 8: its `CLIENT LIST` (more fields, `lib-name`/`lib-ver`, `flags=S` for the
+/// replication link) is read the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_flip_kills_every_client_but_the_spared_and_the_replication_link() {
+    flip_kills_every_client_but_the_spared(&crate::common::valkey_server()).await;
+}
+
+async fn flip_kills_every_client_but_the_spared(program: &Path) {
+    let old = Server::start_program(program, &[]).await;
+    let replica = replica_of_with(program, &old).await;
     let mix = [(Kind::Idle, 100), (Kind::Writer, 40), (Kind::Blocked, 30), (Kind::Subscriber, 29)];
     let tasks = clients(old.addr(), &mix).await;
     let mut keep = named(old.addr(), "keepme").await;

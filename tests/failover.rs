@@ -34,7 +34,11 @@ fn config_of(lab: &Lab) -> PolestarConfig {
 }
 
 async fn start() -> Env {
-    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    start_on(LabOptions::default()).await
+}
+
+async fn start_on(opts: LabOptions) -> Env {
+    let lab = Lab::start(opts).await.expect("the lab starts");
     let config = config_of(&lab);
     Env::with_config(lab, &config).await
 }
@@ -102,7 +106,17 @@ async fn events_of(env: &Env, kind: &str) -> Vec<Value> {
 
 #[tokio::test]
 async fn planned_failover_cuts_every_stale_client_after_the_flip_and_loses_no_write() {
-    let env = start().await;
+    planned_failover_on(LabOptions::default()).await;
+}
+
+/// Valkey 8: fence, drain (its `CLIENT LIST`), demotion and no lost write, as on Redis.
+#[tokio::test]
+async fn valkey_planned_failover_cuts_every_stale_client_after_the_flip_and_loses_no_write() {
+    planned_failover_on(LabOptions { flavor: valkey(), ..LabOptions::default() }).await;
+}
+
+async fn planned_failover_on(opts: LabOptions) {
+    let env = start_on(opts).await;
     let old = env.lab.primary().await.expect("primary");
     let dns = env.ps.dns.expect("DNS listener");
     let stop = Arc::new(AtomicBool::new(false));

@@ -5,6 +5,8 @@ use crate::common;
 
 use std::collections::BTreeMap;
 
+use polestar::lab::{Lab, LabOptions};
+
 use common::*;
 
 /// One sample: metric name, labels, value.
@@ -211,4 +213,28 @@ async fn metrics_after_a_failover() {
         "no raw paths as labels",
         unmatched.iter().all(|s| !s.labels["route"].contains(master.as_str())),
     );
+}
+
+/// Found by a new user: on a fresh daemon `/metrics` had no `primary_changes_total` (nor
+/// `drain_killed_total`) series, so `rate()` and absence alerts broke until the first failover.
+/// The master here is discovered (no `masters:` list), the harder case.
+#[tokio::test]
+async fn primary_changes_total_was_missing_before_the_first_failover() {
+    let lab = Lab::start(LabOptions::default()).await.expect("lab");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.masters.clear();
+    let env = Env::with_config(lab, &config).await;
+    let master = env.master_name();
+    let e = scrape(&env).await;
+    let check = |series: &str, labels: &[(&str, &str)]| {
+        if e.value(series, labels).ok() != Some(0.0) {
+            env.fail(&format!("{series}{labels:?} is not 0 from the start\n{:#?}", e.samples));
+        }
+    };
+    check("polestar_primary_changes_total", &[("master", &master)]);
+    for method in ["client_kill", "sock_destroy"] {
+        check("polestar_drain_killed_total", &[("master", &master), ("method", method)]);
+    }
+    let drain = e.kind.get("polestar_drain_killed_total").map(String::as_str);
+    assert_eq!(drain, Some("counter"), "drain_killed_total has its TYPE");
 }

@@ -14,6 +14,7 @@ mod bench_drain;
 mod bench_haproxy;
 mod chaos_netns;
 mod cli;
+mod clients_netns;
 mod discovery;
 mod dns_cluster;
 mod dns_server;

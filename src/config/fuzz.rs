@@ -52,8 +52,8 @@ fn accepted(config: &Config) {
     let year = duration::MAX;
     let d = &config.drain;
     for (what, value) in [("grace", d.grace), ("interval", d.interval), ("window", d.window)] {
-        // The default grace is the TTL + 0.5 s.
-        let limit = year + Duration::from_secs(1);
+        // The default grace is the TTL + 1.5 s.
+        let limit = year + Duration::from_secs(2);
         assert!(!value.is_zero() && value <= limit, "drain.{what} = {value:?} accepted");
         // What the drain does with it at every failover: must not overflow.
         let _ = std::time::Instant::now() + value;

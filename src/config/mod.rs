@@ -214,6 +214,9 @@ pub struct Config {
 }
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
+/// `drain.grace` defaults to `dns.ttl` plus this: caching resolvers count whole seconds
+/// (unbound with a 1 s TTL was measured naming the old primary 1.9 s after the flip).
+pub const DEFAULT_GRACE_OVER_TTL: Duration = Duration::from_millis(1500);
 
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -343,11 +346,11 @@ fn sentinels(value: Value, base: &Path, p: &mut Problems) -> Option<Sentinels> {
     match addresses {
         Some(a) if !a.is_empty() => Some(Sentinels { addresses: a, auth }),
         Some(_) => {
-            p.push(&path, "must list at least one Sentinel");
+            p.push_unless_reported(&path, "must list at least one Sentinel");
             None
         }
         None => {
-            p.push(&path, "missing");
+            p.push_unless_reported(&path, "missing");
             None
         }
     }
@@ -440,7 +443,7 @@ fn masters(value: Value, p: &mut Problems) -> Option<Vec<MasterConfig>> {
         let label_path = s.path("dns_name");
         let label = s.take_with("dns_name", p, |l: String| check_label(&l));
         if name.is_none() {
-            p.push(&s.path("name"), "missing");
+            p.push_unless_reported(&s.path("name"), "missing");
         }
         s.finish(p);
         let Some(name) = name else { continue };
@@ -484,10 +487,10 @@ fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
     }
     let listen = listen.filter(|l| !l.is_empty());
     if listen.is_none() {
-        p.push(&listen_path, "missing: give at least one address to serve DNS on");
+        p.push_unless_reported(&listen_path, "missing: give at least one address to serve DNS on");
     }
     if zone.is_none() {
-        p.push(&zone_path, "missing");
+        p.push_unless_reported(&zone_path, "missing");
     }
     Some(Dns {
         listen: listen?,
@@ -540,7 +543,7 @@ fn http(value: Value, base: &Path, p: &mut Problems) -> Option<Http> {
     let tls = s.raw("tls").and_then(|v| server_tls(Section::new(&s.path("tls"), v, p), base, p));
     s.finish(p);
     if listen.is_none() {
-        p.push(&listen_path, "missing");
+        p.push_unless_reported(&listen_path, "missing");
     }
     Some(Http { listen: listen?, admin_token, agent_token, tls })
 }
@@ -556,7 +559,7 @@ fn server_tls(mut s: Section, base: &Path, p: &mut Problems) -> Option<ServerTls
                 None
             }
             None => {
-                p.push(&path, "missing");
+                p.push_unless_reported(&path, "missing");
                 None
             }
         }
@@ -574,7 +577,7 @@ fn drain(value: Value, ttl: Duration, p: &mut Problems) -> Option<Drain> {
         let d = duration::parse(&d)?;
         if d.is_zero() { Err("must be > 0".to_string()) } else { Ok(d) }
     };
-    let grace = s.take_with("grace", p, positive).unwrap_or(ttl + Duration::from_millis(500));
+    let grace = s.take_with("grace", p, positive).unwrap_or(ttl + DEFAULT_GRACE_OVER_TTL);
     let interval = s.take_with("interval", p, |d| positive(d).and_then(at_most_interval));
     let interval = interval.unwrap_or(Duration::from_millis(250));
     let window = s.take_with("window", p, positive).unwrap_or(Duration::from_secs(60));

@@ -16,7 +16,7 @@ fn example_config_loads() {
     assert_eq!(config.label_of("mymaster"), "cache");
     let dns = config.dns.expect("the example serves DNS");
     assert_eq!(dns.zone, "redis.internal.");
-    assert_eq!(config.drain.grace, Duration::from_millis(1500));
+    assert_eq!(config.drain.grace, Duration::from_millis(2500));
     let api = config.sentinel_api.expect("the example serves the Sentinel API");
     assert_eq!(api.max_connections, sentinel_api::DEFAULT_MAX_CONNECTIONS);
     assert!(api.peers.is_empty() && api.password.is_none());
@@ -57,7 +57,8 @@ fn minimal_config_gets_defaults() {
     assert_eq!(config.masters, None);
     assert_eq!(config.dns, None);
     assert!(config.drain.enabled);
-    assert_eq!(config.drain.grace, Duration::from_millis(1500));
+    // dns.ttl (1 s) + 1.5 s: resolvers that count whole seconds still name the old primary.
+    assert_eq!(config.drain.grace, Duration::from_millis(2500));
     assert_eq!(config.drain.interval, Duration::from_millis(250));
     assert_eq!(config.drain.window, Duration::from_secs(60));
     assert_eq!(config.drain.rate, 2000);
@@ -143,4 +144,33 @@ fn host_port_forms() {
     for bad in ["", "host", "host:", ":1", "host:99999", "a b:1"] {
         assert!(HostPort::parse(bad).is_err(), "{bad}");
     }
+}
+
+/// Found by a new user: `polestar check` said `sentinels.addresses[0]: "bad" is not host:port`
+/// and then `sentinels.addresses: must list at least one Sentinel`; `http.listen: "x" is not
+/// ip:port` and then `http.listen: missing`. One problem, one line.
+#[test]
+fn check_reported_one_bad_value_twice() {
+    let cases = [
+        ("sentinels: {addresses: [bad]}", "sentinels.addresses"),
+        ("sentinels: {addresses: ['127.0.0.1:1']}\nhttp: {listen: x}", "http.listen"),
+        ("sentinels: {addresses: ['127.0.0.1:1']}\ndns: {listen: [x], zone: a.}", "dns.listen"),
+        (
+            "sentinels: {addresses: ['127.0.0.1:1']}\ndns: {listen: ['127.0.0.1:53'], zone: '-'}",
+            "dns.zone",
+        ),
+        ("sentinels: {addresses: ['127.0.0.1:1']}\nmasters: [{name: [1]}]", "masters[0].name"),
+        ("sentinels: {addresses: 7}", "sentinels.addresses"),
+    ];
+    for (yaml, path) in cases {
+        let problems = parse(yaml).expect_err(yaml);
+        let about: Vec<&String> = problems.iter().filter(|p| p.starts_with(path)).collect();
+        assert_eq!(about.len(), 1, "{yaml}: {problems:#?}");
+    }
+    // Absent and empty are still reported, once.
+    let empty = parse("sentinels: {addresses: []}").expect_err("empty");
+    assert_eq!(empty, vec!["sentinels.addresses: must list at least one Sentinel".to_string()]);
+    let missing =
+        parse("sentinels: {addresses: ['127.0.0.1:1']}\nhttp: {}").expect_err("no listen");
+    assert_eq!(missing, vec!["http.listen: missing".to_string()]);
 }

@@ -17,6 +17,24 @@ impl Problems {
         self.errors.push(format!("{path}: {message}"));
     }
 
+    /// `push`, unless a problem at `path` (or inside it: `path[i]`, `path.key`) is already
+    /// listed: a value that was given but invalid is one problem, not also "missing" or
+    /// "empty". One problem, one line.
+    pub fn push_unless_reported(&mut self, path: &str, message: impl std::fmt::Display) {
+        if !self.reported(path) {
+            self.push(path, message);
+        }
+    }
+
+    /// Whether a problem at `path` or inside it is listed.
+    pub fn reported(&self, path: &str) -> bool {
+        self.errors.iter().any(|e| {
+            e.strip_prefix(path).is_some_and(|rest| {
+                rest.starts_with(": ") || rest.starts_with('[') || rest.starts_with('.')
+            })
+        })
+    }
+
     pub fn warn(&mut self, path: &str, message: impl std::fmt::Display) {
         self.warnings.push(format!("{path}: {message}"));
     }

@@ -20,7 +20,7 @@ pub const PREFIX: &str = "polestar-lab-";
 /// Records `pid starttime` of the owning process.
 const OWNER_FILE: &str = "owner";
 /// Programs a lab starts; nothing else is ever killed.
-const OURS: [&str; 3] = ["redis-server", "redis-sentinel", "polestar"];
+const OURS: [&str; 4] = ["redis-server", "redis-sentinel", "valkey-server", "polestar"];
 /// A directory without an owner file younger than this may be a lab being set up right now.
 const SETUP_GRACE: Duration = Duration::from_secs(120);
 

@@ -1,5 +1,5 @@
-//! A real local Redis cluster for the demo and the integration tests: N `redis-server` (one
-//! primary, N-1 replicas) and M `redis-sentinel` on free 127.0.0.1 ports, each with its own
+//! A real local Redis (or Valkey: [`Flavor`]) cluster for the demo and the integration tests:
+//! N `redis-server` (one primary, N-1 replicas) and M `redis-sentinel` on free 127.0.0.1 ports, each with its own
 //! directory, config and log in a temp dir, with Sentinel timings fast enough for tests.
 //!
 //! It exists so that every claim about failover is checked against the real thing, not a fake:
@@ -22,7 +22,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::time::{Instant, sleep};
 
-pub use process::free_service_port;
+pub use process::{Flavor, VALKEY_ENV, free_service_port};
 use process::{Kind, Proc};
 pub use query::query;
 
@@ -48,6 +48,8 @@ pub struct LabOptions {
     pub hostnames: bool,
     /// How long `start` waits for the Sentinels to converge.
     pub converge_deadline: Duration,
+    /// Redis or Valkey (default: [`Flavor::from_env`]).
+    pub flavor: Flavor,
 }
 
 impl Default for LabOptions {
@@ -61,6 +63,7 @@ impl Default for LabOptions {
             failover_timeout: Duration::from_millis(5000),
             hostnames: false,
             converge_deadline: Duration::from_secs(60),
+            flavor: Flavor::from_env(),
         }
     }
 }
@@ -114,13 +117,13 @@ impl Lab {
     async fn launch_all(&self) -> anyhow::Result<()> {
         for i in 0..self.opts.nodes {
             let dir = self.dir.path().join(format!("node-{i}"));
-            self.lock().nodes.push(Proc::new(Kind::Server, dir));
+            self.lock().nodes.push(Proc::new(Kind::Server, self.opts.flavor.clone(), dir));
             self.launch(Slot::Node(i)).await?;
         }
         self.wait_replication(self.opts.converge_deadline).await?;
         for i in 0..self.opts.sentinels {
             let dir = self.dir.path().join(format!("sentinel-{i}"));
-            self.lock().sentinels.push(Proc::new(Kind::Sentinel, dir));
+            self.lock().sentinels.push(Proc::new(Kind::Sentinel, self.opts.flavor.clone(), dir));
             self.launch(Slot::Sentinel(i)).await?;
         }
         self.wait_converged(self.opts.converge_deadline).await

@@ -29,6 +29,56 @@ impl Kind {
     }
 }
 
+/// Which server the lab runs: Redis from the PATH, or Valkey from a given `valkey-server`
+/// (which is also the Sentinel, with `--sentinel`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Flavor {
+    #[default]
+    Redis,
+    Valkey {
+        server: PathBuf,
+    },
+}
+
+/// Set to a `valkey-server` path, the default lab (and so `polestar demo`) runs Valkey.
+pub const VALKEY_ENV: &str = "POLESTAR_VALKEY_SERVER";
+
+impl Flavor {
+    /// Valkey when [`VALKEY_ENV`] names a program, else Redis.
+    pub fn from_env() -> Self {
+        match std::env::var_os(VALKEY_ENV) {
+            Some(path) if !path.is_empty() => Self::Valkey { server: PathBuf::from(path) },
+            _ => Self::Redis,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Redis => "Redis",
+            Self::Valkey { .. } => "Valkey",
+        }
+    }
+
+    /// The data node's program and its arguments after the config file.
+    pub fn server_command(&self) -> (PathBuf, &'static [&'static str]) {
+        self.command(Kind::Server)
+    }
+
+    /// The Sentinel's program and its arguments after the config file.
+    pub fn sentinel_command(&self) -> (PathBuf, &'static [&'static str]) {
+        self.command(Kind::Sentinel)
+    }
+
+    /// The program and the arguments after the config file for a process of `kind`.
+    fn command(&self, kind: Kind) -> (PathBuf, &'static [&'static str]) {
+        match (self, kind) {
+            (Self::Redis, kind) => (PathBuf::from(kind.program()), &[]),
+            (Self::Valkey { server }, Kind::Server) => (server.clone(), &[]),
+            (Self::Valkey { server }, Kind::Sentinel) => (server.clone(), &["--sentinel"]),
+        }
+    }
+}
+
 /// What the fault helpers last did to a process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Run {
@@ -41,6 +91,7 @@ pub enum Run {
 
 pub struct Proc {
     pub kind: Kind,
+    pub flavor: Flavor,
     pub port: u16,
     pub dir: PathBuf,
     child: Option<Child>,
@@ -48,8 +99,8 @@ pub struct Proc {
 }
 
 impl Proc {
-    pub fn new(kind: Kind, dir: PathBuf) -> Self {
-        Self { kind, port: 0, dir, child: None, run: Run::Dead }
+    pub fn new(kind: Kind, flavor: Flavor, dir: PathBuf) -> Self {
+        Self { kind, flavor, port: 0, dir, child: None, run: Run::Dead }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -79,14 +130,16 @@ impl Proc {
     /// is how a later run recognises it as a leftover (see `leftovers`).
     pub fn spawn(&mut self) -> anyhow::Result<()> {
         let output = File::options().create(true).append(true).open(self.output_path())?;
-        let child = Command::new(self.kind.program())
+        let (program, extra) = self.flavor.command(self.kind);
+        let child = Command::new(&program)
             .arg(self.config_path())
+            .args(extra)
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(output.try_clone()?)
             .stderr(output)
             .spawn()
-            .with_context(|| format!("cannot start {}", self.kind.program()))?;
+            .with_context(|| format!("cannot start {}", program.display()))?;
         self.child = Some(child);
         self.run = Run::Running;
         Ok(())

@@ -3,10 +3,15 @@
 //! still completes handshakes from its accept queue; a stale DNS cache still names O) is cut
 //! again.
 //!
-//! A node-side job ends early once the local node answers `ROLE` as a replica (it is no longer
-//! hung and no longer claims master; the drain takes it from there). Any job ends when the node
-//! it sweeps is published as the primary again.
+//! A node-side job sweeps through `drain.window` and ends early once the local node answers
+//! `ROLE` as a replica (it is no longer hung and no longer claims master; the drain takes it
+//! from there). A client-side job sweeps until `drain.grace`, then on through `drain.window`
+//! while the old primary is dark, hung or still a master: found with ioredis behind unbound,
+//! which named the old primary up to 1.9 s after the flip, after the last sweep; connections
+//! opened to a dark old primary in that gap hung for the library's connect timeout (15 s).
+//! Any job ends when the node it sweeps is published as the primary again.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +30,7 @@ const ROLE_TIMEOUT: Duration = Duration::from_millis(300);
 
 pub async fn run(context: Arc<Context>, change: Change, target: Target) {
     let started = Instant::now();
-    let deadline = started + lifetime(&context, &target);
+    let (grace_end, window_end) = (started + context.grace, started + context.window);
     let mut total = 0;
     for round in 1.. {
         if republished(&context, &change) {
@@ -33,7 +38,11 @@ pub async fn run(context: Arc<Context>, change: Change, target: Target) {
         }
         total += sweep_once(&context, &change, &target, round).await;
         let next = Instant::now() + context.interval;
-        if next >= deadline || settled(&context, &change, &target).await {
+        if next >= window_end.max(grace_end) {
+            break;
+        }
+        let past_grace = next >= grace_end;
+        if !keep_sweeping(&target, past_grace, || probe(&context, &change)).await {
             break;
         }
         tokio::select! {
@@ -48,10 +57,36 @@ pub async fn run(context: Arc<Context>, change: Change, target: Target) {
     );
 }
 
-fn lifetime(context: &Context, target: &Target) -> Duration {
+/// What the old primary answered to this host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Probe {
+    /// No TCP connection or no reply within [`ROLE_TIMEOUT`]: dark host or hung process.
+    /// Every client that (re)connects to it from a stale cache hangs until its own timeout.
+    Silent,
+    /// Connections are refused at once: clients fail fast and resolve again by themselves.
+    Refused,
+    /// It answers, as a master (a returning or not yet demoted old primary).
+    Master,
+    /// It answers as a replica: demoted, the drain takes it from here.
+    Replica,
+    /// It answers, with an error (no credentials for it here): alive, role unknown.
+    Answers,
+}
+
+/// Whether the job sweeps another round (both sides, SPEC "Failover behaviour" steps 4 and 6).
+/// The node side sweeps through `drain.window` until its node answers as a replica. The client
+/// side sweeps unconditionally until `drain.grace` (a stale DNS cache may still name O), then,
+/// through `drain.window`, only while O is useless to every client: silent (dark or hung: a
+/// client's connect would hang, and the sweep aborts it at once) or still claiming master.
+async fn keep_sweeping<F: Future<Output = Probe>>(
+    target: &Target,
+    past_grace: bool,
+    probe: impl FnOnce() -> F,
+) -> bool {
     match target {
-        Target::Local { .. } => context.window,
-        Target::Remote { .. } => context.grace,
+        Target::Local { .. } => probe().await != Probe::Replica,
+        Target::Remote { .. } if !past_grace => true,
+        Target::Remote { .. } => matches!(probe().await, Probe::Silent | Probe::Master),
     }
 }
 
@@ -61,19 +96,27 @@ fn republished(context: &Context, change: &Change) -> bool {
     snapshot.master(&change.master).and_then(|m| m.primary.as_ref()) == Some(&change.from)
 }
 
-/// Node side: the local node answers as a replica, so it is neither hung nor a false master.
-async fn settled(context: &Context, change: &Change, target: &Target) -> bool {
-    if !matches!(target, Target::Local { .. }) {
-        return false;
+/// Asks the old primary `ROLE`, each step within [`ROLE_TIMEOUT`].
+async fn probe(context: &Context, change: &Change) -> Probe {
+    let addr = change.from.addr();
+    match tokio::time::timeout(ROLE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
+        Err(_) => return Probe::Silent,
+        Ok(Err(_)) => return Probe::Refused,
+        Ok(Ok(stream)) => drop(stream),
     }
     let endpoint = Endpoint::new(change.from.ip.to_string(), change.from.port, &context.nodes);
     let check = async {
         let mut conn = connect(&endpoint, None).await.ok()?;
-        let reply = redis::cmd("ROLE").query_async::<redis::Value>(&mut conn).await.ok()?;
-        crate::sentinel::message::role(&reply)
+        let reply = redis::cmd("ROLE").query_async::<redis::Value>(&mut conn).await;
+        Some(reply.ok().and_then(|r| crate::sentinel::message::role(&r)))
     };
-    let role = tokio::time::timeout(ROLE_TIMEOUT, check).await.ok().flatten();
-    role.as_deref() == Some("slave")
+    match tokio::time::timeout(ROLE_TIMEOUT, check).await {
+        Err(_) => Probe::Silent,
+        Ok(None) | Ok(Some(None)) => Probe::Answers,
+        Ok(Some(Some(role))) if role == "slave" => Probe::Replica,
+        Ok(Some(Some(role))) if role == "master" => Probe::Master,
+        Ok(Some(Some(_))) => Probe::Answers,
+    }
 }
 
 /// Destroys the target's sockets once; reports and returns how many.
@@ -125,4 +168,51 @@ fn report(context: &Context, change: &Change, target: &Target, round: u32, gone:
         "peers": peers,
     });
     context.events.push("sweep", Some(&change.master), data);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sweep::plan::Served;
+    use std::collections::BTreeSet;
+
+    fn keeps(target: &Target, past_grace: bool, answer: Probe) -> bool {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        rt.block_on(keep_sweeping(target, past_grace, || async move { answer }))
+    }
+
+    /// Found with ioredis behind unbound: the agent's last sweep ran ~1.27 s after the switch
+    /// (the grace), unbound named the dark old primary until 1.9 s, and the connections opened
+    /// in that gap hung 15 s. Past the grace, a silent old primary is still swept.
+    #[test]
+    fn agent_stopped_sweeping_before_the_resolver_stopped_naming_the_old_primary() {
+        let remote = Target::Remote { peer: "10.0.0.1:6379".parse().expect("addr") };
+        let local = Target::Local {
+            port: 6379,
+            spared: BTreeSet::new(),
+            served: Served::Except(BTreeSet::new()),
+        };
+        use Probe::*;
+        let table = [
+            // (target, past grace, answer) -> keep sweeping
+            (&remote, false, Replica, true),
+            (&remote, false, Refused, true),
+            (&remote, true, Silent, true),
+            (&remote, true, Master, true),
+            (&remote, true, Replica, false),
+            (&remote, true, Refused, false),
+            (&remote, true, Answers, false),
+            (&local, false, Silent, true),
+            (&local, true, Answers, true),
+            (&local, true, Master, true),
+            (&local, false, Replica, false),
+        ];
+        for (target, past_grace, answer, want) in table {
+            assert_eq!(
+                keeps(target, past_grace, answer),
+                want,
+                "{target:?} {past_grace} {answer:?}"
+            );
+        }
+    }
 }

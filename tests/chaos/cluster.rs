@@ -36,18 +36,27 @@ pub struct Cluster {
     pub ctl: Host,
     pub app: Host,
     generations: Mutex<HashMap<String, u32>>,
+    /// Redis or Valkey.
+    flavor: polestar::lab::Flavor,
 }
 
 impl Cluster {
-    pub async fn start() -> anyhow::Result<Cluster> {
+    pub async fn start(flavor: &polestar::lab::Flavor) -> anyhow::Result<Cluster> {
         let net = Net::new()?;
         let db = (1..=3).map(|i| net.host(&format!("d{i}"), 10 + i)).collect::<Result<_, _>>()?;
         let sentinels =
             (1..=3).map(|i| net.host(&format!("s{i}"), 20 + i)).collect::<Result<_, _>>()?;
         let ctl = net.host("ct", 30)?;
         let app = net.host("ap", 40)?;
-        let cluster =
-            Cluster { net, db, sentinels, ctl, app, generations: Mutex::new(HashMap::new()) };
+        let cluster = Cluster {
+            net,
+            db,
+            sentinels,
+            ctl,
+            app,
+            generations: Mutex::new(HashMap::new()),
+            flavor: flavor.clone(),
+        };
         let setup = cluster.setup().await;
         cluster.net.with_logs(setup)?;
         Ok(cluster)
@@ -117,7 +126,10 @@ impl Cluster {
     pub fn start_redis(&self, i: usize) -> anyhow::Result<()> {
         let conf = self.net.dir.path().join(format!("redis-{i}/redis.conf"));
         let label = self.next_label(&format!("redis-{i}"));
-        self.net.spawn(&self.db[i], &label, "redis-server", &[conf.to_str().unwrap_or("")])?;
+        let (program, extra) = self.flavor.server_command();
+        let mut args = vec![conf.to_str().unwrap_or("")];
+        args.extend_from_slice(extra);
+        self.net.spawn(&self.db[i], &label, program.to_str().unwrap_or(""), &args)?;
         Ok(())
     }
 
@@ -142,7 +154,10 @@ impl Cluster {
         let conf = self.net.dir.path().join(format!("sentinel-{i}/sentinel.conf"));
         let label = self.next_label(&format!("sentinel-{i}"));
         let host = &self.sentinels[i];
-        self.net.spawn(host, &label, "redis-sentinel", &[conf.to_str().unwrap_or("")])?;
+        let (program, extra) = self.flavor.sentinel_command();
+        let mut args = vec![conf.to_str().unwrap_or("")];
+        args.extend_from_slice(extra);
+        self.net.spawn(host, &label, program.to_str().unwrap_or(""), &args)?;
         Ok(())
     }
 

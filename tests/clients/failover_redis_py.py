@@ -1,0 +1,56 @@
+"""An application client as people write it: redis-py with its defaults, connecting by name
+through the system resolver (getaddrinfo), one write every 10-20 ms. Driven by
+tests/clients_netns.rs; every line on stdout is one JSON event.
+
+    python failover_redis_py.py HOST PORT NAME [fast]    RPUSH acked:NAME <seq>, logs each reply
+
+redis-py's default retry (3 retries, ExponentialWithJitterBackoff(base=1, cap=10)) sleeps up to
+2 s, then up to 4 s, between reconnects; `fast` retries the way the README recommends for
+failover (ExponentialBackoff(cap=0.5, base=0.05), 10 retries).
+"""
+import json
+import random
+import signal
+import sys
+import time
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+
+def log(**event):
+    event["t"] = int(time.time() * 1000)
+    print(json.dumps(event), flush=True)
+
+
+def peer(client):
+    sock = getattr(client.connection, "_sock", None) if client.connection else None
+    try:
+        host, port = sock.getpeername()[:2]
+        return f"{host}:{port}"
+    except (AttributeError, OSError):
+        return None
+
+
+def main():
+    host, port, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    log(ev="start", lib="redis-py", version=redis.__version__)
+    options = {}
+    if sys.argv[4:] == ["fast"]:
+        options["retry"] = Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)
+    client = redis.Redis(host=host, port=port, single_connection_client=True, **options)
+    seq = 0
+    while True:
+        seq += 1
+        try:
+            client.rpush(f"acked:{name}", seq)
+            log(ev="ok", seq=seq, peer=peer(client))
+        except Exception as e:  # every failure is a data point, the loop goes on
+            log(ev="fail", seq=seq, err=str(e)[:200])
+        time.sleep(random.uniform(0.010, 0.020))
+
+
+if __name__ == "__main__":
+    main()
