@@ -14,6 +14,7 @@ pub mod failover;
 pub mod http;
 pub mod lab;
 pub mod metrics;
+pub mod node;
 pub mod reload;
 pub mod sentinel;
 pub mod service;

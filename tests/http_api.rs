@@ -110,7 +110,12 @@ fn master(name: &str, primary: Option<&str>, epoch: Option<u64>) -> Master {
             hostname: None,
             healthy: true,
         }],
-        sentinels: SentinelCounts { configured: 3, reachable: 3, agreeing: 3 },
+        sentinels: SentinelCounts {
+            configured: 3,
+            reachable: 3,
+            agreeing: 3,
+            ..Default::default()
+        },
     }
 }
 

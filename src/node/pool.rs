@@ -17,9 +17,9 @@ use redis::aio::MultiplexedConnection;
 use tokio::sync::Semaphore;
 use tokio::time::timeout;
 
-use super::conn::{Endpoint, connect};
-use super::message::role;
+use super::{CONNECTION_NAME, Role};
 use crate::config::Auth;
+use crate::sentinel::{Endpoint, connect};
 
 pub struct Nodes {
     auth: Auth,
@@ -61,15 +61,15 @@ impl Nodes {
         });
     }
 
-    /// The role the node reports (`master`, `slave`, ...), or `None` if it does not answer
-    /// within `deadline`, over the kept-open connection (opened and kept if there is none).
-    pub async fn role(&self, addr: SocketAddr, deadline: Duration) -> Option<String> {
+    /// The role the node reports, or `None` if it does not answer within `deadline`, over the
+    /// kept-open connection (opened and kept if there is none).
+    pub async fn role(&self, addr: SocketAddr, deadline: Duration) -> Option<Role> {
         let check = async {
             // A kept-open connection may have died since its last use: one fresh retry.
             for _ in 0..2 {
                 let mut conn = self.connection(addr).await?;
                 match redis::cmd("ROLE").query_async::<Value>(&mut conn).await {
-                    Ok(reply) => return role(&reply),
+                    Ok(reply) => return Some(Role::parse(&reply)),
                     Err(_) => self.forget(addr),
                 }
             }
@@ -85,14 +85,15 @@ impl Nodes {
     /// Like [`Nodes::role`], but a connection opened for it is closed again: for the one-off
     /// checks of reconciliation (at start, every primary), which must not leave a connection
     /// to every node of the fleet behind.
-    pub async fn role_once(&self, addr: SocketAddr, deadline: Duration) -> Option<String> {
+    pub async fn role_once(&self, addr: SocketAddr, deadline: Duration) -> Option<Role> {
         if self.lock().contains_key(&addr) {
             return self.role(addr, deadline).await;
         }
         let check = async {
             let _permit = self.one_off.acquire().await.ok()?;
             let mut conn = self.dial(addr).await?;
-            role(&redis::cmd("ROLE").query_async::<Value>(&mut conn).await.ok()?)
+            let reply = redis::cmd("ROLE").query_async::<Value>(&mut conn).await.ok()?;
+            Some(Role::parse(&reply))
         };
         timeout(deadline, check).await.ok().flatten()
     }
@@ -112,7 +113,7 @@ impl Nodes {
         let mut conn = connect(&endpoint, None).await.ok()?;
         // Named so that a drain of this node spares it (Redis before 7.2 shows no lib-name).
         let mut name = redis::cmd("CLIENT");
-        name.arg("SETNAME").arg(crate::drain::CONNECTION_NAME);
+        name.arg("SETNAME").arg(CONNECTION_NAME);
         let _ = name.query_async::<Value>(&mut conn).await;
         Some(conn)
     }
