@@ -200,12 +200,13 @@ async fn with_credentials(lab: &Lab, config: &mut PolestarConfig, dir: &std::pat
         format!("nodes:\n  username: polestar\n  password_file: {}\n", node_pass.display());
 }
 
-/// The events of kinds that touch a node (fence, drain, sweep...).
-async fn node_actions(env: &Env) -> Vec<serde_json::Value> {
+/// The events after `since` of kinds that touch a node (fence, drain, sweep...) or move it.
+async fn node_actions(env: &Env, since: u64) -> Vec<serde_json::Value> {
     let (_, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
     let kinds = ["fence", "unfence", "drain", "sweep", "drain_abandoned", "switch", "revert"];
     let all = events.as_array().cloned().unwrap_or_default();
-    all.into_iter().filter(|e| e["kind"].as_str().is_some_and(|k| kinds.contains(&k))).collect()
+    let later = all.into_iter().filter(|e| e["id"].as_u64().is_some_and(|id| id > since));
+    later.filter(|e| e["kind"].as_str().is_some_and(|k| kinds.contains(&k))).collect()
 }
 
 /// The Sentinels of the lab that list a Sentinel at `addr` for the master.
@@ -249,6 +250,9 @@ async fn a_forged_hello_neither_moves_nor_freezes_polestar_nor_gets_credentials(
     let id: u64 = redis::cmd("CLIENT").arg("ID").query_async(&mut held).await.expect("id");
 
     let epoch = env.lab.epoch().await.expect("the config epoch");
+    let (_, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
+    let ids = events.as_array().into_iter().flatten().filter_map(|e| e["id"].as_u64());
+    let before_attack = ids.max().unwrap_or(0);
     let claim = Claim { master: env.master_name(), primary: unrelated.addr, epoch: 999 };
     let fake = FakeSentinel::start(claim).await;
     let hello = format!(
@@ -294,7 +298,7 @@ async fn a_forged_hello_neither_moves_nor_freezes_polestar_nor_gets_credentials(
     }
     let same: u64 = redis::cmd("CLIENT").arg("ID").query_async(&mut held).await.expect("id");
     assert_eq!(same, id, "the client of the real primary was killed");
-    let actions = node_actions(&env).await;
+    let actions = node_actions(&env, before_attack).await;
     assert!(actions.is_empty(), "polestar acted on a node: {actions:?}");
 
     // Nothing of polestar's reached the fake or the unrelated node.
