@@ -7,6 +7,7 @@
 //! and must agree on what a node says; before it existed three parsers disagreed on whether
 //! `replica` (Valkey's spelling in some replies) is `slave`.
 
+pub mod clients;
 pub mod pool;
 
 use redis::Value;

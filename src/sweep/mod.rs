@@ -185,7 +185,8 @@ fn targets(context: &Context, change: &Change) -> Vec<Target> {
         let spared = change.data_hosts.union(&context.sentinel_hosts).copied().collect();
         // The local addresses that reach O are found from the listeners when the job sweeps.
         let served = Served::Except(BTreeSet::new());
-        targets.push(Target::Local { port: old.port, spared, served });
+        let peers = BTreeSet::new();
+        targets.push(Target::Local { port: old.port, spared, peers, served });
     }
     if context.sweep.remote {
         targets.push(Target::Remote { peer: old.addr() });
