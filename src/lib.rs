@@ -19,5 +19,6 @@ pub mod reload;
 pub mod sentinel;
 pub mod service;
 pub mod source;
+pub mod supervise;
 pub mod sweep;
 pub mod topology;

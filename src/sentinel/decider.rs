@@ -92,6 +92,15 @@ pub struct Decider {
     checks_tx: mpsc::UnboundedSender<Checked>,
     checks_rx: mpsc::UnboundedReceiver<Checked>,
     shutdown: CancellationToken,
+    /// The links' stop token (a child of `shutdown`), cancelled when the decider is dropped,
+    /// also by a panic: a restarted decider does not leave its predecessor's links running.
+    links_stop: CancellationToken,
+}
+
+impl Drop for Decider {
+    fn drop(&mut self) {
+        self.links_stop.cancel();
+    }
 }
 
 impl Decider {
@@ -125,6 +134,7 @@ impl Decider {
             rx,
             checks_tx,
             checks_rx,
+            links_stop: shutdown.child_token(),
             shutdown,
         };
         for (name, label) in decider.wanted.clone().into_iter().flatten() {
@@ -174,7 +184,7 @@ impl Decider {
             endpoint: Endpoint::new(addr.host.clone(), addr.port, &self.sentinel_auth),
             masters: self.wanted_names.clone(),
             tx: self.tx.clone(),
-            stop: self.shutdown.child_token(),
+            stop: self.links_stop.child_token(),
         };
         tokio::spawn(link.run())
     }

@@ -122,7 +122,9 @@ pub struct MasterReport {
 
 /// Starts the links and the decider; they stop when `shutdown` is cancelled. Fence and drain
 /// signals go to `drain` when given (the drain coordinator holds the receiver; it lives as long
-/// as the daemon).
+/// as the daemon). A decider that panics is started afresh (and its links with it): it
+/// publishes nothing new until a majority reports again, about a second, but it is not left
+/// deaf.
 pub fn spawn(
     config: &Config,
     writer: TopologyWriter,
@@ -130,9 +132,14 @@ pub fn spawn(
     drain: Option<tokio::sync::mpsc::UnboundedSender<crate::failover::Signal>>,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
-    let mut decider = Decider::new(config, writer, events, shutdown);
-    if let Some(tx) = drain {
-        decider = decider.with_drain(tx);
-    }
-    tokio::spawn(decider.run())
+    let config = config.clone();
+    let stop = shutdown.clone();
+    let start = move || {
+        let mut decider = Decider::new(&config, writer.clone(), events.clone(), stop.clone());
+        if let Some(tx) = &drain {
+            decider = decider.with_drain(tx.clone());
+        }
+        decider.run()
+    };
+    tokio::spawn(crate::supervise::restarting("the Sentinel decider", shutdown, start))
 }
