@@ -27,7 +27,7 @@ use crate::topology::{Master, MasterState, Publisher, SentinelCounts, TopologyWr
 /// How long one `ROLE` answer of a watched node may take.
 const ROLE_DEADLINE: Duration = Duration::from_millis(1000);
 /// After the leader sent `SLAVEOF NO ONE`, the chosen replica's `ROLE` is asked this often...
-const PROMOTION_POLL: Duration = Duration::from_millis(20);
+const PROMOTION_POLL: Duration = Duration::from_millis(2);
 /// ...for at most this long (Sentinel itself notices within about a second).
 const PROMOTION_WATCH: Duration = Duration::from_secs(10);
 /// A connection to a data node unused this long is closed (it is opened again when a failover
