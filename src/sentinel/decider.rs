@@ -45,6 +45,8 @@ struct Entry {
     watching: HashSet<Candidate>,
     /// The peers each configured Sentinel lists for this master (shown, never trusted).
     peers: BTreeMap<LinkId, Vec<PeerRecord>>,
+    /// Those of them that are not configured, as shown (kept with `peers`).
+    discovered: BTreeSet<String>,
 }
 
 /// One configured Sentinel.
@@ -415,11 +417,14 @@ impl Decider {
     /// Records the peers `from` lists for `master`; logs the ones no configured Sentinel
     /// listed before.
     fn set_peers(&mut self, master: &str, from: LinkId, peers: Vec<PeerRecord>) {
-        let before = self.discovered(master);
-        if let Some(entry) = self.masters.get_mut(master) {
-            entry.peers.insert(from, peers);
+        let Some(entry) = self.masters.get_mut(master) else { return };
+        if entry.peers.get(&from) == Some(&peers) {
+            return;
         }
+        entry.peers.insert(from, peers);
         let after = self.discovered(master);
+        let Some(entry) = self.masters.get_mut(master) else { return };
+        let before = std::mem::replace(&mut entry.discovered, after.clone());
         for addr in after.difference(&before) {
             let by = &self.links[from].addr;
             tracing::warn!(%master, sentinel = %addr, listed_by = %by, "discovered a Sentinel that is not configured: it is shown but never trusted; add it to sentinels.addresses if it is yours");
@@ -435,7 +440,11 @@ impl Decider {
     fn forget_peers(&mut self, master: &str, from: LinkId) {
         let Some(entry) = self.masters.get_mut(master) else { return };
         if entry.peers.remove(&from).is_some() {
-            record_discovered(master, self.discovered(master).len());
+            let now = self.discovered(master);
+            record_discovered(master, now.len());
+            if let Some(entry) = self.masters.get_mut(master) {
+                entry.discovered = now;
+            }
         }
     }
 
@@ -512,7 +521,7 @@ impl Decider {
             configured: self.links.len(),
             reachable: self.links.iter().filter(|l| l.up).count(),
             agreeing: primary.map(|p| e.state.agreeing(p)).unwrap_or(0),
-            discovered: self.discovered(name).into_iter().collect(),
+            discovered: e.discovered.iter().cloned().collect(),
         };
         Master {
             name: name.to_string(),
