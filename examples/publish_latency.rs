@@ -154,19 +154,28 @@ async fn wait_state(http: &reqwest::Client, api: &str, state: &str) -> anyhow::R
 
 /// Polls every replica's `ROLE` every millisecond (for at most 60 s) until one answers
 /// master; returns when that answer arrived.
+/// Sentinel kills every normal client of the replica it promotes (`CLIENT KILL TYPE normal`
+/// in the transaction with `SLAVEOF NO ONE`), so a connection that fails is opened again.
+/// Only a node seen as a replica first counts (an old primary of an earlier round may not be
+/// demoted yet).
 async fn watch_role(replicas: Vec<SocketAddr>) -> anyhow::Result<Instant> {
     let mut conns = Vec::new();
     for addr in &replicas {
         let client = redis::Client::open(format!("redis://{addr}"))?;
-        conns.push(client.get_multiplexed_async_connection().await?);
+        conns.push((client.clone(), client.get_multiplexed_async_connection().await?, false));
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
-        for conn in &mut conns {
-            let reply: redis::Value = redis::cmd("ROLE").query_async(conn).await?;
+        for (client, conn, was_replica) in &mut conns {
+            let Ok(reply) = redis::cmd("ROLE").query_async::<redis::Value>(conn).await else {
+                *conn = client.get_multiplexed_async_connection().await?;
+                continue;
+            };
             let at = Instant::now();
-            if polestar::node::Role::parse(&reply).is_master() {
-                return Ok(at);
+            match polestar::node::Role::parse(&reply) {
+                polestar::node::Role::Master if *was_replica => return Ok(at),
+                polestar::node::Role::Replica => *was_replica = true,
+                _ => {}
             }
         }
         tokio::time::sleep(Duration::from_millis(1)).await;

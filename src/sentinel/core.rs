@@ -12,8 +12,8 @@
 //!   that node and epoch ([`Cause::Majority`]), or the node answers `ROLE` master while a
 //!   configured leader promotes it with that epoch ([`Cause::RolePoll`], provisional, or
 //!   [`Cause::Promoted`] after the leader's `+promoted-slave`). A lower or equal epoch is never
-//!   published, and neither is an epoch that a majority of the configured Sentinels has not
-//!   reached ([`Quorum::reached`]): one Sentinel's word cannot freeze polestar at epoch 999.
+//!   published, and neither is an epoch beyond the reach of the configured Sentinels
+//!   ([`Quorum::within_reach`]): one Sentinel's word cannot freeze polestar at epoch 999.
 //! - The fence, the drain and their undoing come out of the same transitions: a promotion
 //!   signals [`Signal::Promoting`]; an abort, or a promotion that no flip follows within
 //!   [`FENCE_WITHOUT_FLIP`], signals [`Signal::Aborted`] and withdraws a provisional flip.
@@ -148,11 +148,15 @@ impl Quorum {
         self.voters.len() / 2 + 1
     }
 
-    /// Whether a majority of the configured Sentinels has reached `epoch`. Sentinel's own
-    /// election needs a majority of votes, and every voter announces `+new-epoch` as it votes,
-    /// so a real failover's epoch is reached before its leader promotes anything.
-    pub fn reached(&self, epoch: u64) -> bool {
-        let at = self.voters.iter().filter(|s| self.epochs.get(s).is_some_and(|e| *e >= epoch));
+    /// Whether `epoch` is within reach of the configured Sentinels: a majority of them has
+    /// reached at least the epoch before it. A real failover's epoch is one more than the
+    /// epoch the Sentinels share (they converge through each other's hellos): an elected
+    /// leader's voters announce it as they vote, and `SENTINEL FAILOVER`, which skips the
+    /// election, is at most one ahead of them. One Sentinel's claim beyond that (epoch 999) is
+    /// not believed on its own word and a node's `ROLE`.
+    pub fn within_reach(&self, epoch: u64) -> bool {
+        let floor = epoch.saturating_sub(1);
+        let at = self.voters.iter().filter(|s| self.epochs.get(s).is_some_and(|e| *e >= floor));
         at.count() >= self.majority()
     }
 }
@@ -355,14 +359,14 @@ impl Decision<'_> {
         }
     }
 
-    /// The watched target answered: flip to it if a configured leader promotes it, the epoch
-    /// is new and a majority has reached it.
+    /// The watched target answered: flip to it if a configured leader promotes it, and the
+    /// epoch is new and within the Sentinels' reach.
     fn role(&mut self, target: Candidate, role: &Role, at: Instant) {
         let Some(promotion) = &self.state.promotion else { return };
         let ours = promotion.target.as_ref() == Some(&target);
         let fresh = self.state.publication.superseded_by(&target)
             && self.state.publication.node() != Some(&target.node);
-        if !(ours && fresh && role.is_master() && self.quorum.reached(target.epoch)) {
+        if !(ours && fresh && role.is_master() && self.quorum.within_reach(target.epoch)) {
             return;
         }
         let cause = if promotion.promoted { Cause::Promoted } else { Cause::RolePoll };

@@ -255,13 +255,24 @@ fn a_fence_that_no_flip_follows_is_lifted_within_seconds() {
 }
 
 #[test]
-fn an_epoch_a_majority_has_not_reached_is_not_flipped_to() {
-    // Only the leader (Sentinel 0) claims epoch 2: the others are still at 1.
-    let q = Quorum { epochs: [(0, 2), (1, 1), (2, 1)].into(), ..quorum(1) };
-    let evidence = vec![promoting(0, 7002, Some(2)), role(7002, 2, Role::Master)];
+fn an_epoch_beyond_the_sentinels_reach_is_not_flipped_to() {
+    // Only the leader (Sentinel 0) claims epoch 3: the others are still at 1.
+    let q = Quorum { epochs: [(0, 3), (1, 1), (2, 1)].into(), ..quorum(1) };
+    let evidence = vec![promoting(0, 7002, Some(3)), role(7002, 3, Role::Master)];
     let (state, signals, _) = run(settled(), &q, evidence);
     assert_eq!(published(&state), Some((7001, 1)));
     assert_eq!(signals, [S::Promoting { old: 7001, new: Some(7002) }]);
+}
+
+/// `SENTINEL FAILOVER` skips the election: the leader is one epoch ahead of the others until
+/// its hello reaches them, after the promotion. That is within reach.
+#[test]
+fn a_forced_failover_one_epoch_ahead_flips_early() {
+    let q = Quorum { epochs: [(0, 2), (1, 1), (2, 1)].into(), ..quorum(1) };
+    let evidence = vec![promoting(0, 7002, Some(2)), role(7002, 2, Role::Master)];
+    let (state, signals, _) = run(settled(), &q, evidence);
+    assert_eq!(published(&state), Some((7002, 2)));
+    assert!(signals.contains(&S::Flipped { new: 7002, epoch: 2, provisional: true }));
 }
 
 #[test]
