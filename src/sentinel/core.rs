@@ -381,6 +381,12 @@ impl Decision<'_> {
             _ => None,
         };
         if !aborted {
+            // `+failover-end` (or `-for-timeout`, while reconfiguring the replicas) comes after
+            // the promotion succeeded: it confirms a flip its leader's lost `+promoted-slave`
+            // would have.
+            if provisional_by == Some(from) {
+                self.confirm();
+            }
             if leads {
                 self.state.promotion = None;
             }

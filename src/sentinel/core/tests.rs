@@ -203,7 +203,10 @@ fn a_provisional_flip_is_confirmed_by_the_leader_or_a_majority() {
     let q = quorum(2);
     let promoted = Evidence::Promoted { from: 0, target: cand(7002, 2), at: Instant::now() };
     let majority = vec![report(1, 7002, 2), report(2, 7002, 2)];
-    for (name, evidence) in [("+promoted-slave", vec![promoted]), ("majority", majority)] {
+    let ended = vec![Evidence::FailoverEnded { from: 0, aborted: false }];
+    let cases =
+        [("+promoted-slave", vec![promoted]), ("majority", majority), ("+failover-end", ended)];
+    for (name, evidence) in cases {
         let (state, signals, _) = run(flipped(), &q, evidence);
         assert_eq!(signals, [S::Confirmed { new: 7002 }], "{name}");
         assert!(!provisional(&state) && published(&state) == Some((7002, 2)), "{name}");
