@@ -1,8 +1,9 @@
-//! Publish latency, measured end to end on a real local cluster: from the moment the leader
-//! Sentinel's `+failover-state-send-slaveof-noone` (it has just told the replica to become
-//! master) reaches a subscriber on loopback to the moment a pending HTTP long-poll
-//! (`?wait=&after=`) returns the new primary, and to the first DNS answer (SRV, polled over UDP
-//! every millisecond) naming it. Also shows when the leader's `+promoted-slave` and the first
+//! Publish latency, measured end to end on a real local cluster: from the promoted replica's
+//! first `ROLE` master answer (every replica's `ROLE` is polled every millisecond) and from the
+//! moment the leader Sentinel's `+failover-state-send-slaveof-noone` (it has just told the
+//! replica to become master) reaches a subscriber on loopback, to the moment a pending HTTP
+//! long-poll (`?wait=&after=`) returns the new primary, and to the first DNS answer (SRV,
+//! polled over UDP every millisecond) naming it. Also shows when the leader's `+promoted-slave` and the first
 //! `+switch-master` arrived, which is where designs keyed on those events would flip.
 //!
 //! Run with `bench/publish-latency.sh [ROUNDS]`.
@@ -43,22 +44,29 @@ async fn main() -> anyhow::Result<()> {
     let http_client = reqwest::Client::new();
     wait_state(&http_client, &api, "ok").await?;
     println!(
-        "round  noone->API(ms)  noone->DNS(ms)  noone->+promoted-slave(ms)  noone->first +switch-master(ms)"
+        "round  ROLE->API(ms)  ROLE->DNS(ms)  noone->API(ms)  noone->DNS(ms)  noone->+promoted-slave(ms)  noone->first +switch-master(ms)"
     );
-    let (mut api_ms, mut dns_ms) = (Vec::new(), Vec::new());
+    let (mut figures, mut role_api, mut role_dns) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
         seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clear();
-        let old_port = lab.primary().await?.port();
-        let dns_flip = tokio::spawn(watch_dns(dns, old_port));
+        let old = lab.primary().await?;
+        let replicas: Vec<SocketAddr> =
+            lab.node_addrs().into_iter().filter(|a| *a != old).collect();
+        let role_flip = tokio::spawn(watch_role(replicas));
+        let dns_flip = tokio::spawn(watch_dns(dns, old.port()));
         let (api_at, [noone, promoted, switched]) =
             one_failover(&lab, &http_client, &api, &seen).await?;
         let dns_at = dns_flip.await??;
+        let role_at = role_flip.await??;
         let ms = |a: Instant, b: Instant| a.saturating_duration_since(b).as_secs_f64() * 1e3;
         let sign = |a: Instant, b: Instant| if a >= b { ms(a, b) } else { -ms(b, a) };
-        api_ms.push(sign(api_at, noone));
-        dns_ms.push(sign(dns_at, noone));
+        role_api.push(sign(api_at, role_at));
+        role_dns.push(sign(dns_at, role_at));
+        figures.push((sign(api_at, noone), sign(dns_at, noone)));
         println!(
-            "{round:>5}  {:>14.2}  {:>14.2}  {:>26.2}  {:>30.2}",
+            "{round:>5}  {:>13.2}  {:>13.2}  {:>14.2}  {:>14.2}  {:>26.2}  {:>30.2}",
+            sign(api_at, role_at),
+            sign(dns_at, role_at),
             sign(api_at, noone),
             sign(dns_at, noone),
             ms(promoted, noone),
@@ -66,11 +74,18 @@ async fn main() -> anyhow::Result<()> {
         );
         wait_state(&http_client, &api, "ok").await?;
     }
-    for (what, mut figures) in [("API", api_ms), ("DNS", dns_ms)] {
+    let (noone_api, noone_dns): (Vec<f64>, Vec<f64>) = figures.into_iter().unzip();
+    let series = [
+        ("ROLE->API", role_api),
+        ("ROLE->DNS", role_dns),
+        ("noone->API", noone_api),
+        ("noone->DNS", noone_dns),
+    ];
+    for (what, mut figures) in series {
         figures.sort_by(f64::total_cmp);
         let median = figures[figures.len() / 2];
         let max = figures.last().copied().unwrap_or(0.0);
-        println!("noone->{what}: median {median:.2} ms, max {max:.2} ms over {rounds} failovers");
+        println!("{what}: median {median:.2} ms, max {max:.2} ms over {rounds} failovers");
     }
     shutdown.cancel();
     daemon.await??;
@@ -135,6 +150,37 @@ async fn wait_state(http: &reqwest::Client, api: &str, state: &str) -> anyhow::R
         anyhow::ensure!(Instant::now() < deadline, "master never reached state {state}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Polls every replica's `ROLE` every millisecond (for at most 60 s) until one answers
+/// master; returns when that answer arrived.
+/// Sentinel kills every normal client of the replica it promotes (`CLIENT KILL TYPE normal`
+/// in the transaction with `SLAVEOF NO ONE`), so a connection that fails is opened again.
+/// Only a node seen as a replica first counts (an old primary of an earlier round may not be
+/// demoted yet).
+async fn watch_role(replicas: Vec<SocketAddr>) -> anyhow::Result<Instant> {
+    let mut conns = Vec::new();
+    for addr in &replicas {
+        let client = redis::Client::open(format!("redis://{addr}"))?;
+        conns.push((client.clone(), client.get_multiplexed_async_connection().await?, false));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        for (client, conn, was_replica) in &mut conns {
+            let Ok(reply) = redis::cmd("ROLE").query_async::<redis::Value>(conn).await else {
+                *conn = client.get_multiplexed_async_connection().await?;
+                continue;
+            };
+            let at = Instant::now();
+            match polestar::node::Role::parse(&reply) {
+                polestar::node::Role::Master if *was_replica => return Ok(at),
+                polestar::node::Role::Replica => *was_replica = true,
+                _ => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    anyhow::bail!("no replica ever answered ROLE master")
 }
 
 /// Polls the SRV answer over UDP every millisecond (for at most 60 s) until its port is no

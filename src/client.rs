@@ -105,7 +105,7 @@ pub enum Failover {
     /// A Sentinel accepted it (without `wait`).
     Accepted { sentinel: String },
     /// The new state, once published (with `wait`).
-    Done(MasterView),
+    Done(Box<MasterView>),
 }
 
 /// `POST /v1/masters/{master}/failover`, with `?wait=` when `wait`.
@@ -122,7 +122,7 @@ pub async fn request_failover(
         return Ok(Failover::Accepted { sentinel: accepted.sentinel });
     }
     let query = [("wait", duration::format(FAILOVER_WAIT))];
-    Ok(Failover::Done(api.post(&path, &query, Some(FAILOVER_WAIT)).await?))
+    Ok(Failover::Done(Box::new(api.post(&path, &query, Some(FAILOVER_WAIT)).await?)))
 }
 
 /// The 202 answer of a failover without `?wait=`.
@@ -316,7 +316,12 @@ mod tests {
             since: None,
             state: "ok".into(),
             replicas: healthy.map(replica).into(),
-            sentinels: SentinelsView { configured: 3, reachable: 2, agreeing: 2 },
+            sentinels: SentinelsView {
+                configured: 3,
+                reachable: 2,
+                agreeing: 2,
+                discovered: Vec::new(),
+            },
         }
     }
 

@@ -46,9 +46,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         None => None,
     };
     let (reloader, live) = Reloader::new(config.clone());
-    crate::sweep::start(live.clone(), reader.clone(), events.clone(), shutdown.clone()).await?;
+    let sweeper =
+        crate::sweep::start(live.clone(), reader.clone(), events.clone(), shutdown.clone()).await?;
 
+    // Every component runs until shutdown; the first that ends before stops the daemon (see
+    // `supervise`), so a panic is a loud exit for systemd to restart, never a silent hole.
     let mut tasks = JoinSet::new();
+    let stop = shutdown.clone();
+    tasks.spawn(async move {
+        sweeper.await.map_err(|e| anyhow::anyhow!("the socket sweeper panicked: {e}"))?;
+        anyhow::ensure!(stop.is_cancelled(), "the socket sweeper stopped unexpectedly");
+        Ok(())
+    });
     tasks.spawn(reload::on_sighup(reloader, shutdown.clone()));
     tasks.spawn(register_master_series(&config, reader.clone(), shutdown.clone()));
     let (drain_tx, drain_rx) = mpsc::unbounded_channel();

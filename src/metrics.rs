@@ -6,6 +6,7 @@ use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 pub const SENTINEL_UP: &str = "polestar_sentinel_up";
+pub const SENTINELS_DISCOVERED: &str = "polestar_sentinels_discovered";
 pub const MASTER_EPOCH: &str = "polestar_master_epoch";
 pub const MASTER_STATE: &str = "polestar_master_state";
 pub const PRIMARY_CHANGES: &str = "polestar_primary_changes_total";
@@ -53,6 +54,10 @@ pub fn install() -> PrometheusHandle {
 
 fn describe() {
     describe_gauge!(SENTINEL_UP, "1 while polestar is connected to this Sentinel");
+    describe_gauge!(
+        SENTINELS_DISCOVERED,
+        "Sentinels the configured ones list for this master that are not configured (never trusted)"
+    );
     describe_gauge!(MASTER_EPOCH, "Config epoch of the published primary");
     describe_gauge!(
         MASTER_STATE,

@@ -1,9 +1,11 @@
 //! The published view of every master: what DNS, HTTP and (later) drain and sweep answer from.
 //!
-//! The Sentinel side (`crate::sentinel::decider`) is the only writer. It builds a complete new
-//! [`Snapshot`] for every change and publishes it through a `watch` channel, so a reader always
-//! sees one consistent state: a DNS answer and an HTTP answer taken from the same snapshot never
-//! disagree, and nothing is ever half-applied.
+//! One writer at a time (the Sentinel side's decider, an agent following an upstream, or the
+//! reload watcher forwarding a restarted decider) builds a complete new [`Snapshot`] for every
+//! change and publishes it through a `watch` channel, so a reader always sees one consistent
+//! state: a DNS answer and an HTTP answer taken from the same snapshot never disagree, and
+//! nothing is ever half-applied. Every writer goes through a [`Publisher`], which alone bumps
+//! the version (the SOA serial derives from it, so it must only grow, whoever writes).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -77,7 +79,7 @@ impl fmt::Display for MasterState {
 }
 
 /// How the configured Sentinels see one master.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SentinelCounts {
     /// Sentinel addresses in the configuration.
     pub configured: usize,
@@ -85,6 +87,9 @@ pub struct SentinelCounts {
     pub reachable: usize,
     /// Of those, how many report the published primary at the published epoch.
     pub agreeing: usize,
+    /// `host:port` of the Sentinels the configured ones list for this master that are not
+    /// configured: shown so operators can add them, never trusted nor contacted.
+    pub discovered: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,6 +135,62 @@ pub fn channel() -> (TopologyWriter, TopologyReader) {
     watch::channel(Arc::new(Snapshot::default()))
 }
 
+/// The one place that bumps [`Snapshot::version`]: every writer of the topology publishes
+/// through one of these, over the daemon's single [`TopologyWriter`].
+pub struct Publisher {
+    writer: TopologyWriter,
+}
+
+impl Publisher {
+    pub fn new(writer: TopologyWriter) -> Self {
+        Self { writer }
+    }
+
+    /// Publishes these masters if anything differs from the current snapshot (or nothing was
+    /// published yet), with the next version; returns the new snapshot when it did. A master
+    /// that did not change keeps its `Arc`: snapshots share what did not change.
+    pub fn publish(
+        &self,
+        masters: impl IntoIterator<Item = Master>,
+        source_reachable: bool,
+    ) -> Option<Arc<Snapshot>> {
+        let current = self.writer.borrow().clone();
+        let masters: BTreeMap<String, Arc<Master>> = masters
+            .into_iter()
+            .map(|view| {
+                let master = match current.masters.get(&view.name) {
+                    Some(m) if **m == view => m.clone(),
+                    _ => Arc::new(view),
+                };
+                (master.name.clone(), master)
+            })
+            .collect();
+        self.replace(Snapshot { version: 0, masters, source_reachable })
+    }
+
+    /// Publishes `snapshot`'s content (its version is ignored) if it differs from the
+    /// current one, with the next version.
+    pub fn replace(&self, snapshot: Snapshot) -> Option<Arc<Snapshot>> {
+        let mut published = None;
+        self.writer.send_if_modified(|current| {
+            let same = current.masters == snapshot.masters
+                && current.source_reachable == snapshot.source_reachable;
+            if same && current.version > 0 {
+                return false;
+            }
+            let next = Arc::new(Snapshot { version: current.version + 1, ..snapshot.clone() });
+            *current = next.clone();
+            published = Some(next);
+            true
+        });
+        published
+    }
+
+    pub fn reader(&self) -> TopologyReader {
+        self.writer.subscribe()
+    }
+}
+
 /// The DNS label for a master name: lower-cased, anything outside `[a-z0-9-]` mapped to `-`.
 pub fn label_for(name: &str) -> String {
     name.chars()
@@ -141,6 +202,34 @@ pub fn label_for(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn master(name: &str, epoch: u64) -> Master {
+        Master {
+            name: name.into(),
+            label: name.into(),
+            primary: None,
+            epoch: Some(epoch),
+            since: None,
+            state: MasterState::Ok,
+            replicas: Vec::new(),
+            sentinels: SentinelCounts::default(),
+        }
+    }
+
+    #[test]
+    fn the_publisher_bumps_the_version_only_on_a_change() {
+        let (writer, reader) = channel();
+        let publisher = Publisher::new(writer);
+        assert!(publisher.publish([master("m", 1)], true).is_some(), "the first one counts");
+        assert_eq!(reader.borrow().version, 1);
+        assert!(publisher.publish([master("m", 1)], true).is_none(), "nothing changed");
+        assert!(publisher.publish([master("m", 2)], true).is_some());
+        assert!(publisher.publish([master("m", 2)], false).is_some(), "reachability counts");
+        assert_eq!(reader.borrow().version, 3);
+        let unchanged = reader.borrow().masters["m"].clone();
+        publisher.publish([master("m", 2), master("n", 1)], false);
+        assert!(Arc::ptr_eq(&unchanged, &reader.borrow().masters["m"]), "shared, not rebuilt");
+    }
 
     #[test]
     fn labels_are_lower_case_and_safe() {

@@ -161,7 +161,7 @@ fn resp() -> impl Strategy<Value = Value> {
 
 fn check_reply(value: &Value) {
     let _ = message::text(value);
-    let _ = message::role(value);
+    let _ = polestar::node::Role::parse(value);
     if let Some(addr) = message::master_addr(value) {
         well_formed(&addr);
     }

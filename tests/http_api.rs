@@ -110,7 +110,12 @@ fn master(name: &str, primary: Option<&str>, epoch: Option<u64>) -> Master {
             hostname: None,
             healthy: true,
         }],
-        sentinels: SentinelCounts { configured: 3, reachable: 3, agreeing: 3 },
+        sentinels: SentinelCounts {
+            configured: 3,
+            reachable: 3,
+            agreeing: 3,
+            ..Default::default()
+        },
     }
 }
 
@@ -171,7 +176,7 @@ fn one_master_json() -> Value {
         "primary": {"ip": "10.0.0.1", "port": 6379, "hostname": null},
         "epoch": 7, "since": "2023-11-14T22:13:20.000Z", "state": "ok",
         "replicas": [{"ip": "10.0.0.2", "port": 6379, "healthy": true}],
-        "sentinels": {"configured": 3, "reachable": 3, "agreeing": 3},
+        "sentinels": {"configured": 3, "reachable": 3, "agreeing": 3, "discovered": []},
     })
 }
 

@@ -267,3 +267,45 @@ async fn sentinels_unreachable(cluster: &Cluster) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Regression (issue 11, item 5): on every planned failover the node-side sweep reset the
+/// central polestar's connections to the old primary (its ROLE checks failed with broken pipe,
+/// raising `node_unreachable`, and its drain killed nothing): they come from a host that is
+/// neither a data node nor a Sentinel. The node's own `CLIENT LIST` names them `polestar`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_side_sweep_spares_the_central_polestars_connections() {
+    on_fresh_cluster(async |cluster| planned_with_node_sweep(cluster).await).await;
+}
+
+async fn planned_with_node_sweep(cluster: &Cluster) -> anyhow::Result<()> {
+    cluster.central("ctl-polestar").await?;
+    let db1 = &cluster.db[0];
+    cluster.node_polestar("sweep:\n  local_ports: [6379]\n").await?;
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let (writer, _blocked) = clients_on(cluster, &cluster.central_url(), &stop).await?;
+    let fault = SystemTime::now();
+    let reply = cluster.cli(db1, 26379, &["SENTINEL", "FAILOVER", "mymaster"]);
+    anyhow::ensure!(reply.trim() == "OK", "SENTINEL FAILOVER: {reply}");
+    let switch = switch_time(&cluster.ctl, &cluster.ctl.ip.to_string()).await?;
+    recovered("planned-node-side", &[("writer", &writer)], cluster.primary(), fault, switch)
+        .await?;
+    // The job ends once the old primary answers ROLE as a replica (Sentinel demotes it ~10 s
+    // after the switch): every round it swept is in the events by then.
+    let done = format!("sweep of {} done", cluster.primary());
+    until("the node-side sweep to finish", Duration::from_secs(40), || async {
+        cluster.net.log("node-polestar").contains(&done).then_some(())
+    })
+    .await?;
+    let sweeps = events(db1, &db1.ip.to_string(), "sweep").await;
+    let central = cluster.ctl.ip.to_string();
+    for event in &sweeps {
+        for peer in event["peers"].as_array().into_iter().flatten() {
+            let ip = peer.as_str().unwrap_or("").rsplit_once(':').map(|(ip, _)| ip).unwrap_or("");
+            anyhow::ensure!(ip != central, "the central polestar's connection was swept: {event}");
+        }
+    }
+    let unreachable = events(&cluster.ctl, &central, "node_unreachable").await;
+    anyhow::ensure!(unreachable.is_empty(), "the central polestar lost the node: {unreachable:?}");
+    Ok(())
+}

@@ -33,3 +33,4 @@ mod operation;
 mod sentinel_api;
 mod status_page;
 mod sweep_netns;
+mod trust;

@@ -65,7 +65,7 @@ struct Agent {
     url: String,
     client: reqwest::Client,
     labels: Followed,
-    writer: TopologyWriter,
+    writer: crate::topology::Publisher,
     events: Arc<EventLog>,
     shutdown: CancellationToken,
 }
@@ -85,6 +85,7 @@ pub fn spawn(
         .unwrap_or_default();
     let url = url.trim_end_matches('/').to_string();
     let labels = Followed(config.masters.clone());
+    let writer = crate::topology::Publisher::new(writer);
     let agent = Agent { url, client, labels, writer, events, shutdown };
     tokio::spawn(agent.run())
 }
@@ -185,19 +186,12 @@ impl Agent {
     }
 
     fn current(&self) -> Arc<Snapshot> {
-        self.writer.borrow().clone()
+        self.writer.reader().borrow().clone()
     }
 
-    /// Publishes `next` unless nothing but the version changed.
+    /// Publishes `next` unless nothing but the version changed (the publisher numbers it).
     fn publish(&self, next: Snapshot) {
-        self.writer.send_if_modified(|current| {
-            let same = current.masters == next.masters
-                && current.source_reachable == next.source_reachable;
-            if !same {
-                *current = Arc::new(next);
-            }
-            !same
-        });
+        self.writer.replace(next);
     }
 
     /// The agent's own `switch` events, so its HTTP stream (and agents behind it) see them.

@@ -62,6 +62,7 @@ fn from_view(view: &MasterView, label: String, old: Option<&Master>) -> Master {
             configured: view.sentinels.configured,
             reachable: view.sentinels.reachable,
             agreeing: view.sentinels.agreeing,
+            discovered: view.sentinels.discovered.clone(),
         },
     };
     if let Some(old) = old.filter(|old| keeps_old_primary(old, &master)) {

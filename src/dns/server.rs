@@ -38,9 +38,18 @@ pub async fn serve(
         tasks.spawn(tcp::serve_listener(listener, service.clone(), zone_rx.clone()));
     }
 
-    shutdown.cancelled().await;
+    // Every task here runs until shutdown; one that ends before (a panic) would leave the
+    // zone frozen or a socket unserved, so it fails the server, and with it the daemon.
+    let result = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => Ok(()),
+        Some(ended) = tasks.join_next() => Err(match ended {
+            Err(e) if e.is_panic() => anyhow::anyhow!("a DNS task panicked: {e}"),
+            _ => anyhow::anyhow!("a DNS task stopped unexpectedly"),
+        }),
+    };
     tasks.abort_all();
-    Ok(())
+    result
 }
 
 /// Turns every topology change into a new zone; the only writer of the zone channel. A change

@@ -16,7 +16,6 @@ use tokio::time::{Instant, timeout};
 use super::clients::{ClientList, parse_list};
 use super::spare::CONNECTION_NAME;
 use crate::config::Auth;
-use crate::sentinel::message::role;
 use crate::sentinel::{Endpoint, connect};
 use crate::topology::Node;
 
@@ -37,14 +36,7 @@ pub enum NodeError {
     Command { node: SocketAddr, command: &'static str, source: RedisError },
 }
 
-/// What `ROLE` says.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Role {
-    Master,
-    Replica,
-    /// `sentinel`, or a reply polestar does not understand.
-    Other(String),
-}
+pub use crate::node::Role;
 
 /// `CLIENT LIST` with the moment it was answered and the id of the connection that asked.
 #[derive(Debug)]
@@ -87,11 +79,7 @@ impl NodeLink {
 
     pub async fn role(&self) -> Result<Role, NodeError> {
         let reply: Value = self.query("ROLE", redis::cmd("ROLE"), COMMAND_DEADLINE).await?;
-        Ok(match role(&reply).as_deref() {
-            Some("master") => Role::Master,
-            Some("slave") | Some("replica") => Role::Replica,
-            other => Role::Other(other.unwrap_or("unreadable").to_string()),
-        })
+        Ok(Role::parse(&reply))
     }
 
     /// `CLIENT PAUSE <for> WRITE`: writes (and PUBLISH, EVAL...) wait, reads go on.

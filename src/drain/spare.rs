@@ -14,8 +14,7 @@ use ipnet::IpNet;
 use super::clients::ClientInfo;
 use crate::config;
 
-/// The name polestar gives the connections it opens to data nodes.
-pub const CONNECTION_NAME: &str = "polestar";
+pub use crate::node::CONNECTION_NAME;
 
 /// Commands that only a replication link sends.
 const REPLICATION_COMMANDS: [&str; 3] = ["replconf", "psync", "sync"];

@@ -41,11 +41,15 @@ pub struct ReplicaView {
     pub healthy: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SentinelsView {
     pub configured: usize,
     pub reachable: usize,
     pub agreeing: usize,
+    /// `host:port` of Sentinels the configured ones know but polestar is not configured with:
+    /// never trusted, shown so operators can add them (absent from older polestars).
+    #[serde(default)]
+    pub discovered: Vec<String>,
 }
 
 impl NodeView {
@@ -65,7 +69,7 @@ impl From<&Master> for MasterView {
             since: m.since.map(rfc3339),
             state: m.state.as_str().to_owned(),
             replicas: m.replicas.iter().map(ReplicaView::from).collect(),
-            sentinels: m.sentinels.into(),
+            sentinels: (&m.sentinels).into(),
         }
     }
 }
@@ -82,9 +86,14 @@ impl From<&Replica> for ReplicaView {
     }
 }
 
-impl From<SentinelCounts> for SentinelsView {
-    fn from(s: SentinelCounts) -> Self {
-        Self { configured: s.configured, reachable: s.reachable, agreeing: s.agreeing }
+impl From<&SentinelCounts> for SentinelsView {
+    fn from(s: &SentinelCounts) -> Self {
+        Self {
+            configured: s.configured,
+            reachable: s.reachable,
+            agreeing: s.agreeing,
+            discovered: s.discovered.clone(),
+        }
     }
 }
 
@@ -117,7 +126,12 @@ mod tests {
                 hostname: Some("r2.lan".into()),
                 healthy: true,
             }],
-            sentinels: SentinelCounts { configured: 3, reachable: 3, agreeing: 2 },
+            sentinels: SentinelCounts {
+                configured: 3,
+                reachable: 3,
+                agreeing: 2,
+                discovered: vec!["10.0.0.9:26379".into()],
+            },
         };
         let value = serde_json::to_value(MasterView::from(&master)).expect("plain data");
         let expected = json!({
@@ -125,7 +139,8 @@ mod tests {
             "primary": {"ip": "10.0.0.1", "port": 6379, "hostname": null},
             "epoch": 3, "since": "2023-11-14T22:13:20.250Z", "state": "ok",
             "replicas": [{"ip": "::1", "port": 6380, "hostname": "r2.lan", "healthy": true}],
-            "sentinels": {"configured": 3, "reachable": 3, "agreeing": 2},
+            "sentinels": {"configured": 3, "reachable": 3, "agreeing": 2,
+                "discovered": ["10.0.0.9:26379"]},
         });
         assert_eq!(value, expected);
     }

@@ -119,7 +119,8 @@ async fn warm_up(
     // Events from the warm-up (its Sentinels coming up, its first primaries) describe the new
     // watcher starting, not the world changing: only later ones are forwarded.
     let (_, live) = side_events.follow(side_events.last_id());
-    let forward = Forward { side, live, writer: writer.clone(), events: events.clone() };
+    let writer = topology::Publisher::new(writer.clone());
+    let forward = Forward { side, live, writer, events: events.clone() };
     let forward = Some(tokio::spawn(forward.run(stop.clone())));
     Some(Generation { handle, stop, forward })
 }
@@ -134,7 +135,7 @@ struct Forward {
     side: TopologyReader,
     /// The restarted watcher's events from the moment it took over.
     live: broadcast::Receiver<Event>,
-    writer: TopologyWriter,
+    writer: topology::Publisher,
     events: Arc<EventLog>,
 }
 
@@ -161,15 +162,7 @@ impl Forward {
     /// sequence (the SOA serial is derived from it and must only grow).
     fn publish(&mut self) {
         let side = self.side.borrow_and_update().clone();
-        self.writer.send_if_modified(|current| {
-            let same = current.masters == side.masters
-                && current.source_reachable == side.source_reachable;
-            if !same {
-                let version = current.version + 1;
-                *current = Arc::new(Snapshot { version, ..(*side).clone() });
-            }
-            !same
-        });
+        self.writer.replace((*side).clone());
     }
 }
 

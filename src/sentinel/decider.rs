@@ -1,95 +1,70 @@
-//! The publication rule, applied in one task that owns the state of every master.
-//!
-//! A primary is published when a Sentinel reports it with a config epoch higher than the
-//! published one (any epoch while none is published) and either the node itself answers
-//! `ROLE` master or a majority of the configured Sentinels report the same node and epoch.
-//! The leader's `+promoted-slave` is checked at once, so the flip happens at promotion rather
-//! than seconds later at `+switch-master`. A lower epoch is never published.
+//! The shell around the publication rule ([`super::core`]): one task that owns the state of
+//! every master, turns what the links report into [`Evidence`], applies [`decide`] and carries
+//! out the actions (the snapshot first, then logs, events, metrics and signals to the drain
+//! side). Its only I/O is spawning: `ROLE` watches and warm-ups run as tasks that report back.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::conn::Endpoint;
+use super::core::{Action, Candidate, Evidence, Quorum, SentinelId, State, decide};
 use super::link::Link;
 use super::message::PeerRecord;
-use super::nodes::Nodes;
 use super::{LinkId, MasterReport, Observation, Report, Scope};
 use crate::config::{Auth, Config, HostPort};
 use crate::events::EventLog;
 use crate::failover::Signal;
 use crate::metrics as m;
-use crate::topology::{
-    Master, MasterState, Node, Replica, SentinelCounts, Snapshot, TopologyWriter,
-};
+use crate::node::{Nodes, Role};
+use crate::topology::{Master, MasterState, Publisher, SentinelCounts, TopologyWriter};
 
-/// How long a `ROLE` check of a candidate primary may take.
+/// How long one `ROLE` answer of a watched node may take.
 const ROLE_DEADLINE: Duration = Duration::from_millis(1000);
 /// After the leader sent `SLAVEOF NO ONE`, the chosen replica's `ROLE` is asked this often...
-const PROMOTION_POLL: Duration = Duration::from_millis(20);
+const PROMOTION_POLL: Duration = Duration::from_millis(2);
 /// ...for at most this long (Sentinel itself notices within about a second).
 const PROMOTION_WATCH: Duration = Duration::from_secs(10);
 /// A connection to a data node unused this long is closed (it is opened again when a failover
 /// of its master starts).
 const NODE_IDLE: Duration = Duration::from_secs(60);
-/// A discovered Sentinel unreachable this long is forgotten (configured ones never are).
-const FORGET_DISCOVERED: Duration = Duration::from_secs(300);
+/// Time passes for the rule this often ([`Evidence::Tick`]), and idle connections are closed.
+const TICK: Duration = Duration::from_secs(1);
 
-/// How a publication made on the promoted replica's own `ROLE` is labelled.
-const VIA_ROLE_POLL: &str = "role-poll";
-
-/// A primary as some Sentinel reports it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct Candidate {
-    node: Node,
-    epoch: u64,
-}
-
-struct Published {
-    candidate: Candidate,
-    since: SystemTime,
-    /// Published on the promoted replica's own `ROLE` before the leader announced
-    /// `+promoted-slave`; confirmed by that announcement or a Sentinel's report, undone if the
-    /// failover is aborted instead.
-    provisional: bool,
-}
-
+/// One master: its label and the rule's state.
 #[derive(Default)]
 struct Entry {
     label: String,
-    published: Option<Published>,
-    /// The latest report of each reachable link that knows this master.
-    reports: HashMap<LinkId, Candidate>,
-    /// Links that currently report a failover in progress.
-    failover: HashSet<LinkId>,
-    replicas: Vec<Replica>,
-    /// What was published before a provisional publication, to restore on an abort.
-    before: Option<Published>,
-    /// Role checks in flight, so a candidate is checked once at a time.
-    checking: HashSet<Candidate>,
+    state: State,
+    /// `ROLE` watches in flight, so a target is watched once at a time.
+    watching: HashSet<Candidate>,
+    /// The peers each configured Sentinel lists for this master (shown, never trusted).
+    peers: BTreeMap<LinkId, Vec<PeerRecord>>,
+    /// Those of them that are not configured, as shown (kept with `peers`).
+    discovered: BTreeSet<String>,
 }
 
+/// One configured Sentinel.
 struct LinkState {
     addr: HostPort,
-    configured: bool,
     up: bool,
     /// Reported a full reconciliation since it came up.
     reconciled: bool,
     myid: Option<String>,
-    down_since: Option<Instant>,
-    stop: CancellationToken,
+    /// The link task; restarted with a log line if it ever ends on its own (a panic).
+    task: JoinHandle<()>,
 }
 
-/// The outcome of a role check, sent back to the decider's loop.
+/// What a `ROLE` watch found, sent back to the decider's loop.
 struct Checked {
     master: String,
-    candidate: Candidate,
-    is_master: bool,
-    via: &'static str,
+    target: Candidate,
+    role: Role,
     at: Instant,
 }
 
@@ -100,21 +75,34 @@ pub struct Decider {
     /// The names in `wanted`, shared with the links.
     wanted_names: Option<Arc<HashSet<String>>>,
     links: Vec<LinkState>,
+    quorum: Quorum,
     sentinel_auth: Auth,
-    /// The drain coordinator's inbox (none when draining is off or in tests).
+    /// The drain coordinator's inbox (none when draining is off or in tests); the coordinator
+    /// lives as long as the daemon, so a closed inbox only happens at shutdown.
     drain: Option<mpsc::UnboundedSender<Signal>>,
-    /// Connections to data nodes for role checks, shared with the check tasks.
+    /// Connections to data nodes for role watches, shared with the watch tasks.
     nodes: Arc<Nodes>,
-    writer: TopologyWriter,
+    topology: Publisher,
     events: Arc<EventLog>,
-    version: u64,
     reachable: bool,
-    /// Links send here; the decider holds a sender to hand to links it discovers.
+    /// Every link holds a clone of `tx`; the decider holds the receiver and one sender (for
+    /// links it restarts), so the channel never closes while the decider runs.
     tx: mpsc::UnboundedSender<Observation>,
     rx: mpsc::UnboundedReceiver<Observation>,
+    /// Every `ROLE` watch task holds a clone of `checks_tx` and sends once; the decider holds
+    /// the receiver and a sender, so the channel never closes while it runs.
     checks_tx: mpsc::UnboundedSender<Checked>,
     checks_rx: mpsc::UnboundedReceiver<Checked>,
     shutdown: CancellationToken,
+    /// The links' stop token (a child of `shutdown`), cancelled when the decider is dropped,
+    /// also by a panic: a restarted decider does not leave its predecessor's links running.
+    links_stop: CancellationToken,
+}
+
+impl Drop for Decider {
+    fn drop(&mut self) {
+        self.links_stop.cancel();
+    }
 }
 
 impl Decider {
@@ -137,24 +125,25 @@ impl Decider {
             wanted,
             wanted_names,
             links: Vec::new(),
+            quorum: Quorum::default(),
             sentinel_auth: sentinels.as_ref().map(|s| s.auth.clone()).unwrap_or_default(),
             nodes: Arc::new(Nodes::new(config.nodes.clone())),
             drain: None,
-            writer,
+            topology: Publisher::new(writer),
             events,
-            version: 0,
             reachable: false,
             tx,
             rx,
             checks_tx,
             checks_rx,
+            links_stop: shutdown.child_token(),
             shutdown,
         };
         for (name, label) in decider.wanted.clone().into_iter().flatten() {
             decider.masters.insert(name, Entry { label, ..Entry::default() });
         }
         for addr in sentinels.map(|s| s.addresses).unwrap_or_default() {
-            decider.add_link(addr, true);
+            decider.add_link(addr);
         }
         decider
     }
@@ -167,45 +156,57 @@ impl Decider {
 
     pub async fn run(mut self) {
         self.publish_snapshot();
-        let mut housekeeping = tokio::time::interval(Duration::from_secs(5));
+        let mut tick = tokio::time::interval(TICK);
         loop {
             tokio::select! {
                 Some(o) = self.rx.recv() => self.observe(o),
                 Some(c) = self.checks_rx.recv() => self.checked(c),
-                _ = housekeeping.tick() => {
-                    self.forget_discovered();
-                    self.nodes.prune(NODE_IDLE);
-                }
+                _ = tick.tick() => self.tick(),
                 _ = self.shutdown.cancelled() => break,
             }
             self.publish_snapshot();
         }
-        for link in &self.links {
-            link.stop.cancel();
+        for link in self.links.drain(..) {
+            if let Err(e) = link.task.await {
+                tracing::error!(sentinel = %link.addr, "the Sentinel link panicked: {e}");
+            }
         }
     }
 
-    fn add_link(&mut self, addr: HostPort, configured: bool) {
+    fn add_link(&mut self, addr: HostPort) {
         let id = self.links.len();
-        let stop = self.shutdown.child_token();
+        let task = self.spawn_link(id, &addr);
+        metrics::gauge!(m::SENTINEL_UP, "sentinel" => addr.to_string()).set(0.0);
+        self.links.push(LinkState { addr, up: false, reconciled: false, myid: None, task });
+    }
+
+    fn spawn_link(&self, id: LinkId, addr: &HostPort) -> JoinHandle<()> {
         let link = Link {
             id,
             endpoint: Endpoint::new(addr.host.clone(), addr.port, &self.sentinel_auth),
             masters: self.wanted_names.clone(),
             tx: self.tx.clone(),
-            stop: stop.clone(),
+            stop: self.links_stop.child_token(),
         };
-        metrics::gauge!(m::SENTINEL_UP, "sentinel" => addr.to_string()).set(0.0);
-        self.links.push(LinkState {
-            addr,
-            configured,
-            up: false,
-            reconciled: false,
-            myid: None,
-            down_since: Some(Instant::now()),
-            stop,
-        });
-        tokio::spawn(link.run());
+        tokio::spawn(link.run())
+    }
+
+    /// Once a second: the rule sees time pass, idle node connections close, and a link task
+    /// that ended on its own (only a panic ends one before shutdown) is restarted.
+    fn tick(&mut self) {
+        self.nodes.prune(NODE_IDLE);
+        for id in 0..self.links.len() {
+            if self.links[id].task.is_finished() && !self.shutdown.is_cancelled() {
+                tracing::error!(sentinel = %self.links[id].addr, "Sentinel link task ended unexpectedly: restarting it");
+                self.observe(Observation::Down { link: id, reason: "link task ended".into() });
+                self.links[id].task = self.spawn_link(id, &self.links[id].addr.clone());
+            }
+        }
+        let now = Instant::now();
+        let names: Vec<String> = self.masters.keys().cloned().collect();
+        for name in names {
+            self.apply(&name, Evidence::Tick { now });
+        }
     }
 
     fn observe(&mut self, observation: Observation) {
@@ -213,65 +214,132 @@ impl Decider {
             Observation::Up { link, myid } => self.link_up(link, myid),
             Observation::Down { link, reason } => self.link_down(link, &reason),
             Observation::Report(report) => self.report(report),
-            Observation::Failover { link, master, in_progress, aborted } => {
-                if let Some(e) = self.masters.get_mut(&master) {
-                    if in_progress {
-                        // The leader will promote one of them: have a connection ready.
-                        for replica in &e.replicas {
-                            self.nodes.warm(std::net::SocketAddr::new(replica.ip, replica.port));
-                        }
-                        e.failover.insert(link)
-                    } else {
-                        e.failover.remove(&link)
-                    };
-                }
-                if aborted {
-                    self.revert(&master);
-                    self.signal(Signal::Aborted { master });
-                }
+            Observation::Epoch { link, epoch } => self.epoch(link, epoch),
+            Observation::Failover { link: from, master, in_progress, aborted } => {
+                let evidence = if in_progress {
+                    Evidence::FailoverStarted { from }
+                } else {
+                    Evidence::FailoverEnded { from, aborted }
+                };
+                self.apply(&master, evidence);
             }
-            Observation::Promoting { link, master, replica, promoted, at } => {
-                let Some(e) = self.masters.get_mut(&master) else { return };
-                e.failover.insert(link);
-                let old = e.published.as_ref().map(|p| p.candidate.node.clone());
-                let new = promoted.as_ref().map(|(node, _)| node.clone());
-                if let Some((node, epoch)) = promoted {
-                    self.watch_promotion(&master, Candidate { node, epoch }, at);
+            Observation::Promoting { link: from, master, replica, promoted, at } => {
+                let target = promoted.map(|(node, epoch)| Candidate { node, epoch });
+                if let Some(t) = &target {
+                    self.epoch(from, t.epoch);
                 }
-                if let Some(old) = old.filter(|o| !names(o, &replica)) {
-                    self.signal(Signal::Promoting { master, old, new, at });
-                }
+                self.apply(&master, Evidence::Promoting { from, replica, target, at });
             }
-            Observation::NodeBack { master, node, .. } => {
-                let published = self.masters.get(&master).and_then(|e| e.published.as_ref());
-                if let Some(p) = published.filter(|p| p.candidate.node.addr() != node.addr()) {
-                    let (published, epoch) = (p.candidate.node.clone(), p.candidate.epoch);
-                    self.signal(Signal::Returning { master, node, published, epoch });
-                }
+            Observation::NodeBack { link: from, master, node } => {
+                self.apply(&master, Evidence::NodeBack { from, node });
             }
-            Observation::Promoted { link, master, node, epoch, at } => {
-                if let Some(e) = self.masters.get_mut(&master) {
-                    e.failover.insert(link);
-                }
-                self.consider(&master, Candidate { node, epoch }, "promoted-slave", at);
+            Observation::Promoted { link: from, master, node, epoch, at } => {
+                self.epoch(from, epoch);
+                let target = Candidate { node, epoch };
+                self.apply(&master, Evidence::Promoted { from, target, at });
             }
         }
     }
 
-    fn link_up(&mut self, id: LinkId, myid: Option<String>) {
-        let duplicate = myid.as_ref().is_some_and(|id2| {
-            self.links.iter().enumerate().any(|(i, l)| i != id && l.myid.as_ref() == Some(id2))
-        });
-        let Some(link) = self.links.get_mut(id) else { return };
-        if duplicate && !link.configured {
-            // A discovered Sentinel that a configured address already reaches.
-            link.stop.cancel();
+    /// Runs the rule on one piece of evidence about `master` and carries out what it decides.
+    fn apply(&mut self, master: &str, evidence: Evidence) {
+        let Some(entry) = self.masters.get_mut(master) else { return };
+        let state = std::mem::take(&mut entry.state);
+        let (state, actions) = decide(master, state, &self.quorum, evidence);
+        entry.state = state;
+        for action in actions {
+            self.act(master, action);
+        }
+    }
+
+    fn act(&mut self, master: &str, action: Action) {
+        match action {
+            Action::Switched { from, to, cause, at } => {
+                // The snapshot goes out before anything else is done with the change.
+                self.publish_snapshot();
+                let latency = at.elapsed();
+                let from = from.as_ref().map(ToString::to_string);
+                let (to, epoch, via) = (to.node, to.epoch, cause.as_str());
+                let ms = latency.as_secs_f64() * 1e3;
+                tracing::info!(%master, from = from.as_deref().unwrap_or("-"), to = %to, epoch, via, latency_ms = ms, "switch");
+                metrics::histogram!(m::PUBLISH_LATENCY).record(latency.as_secs_f64());
+                if from.is_some() {
+                    metrics::counter!(m::PRIMARY_CHANGES, "master" => master.to_string())
+                        .increment(1);
+                }
+                let data = json!({
+                    "from": from, "to": to.to_string(), "hostname": to.hostname, "epoch": epoch,
+                    "via": via, "latency_ms": ms,
+                });
+                self.events.push("switch", Some(master), data);
+            }
+            Action::Withdrawn { undone, back } => {
+                let (undone, back) = (undone.node.to_string(), back.map(|b| b.node.to_string()));
+                tracing::warn!(%master, %undone, back = back.as_deref().unwrap_or("-"), "failover aborted: provisional primary withdrawn");
+                self.events.push("revert", Some(master), json!({ "from": undone, "to": back }));
+            }
+            Action::Signal(signal) => self.signal(signal),
+            Action::WatchRole { target, at } => self.watch_role(master, target, at),
+            Action::Warm(replicas) => {
+                for r in replicas {
+                    self.nodes.warm(std::net::SocketAddr::new(r.ip, r.port));
+                }
+            }
+        }
+    }
+
+    /// Tells the drain side; only ever for changes the configured Sentinels agreed on.
+    fn signal(&mut self, signal: Signal) {
+        if let Some(tx) = &self.drain {
+            // The coordinator lives as long as the daemon; a send after it stopped is moot.
+            let _ = tx.send(signal);
+        }
+    }
+
+    /// Watches the replica a configured leader promotes, and reports the moment it answers
+    /// `ROLE` master (a second before the leader's `+promoted-slave`, which waits for its next
+    /// `INFO`), or what it last answered when the watch ends.
+    fn watch_role(&mut self, master: &str, target: Candidate, at: Instant) {
+        let Some(entry) = self.masters.get_mut(master) else { return };
+        if !entry.watching.insert(target.clone()) {
             return;
         }
+        let (tx, master, nodes) = (self.checks_tx.clone(), master.to_string(), self.nodes.clone());
+        let stop = self.shutdown.clone();
+        tokio::spawn(async move {
+            let addr = target.node.addr();
+            let mut role = Role::Other("no answer".into());
+            while !role.is_master() && at.elapsed() < PROMOTION_WATCH && !stop.is_cancelled() {
+                role = nodes.role(addr, ROLE_DEADLINE).await.unwrap_or(role);
+                if !role.is_master() {
+                    tokio::time::sleep(PROMOTION_POLL).await;
+                }
+            }
+            // The decider holds the receiver for as long as it runs; after, this is moot.
+            let _ = tx.send(Checked { master, target, role, at });
+        });
+    }
+
+    fn checked(&mut self, c: Checked) {
+        let Some(entry) = self.masters.get_mut(&c.master) else { return };
+        entry.watching.remove(&c.target);
+        if !c.role.is_master() {
+            tracing::debug!(master = %c.master, node = %c.target.node, role = ?c.role, "promoted replica never answered ROLE master");
+        }
+        self.apply(&c.master, Evidence::Role { target: c.target, role: c.role, at: c.at });
+    }
+
+    fn epoch(&mut self, link: LinkId, epoch: u64) {
+        let reached = self.quorum.epochs.entry(link).or_default();
+        *reached = (*reached).max(epoch);
+    }
+
+    fn link_up(&mut self, id: LinkId, myid: Option<String>) {
+        let Some(link) = self.links.get_mut(id) else { return };
         link.up = true;
         link.reconciled = false;
-        link.down_since = None;
         link.myid = myid;
+        self.quorum.voters.insert(id);
         let name = link.addr.to_string();
         tracing::info!(sentinel = %name, "connected to Sentinel");
         metrics::gauge!(m::SENTINEL_UP, "sentinel" => name.clone()).set(1.0);
@@ -283,11 +351,11 @@ impl Decider {
         let was_up = link.up;
         link.up = false;
         link.reconciled = false;
-        link.down_since.get_or_insert_with(Instant::now);
         let name = link.addr.to_string();
-        for entry in self.masters.values_mut() {
-            entry.reports.remove(&id);
-            entry.failover.remove(&id);
+        let names: Vec<String> = self.masters.keys().cloned().collect();
+        for master in names {
+            self.forget_peers(&master, id);
+            self.apply(&master, Evidence::Gone { from: id });
         }
         if was_up {
             tracing::warn!(sentinel = %name, %reason, "lost Sentinel");
@@ -313,43 +381,87 @@ impl Decider {
         if full {
             link.reconciled = true;
         }
-        for (name, entry) in self.masters.iter_mut() {
-            if asked(name) && !seen.contains(name) {
-                tracing::trace!(master = %name, "not reported by this Sentinel");
-                entry.reports.remove(&id);
-                entry.failover.remove(&id);
-            }
+        let gone: Vec<String> =
+            self.masters.keys().filter(|n| asked(n) && !seen.contains(*n)).cloned().collect();
+        for name in gone {
+            tracing::trace!(master = %name, "not reported by this Sentinel");
+            self.forget_peers(&name, id);
+            self.apply(&name, Evidence::Gone { from: id });
         }
         for master in report.masters {
-            self.master_report(id, master);
+            self.master_report(id, master, report.with_peers);
         }
         if full {
             self.drop_unmonitored(id, &seen);
-            self.discover(&report.peers);
         }
     }
 
-    fn master_report(&mut self, link: LinkId, report: MasterReport) {
-        let wanted = match &self.wanted {
+    fn master_report(&mut self, from: SentinelId, report: MasterReport, with_peers: bool) {
+        let label = match &self.wanted {
             Some(w) => w.get(&report.name).cloned(),
             None => Some(crate::topology::label_for(&report.name)),
         };
-        let Some(label) = wanted else { return };
+        let Some(label) = label else { return };
+        self.epoch(from, report.epoch);
         let entry = self.masters.entry(report.name.clone()).or_default();
         entry.label = label;
-        let candidate = Candidate { node: report.primary, epoch: report.epoch };
-        entry.reports.insert(link, candidate.clone());
-        // Reconciliation is authoritative for the flag: it also clears a lost +failover-end.
-        if report.failover_in_progress {
-            entry.failover.insert(link);
-        } else {
-            entry.failover.remove(&link);
+        if with_peers {
+            self.set_peers(&report.name, from, report.peers);
         }
-        let current = entry.published.as_ref().map(|p| p.candidate.epoch);
-        if current.is_none_or(|e| report.epoch >= e) {
-            entry.replicas = report.replicas;
+        let primary = Candidate { node: report.primary, epoch: report.epoch };
+        let failover = report.failover_in_progress;
+        let replicas = report.replicas;
+        self.apply(&report.name, Evidence::Report { from, primary, failover, replicas });
+    }
+
+    /// Records the peers `from` lists for `master`; logs the ones no configured Sentinel
+    /// listed before.
+    fn set_peers(&mut self, master: &str, from: LinkId, peers: Vec<PeerRecord>) {
+        let Some(entry) = self.masters.get_mut(master) else { return };
+        if entry.peers.get(&from) == Some(&peers) {
+            return;
         }
-        self.consider(&report.name, candidate, "reconcile", Instant::now());
+        entry.peers.insert(from, peers);
+        let after = self.discovered(master);
+        let Some(entry) = self.masters.get_mut(master) else { return };
+        let before = std::mem::replace(&mut entry.discovered, after.clone());
+        for addr in after.difference(&before) {
+            let by = &self.links[from].addr;
+            tracing::warn!(%master, sentinel = %addr, listed_by = %by, "discovered a Sentinel that is not configured: it is shown but never trusted; add it to sentinels.addresses if it is yours");
+            self.events.push(
+                "sentinel_discovered",
+                Some(master),
+                json!({ "sentinel": addr, "listed_by": by.to_string() }),
+            );
+        }
+        record_discovered(master, after.len());
+    }
+
+    fn forget_peers(&mut self, master: &str, from: LinkId) {
+        let Some(entry) = self.masters.get_mut(master) else { return };
+        if entry.peers.remove(&from).is_some() {
+            let now = self.discovered(master);
+            record_discovered(master, now.len());
+            if let Some(entry) = self.masters.get_mut(master) {
+                entry.discovered = now;
+            }
+        }
+    }
+
+    /// The Sentinels the configured ones list for `master` that are not configured themselves
+    /// (by address, or by the run id a configured address answered with).
+    fn discovered(&self, master: &str) -> BTreeSet<String> {
+        let Some(entry) = self.masters.get(master) else { return BTreeSet::new() };
+        let configured = |p: &PeerRecord| {
+            self.links.iter().any(|l| {
+                l.myid.as_deref() == Some(p.runid.as_str())
+                    || (l.addr.host == p.addr.host && l.addr.port == p.addr.port)
+            })
+        };
+        let peers = entry.peers.values().flatten().filter(|p| !configured(p));
+        peers
+            .map(|p| HostPort { host: p.addr.host.clone(), port: p.addr.port }.to_string())
+            .collect()
     }
 
     /// Forgets masters no reachable, reconciled Sentinel monitors any more (`-monitor`), when
@@ -359,182 +471,22 @@ impl Decider {
             return;
         }
         let all_reconciled = self.links.iter().filter(|l| l.up).all(|l| l.reconciled);
-        let gone: Vec<String> = self
-            .masters
-            .iter()
-            .filter(|(name, e)| !seen.contains(*name) && e.reports.is_empty())
-            .map(|(name, _)| name.clone())
-            .collect();
         if !all_reconciled {
             return;
         }
+        let gone: Vec<String> = self
+            .masters
+            .iter()
+            .filter(|(name, e)| !seen.contains(*name) && e.state.reports.is_empty())
+            .map(|(name, _)| name.clone())
+            .collect();
         for name in gone {
             self.masters.remove(&name);
+            record_discovered(&name, 0);
             let by = self.links[link].addr.to_string();
             tracing::info!(master = %name, "no Sentinel monitors this master any more");
             self.events.push("master_removed", Some(&name), json!({ "sentinel": by }));
         }
-    }
-
-    fn discover(&mut self, peers: &[PeerRecord]) {
-        for peer in peers {
-            let known = self.links.iter().any(|l| {
-                l.myid.as_deref() == Some(peer.runid.as_str())
-                    || (l.addr.host == peer.addr.host && l.addr.port == peer.addr.port)
-            });
-            if !known {
-                let addr = HostPort { host: peer.addr.host.clone(), port: peer.addr.port };
-                tracing::info!(sentinel = %addr, "discovered Sentinel");
-                self.add_link(addr, false);
-            }
-        }
-    }
-
-    fn forget_discovered(&mut self) {
-        for link in self.links.iter_mut().filter(|l| !l.configured && !l.stop.is_cancelled()) {
-            if link.down_since.is_some_and(|t| t.elapsed() > FORGET_DISCOVERED) {
-                tracing::info!(sentinel = %link.addr, "forgetting unreachable discovered Sentinel");
-                link.stop.cancel();
-            }
-        }
-    }
-
-    /// Applies the publication rule to a candidate from `via`.
-    fn consider(&mut self, master: &str, candidate: Candidate, via: &'static str, at: Instant) {
-        let majority = self.majority();
-        let agreeing = self.agreeing(master, &candidate);
-        let Some(entry) = self.masters.get_mut(master) else { return };
-        let confirms = |p: &&mut Published| p.provisional && p.candidate == candidate;
-        if let Some(p) = entry.published.as_mut().filter(confirms) {
-            p.provisional = false;
-            entry.before = None;
-            tracing::debug!(%master, node = %candidate.node, via, "promotion confirmed");
-            let (new, epoch) = (candidate.node.clone(), candidate.epoch);
-            self.signal(Signal::Confirmed { master: master.to_string(), new, epoch });
-            return self.consider(master, candidate, via, at);
-        }
-        if !newer(entry, &candidate) {
-            return;
-        }
-        if agreeing >= majority {
-            self.publish(master, candidate, "sentinels-agree", at);
-            return;
-        }
-        if entry.checking.insert(candidate.clone()) {
-            let (tx, master, nodes) =
-                (self.checks_tx.clone(), master.to_string(), self.nodes.clone());
-            tokio::spawn(async move {
-                let role = nodes.role_once(candidate.node.addr(), ROLE_DEADLINE).await;
-                let is_master = role.as_deref() == Some("master");
-                let _ = tx.send(Checked { master, candidate, is_master, via, at });
-            });
-        }
-    }
-
-    fn checked(&mut self, c: Checked) {
-        let Some(entry) = self.masters.get_mut(&c.master) else { return };
-        entry.checking.remove(&c.candidate);
-        if !c.is_master {
-            tracing::debug!(master = %c.master, node = %c.candidate.node, "candidate does not answer ROLE master");
-            return;
-        }
-        if newer(entry, &c.candidate) {
-            self.publish(&c.master, c.candidate, c.via, c.at);
-        }
-    }
-
-    fn publish(&mut self, master: &str, candidate: Candidate, via: &'static str, at: Instant) {
-        let Some(entry) = self.masters.get_mut(master) else { return };
-        let old = entry.published.as_ref().map(|p| p.candidate.node.clone());
-        let epoch = candidate.epoch;
-        let node = candidate.node.clone();
-        if old.as_ref() == Some(&node) {
-            if let Some(p) = entry.published.as_mut() {
-                p.candidate.epoch = epoch;
-            }
-            tracing::debug!(%master, %node, epoch, "epoch confirmed");
-            return;
-        }
-        let provisional = via == VIA_ROLE_POLL;
-        let before = entry.published.take();
-        entry.before = if provisional { before } else { None };
-        entry.published = Some(Published { candidate, since: SystemTime::now(), provisional });
-        // The snapshot goes out before anything else is done with the change.
-        self.publish_snapshot();
-        let latency = at.elapsed();
-        let from = old.as_ref().map(ToString::to_string);
-        tracing::info!(%master, from = from.as_deref().unwrap_or("-"), to = %node, epoch, via, latency_ms = latency.as_secs_f64() * 1e3, "switch");
-        metrics::histogram!(m::PUBLISH_LATENCY).record(latency.as_secs_f64());
-        if old.is_some() {
-            metrics::counter!(m::PRIMARY_CHANGES, "master" => master.to_string()).increment(1);
-        }
-        let data = json!({
-            "from": from, "to": node.to_string(), "hostname": node.hostname, "epoch": epoch,
-            "via": via, "latency_ms": latency.as_secs_f64() * 1e3,
-        });
-        self.events.push("switch", Some(master), data);
-        let master = master.to_string();
-        self.signal(Signal::Flipped { master, old, new: node, epoch, provisional, at });
-    }
-
-    /// Tells the drain side; only ever for changes the Sentinels agreed on.
-    fn signal(&mut self, signal: Signal) {
-        if let Some(tx) = &self.drain {
-            // The coordinator lives as long as the daemon; a send after it stopped is moot.
-            let _ = tx.send(signal);
-        }
-    }
-
-    /// Watches the replica the leader just told to become master, and flips the moment it
-    /// answers `ROLE` master: a second before the leader's `+promoted-slave`, which waits for
-    /// its next `INFO` of that replica.
-    fn watch_promotion(&mut self, master: &str, candidate: Candidate, at: Instant) {
-        let Some(entry) = self.masters.get_mut(master) else { return };
-        if !newer(entry, &candidate) || !entry.checking.insert(candidate.clone()) {
-            return;
-        }
-        let (tx, master, nodes) = (self.checks_tx.clone(), master.to_string(), self.nodes.clone());
-        let stop = self.shutdown.clone();
-        tokio::spawn(async move {
-            let addr = candidate.node.addr();
-            let mut is_master = false;
-            while !is_master && at.elapsed() < PROMOTION_WATCH && !stop.is_cancelled() {
-                is_master = nodes.role(addr, ROLE_DEADLINE).await.as_deref() == Some("master");
-                if !is_master {
-                    tokio::time::sleep(PROMOTION_POLL).await;
-                }
-            }
-            let _ = tx.send(Checked { master, candidate, is_master, via: VIA_ROLE_POLL, at });
-        });
-    }
-
-    /// Undoes a provisional publication when the failover it anticipated was aborted.
-    fn revert(&mut self, master: &str) {
-        let Some(entry) = self.masters.get_mut(master) else { return };
-        if !entry.published.as_ref().is_some_and(|p| p.provisional) {
-            return;
-        }
-        let undone = entry.published.take().map(|p| p.candidate.node.to_string());
-        entry.published = entry.before.take();
-        let back = entry.published.as_ref().map(|p| p.candidate.node.to_string());
-        tracing::warn!(%master, undone = ?undone, back = ?back, "failover aborted: provisional primary withdrawn");
-        self.events.push("revert", Some(master), json!({ "from": undone, "to": back }));
-    }
-
-    fn majority(&self) -> usize {
-        self.links.iter().filter(|l| l.configured).count() / 2 + 1
-    }
-
-    /// Configured, reachable Sentinels whose latest report is exactly `candidate`.
-    fn agreeing(&self, master: &str, candidate: &Candidate) -> usize {
-        let Some(entry) = self.masters.get(master) else { return 0 };
-        entry
-            .reports
-            .iter()
-            .filter(|(l, c)| {
-                *c == candidate && self.links.get(**l).is_some_and(|l| l.configured && l.up)
-            })
-            .count()
     }
 
     /// Builds the snapshot from the current state and publishes it if anything changed.
@@ -548,68 +500,44 @@ impl Decider {
             }
             self.events.push(kind, None, json!({ "sentinels_reachable": reachable }));
         }
-        let current = self.writer.borrow().clone();
-        // An unchanged master keeps its `Arc`: snapshots share what did not change.
-        let masters: BTreeMap<String, Arc<Master>> = self
-            .masters
-            .iter()
-            .map(|(name, e)| {
-                let view = self.view(name, e);
-                let master = match current.masters.get(name) {
-                    Some(m) if **m == view => m.clone(),
-                    _ => Arc::new(view),
-                };
-                (name.clone(), master)
-            })
-            .collect();
-        if current.masters == masters && current.source_reachable == reachable && self.version > 0 {
-            return;
+        let masters: Vec<Master> = self.masters.iter().map(|(n, e)| self.view(n, e)).collect();
+        if let Some(snapshot) = self.topology.publish(masters, reachable) {
+            for master in snapshot.masters.values() {
+                record_gauges(master);
+            }
         }
-        self.version += 1;
-        for master in masters.values() {
-            record_gauges(master);
-        }
-        let snapshot = Snapshot { version: self.version, masters, source_reachable: reachable };
-        self.writer.send_replace(Arc::new(snapshot));
     }
 
     fn view(&self, name: &str, e: &Entry) -> Master {
-        let published = e.published.as_ref();
-        let configured = self.links.iter().filter(|l| l.configured).count();
-        let reachable = self.links.iter().filter(|l| l.configured && l.up).count();
-        let agreeing = published.map(|p| self.agreeing(name, &p.candidate)).unwrap_or(0);
+        let publication = &e.state.publication;
+        let primary = publication.primary();
         let state = match () {
-            _ if published.is_none() => MasterState::Unknown,
+            _ if primary.is_none() => MasterState::Unknown,
             _ if !self.links.iter().any(|l| l.up) => MasterState::Stale,
-            _ if !e.failover.is_empty() => MasterState::Failover,
+            _ if !e.state.failover.is_empty() => MasterState::Failover,
             _ => MasterState::Ok,
+        };
+        let sentinels = SentinelCounts {
+            configured: self.links.len(),
+            reachable: self.links.iter().filter(|l| l.up).count(),
+            agreeing: primary.map(|p| e.state.agreeing(p)).unwrap_or(0),
+            discovered: e.discovered.iter().cloned().collect(),
         };
         Master {
             name: name.to_string(),
             label: e.label.clone(),
-            primary: published.map(|p| p.candidate.node.clone()),
-            epoch: published.map(|p| p.candidate.epoch),
-            since: published.map(|p| p.since),
+            primary: primary.map(|p| p.node.clone()),
+            epoch: primary.map(|p| p.epoch),
+            since: publication.since(),
             state,
-            replicas: e.replicas.clone(),
-            sentinels: SentinelCounts { configured, reachable, agreeing },
+            replicas: e.state.replicas.clone(),
+            sentinels,
         }
     }
 }
 
-/// Whether `node` is the instance Sentinel reported as `addr` (by IP or announced hostname).
-fn names(node: &Node, addr: &super::message::Addr) -> bool {
-    node.port == addr.port
-        && (node.ip.to_string() == addr.host || node.hostname.as_deref() == Some(&addr.host))
-}
-
-/// Whether `candidate` may replace what `entry` publishes: a higher epoch, or anything while
-/// nothing is published.
-fn newer(entry: &Entry, candidate: &Candidate) -> bool {
-    match &entry.published {
-        None => true,
-        Some(p) => candidate.epoch > p.candidate.epoch,
-    }
+fn record_discovered(master: &str, n: usize) {
+    metrics::gauge!(m::SENTINELS_DISCOVERED, "master" => master.to_string()).set(n as f64);
 }
 
 fn record_gauges(master: &Master) {
@@ -624,219 +552,4 @@ fn record_gauges(master: &Master) {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::net::{IpAddr, Ipv4Addr};
-    use std::path::Path;
-
-    use super::*;
-
-    /// A decider whose three configured Sentinels are unreachable ports: links exist (and fail
-    /// quietly); observations are injected by hand.
-    fn decider() -> (Decider, crate::topology::TopologyReader) {
-        let text = "sentinels: {addresses: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:3']}\n\
-                    masters: [{name: m}]";
-        let config = Config::parse(text, Path::new("/")).expect("valid test config");
-        let (writer, reader) = crate::topology::channel();
-        let events = Arc::new(EventLog::new());
-        (Decider::new(&config, writer, events, CancellationToken::new()), reader)
-    }
-
-    fn node(port: u16) -> Node {
-        Node { ip: IpAddr::V4(Ipv4Addr::LOCALHOST), port, hostname: None }
-    }
-
-    fn report(link: LinkId, port: u16, epoch: u64) -> Observation {
-        let master = MasterReport {
-            name: "m".into(),
-            primary: node(port),
-            epoch,
-            failover_in_progress: false,
-            replicas: Vec::new(),
-        };
-        Observation::Report(Report {
-            link,
-            scope: Scope::All,
-            masters: vec![master],
-            peers: Vec::new(),
-        })
-    }
-
-    fn up(d: &mut Decider, link: LinkId) {
-        d.observe(Observation::Up { link, myid: Some(format!("id{link}")) });
-    }
-
-    fn primary(d: &mut Decider) -> Option<(u16, u64)> {
-        d.publish_snapshot();
-        let snapshot = d.writer.borrow().clone();
-        let m = snapshot.master("m")?;
-        Some((m.primary.as_ref()?.port, m.epoch?))
-    }
-
-    #[tokio::test]
-    async fn a_majority_of_configured_sentinels_publishes() {
-        let (mut d, _r) = decider();
-        for l in 0..3 {
-            up(&mut d, l);
-        }
-        d.observe(report(0, 7001, 3));
-        assert_eq!(primary(&mut d), None, "one Sentinel of three is not a majority");
-        d.observe(report(1, 7001, 3));
-        assert_eq!(primary(&mut d), Some((7001, 3)));
-    }
-
-    fn agreeing(d: &mut Decider) -> usize {
-        d.publish_snapshot();
-        let snapshot = d.writer.borrow().clone();
-        snapshot.master("m").map_or(0, |m| m.sentinels.agreeing)
-    }
-
-    fn scoped(link: LinkId, master: &str) -> Observation {
-        let scope = Scope::Masters([master.to_string()].into());
-        Observation::Report(Report { link, scope, masters: Vec::new(), peers: Vec::new() })
-    }
-
-    #[tokio::test]
-    async fn a_scoped_report_only_speaks_for_the_masters_it_asked_about() {
-        let (mut d, _r) = decider();
-        for l in 0..3 {
-            up(&mut d, l);
-            d.observe(report(l, 7001, 3));
-        }
-        assert_eq!(agreeing(&mut d), 3);
-        d.observe(scoped(1, "other"));
-        assert_eq!(agreeing(&mut d), 3, "a reconciliation of another master says nothing of m");
-        d.observe(scoped(1, "m"));
-        assert_eq!(agreeing(&mut d), 2, "Sentinel 1 asked about m no longer monitors it");
-        assert_eq!(primary(&mut d), Some((7001, 3)), "the published primary stays");
-    }
-
-    #[tokio::test]
-    async fn a_lower_epoch_is_never_published() {
-        let (mut d, _r) = decider();
-        for l in 0..3 {
-            up(&mut d, l);
-            d.observe(report(l, 7002, 5));
-        }
-        assert_eq!(primary(&mut d), Some((7002, 5)));
-        for l in 0..3 {
-            d.observe(report(l, 7001, 4));
-        }
-        assert_eq!(primary(&mut d), Some((7002, 5)), "all three report an older epoch");
-        d.observe(Observation::Promoted {
-            link: 0,
-            master: "m".into(),
-            node: node(7001),
-            epoch: 5,
-            at: Instant::now(),
-        });
-        assert_eq!(primary(&mut d), Some((7002, 5)), "an equal epoch is not higher");
-    }
-
-    #[tokio::test]
-    async fn a_promotion_needs_the_node_to_confirm() {
-        let (mut d, _r) = decider();
-        for l in 0..3 {
-            up(&mut d, l);
-            d.observe(report(l, 7001, 1));
-        }
-        // Nothing listens on port 9: the role check fails and nothing is published.
-        let at = Instant::now();
-        d.observe(Observation::Promoted {
-            link: 0,
-            master: "m".into(),
-            node: node(9),
-            epoch: 2,
-            at,
-        });
-        let checked = d.checks_rx.recv().await.expect("the check reports back");
-        assert!(!checked.is_master);
-        d.checked(checked);
-        assert_eq!(primary(&mut d), Some((7001, 1)));
-        // A confirmed check of a higher epoch is published.
-        let candidate = Candidate { node: node(7003), epoch: 2 };
-        d.checked(Checked { master: "m".into(), candidate, is_master: true, via: "test", at });
-        assert_eq!(primary(&mut d), Some((7003, 2)));
-    }
-
-    #[tokio::test]
-    async fn losing_every_sentinel_is_stale_and_keeps_the_primary() {
-        let (mut d, r) = decider();
-        for l in 0..3 {
-            up(&mut d, l);
-            d.observe(report(l, 7001, 1));
-        }
-        d.publish_snapshot();
-        assert_eq!(r.borrow().master("m").map(|m| m.state), Some(MasterState::Ok));
-        for l in 0..3 {
-            d.observe(Observation::Down { link: l, reason: "test".into() });
-        }
-        d.publish_snapshot();
-        let snapshot = r.borrow().clone();
-        let m = snapshot.master("m").expect("configured master stays");
-        assert_eq!(m.state, MasterState::Stale);
-        assert_eq!(m.primary.as_ref().map(|p| p.port), Some(7001));
-        assert!(!snapshot.source_reachable);
-    }
-
-    fn role_poll(d: &mut Decider, port: u16, epoch: u64) {
-        let candidate = Candidate { node: node(port), epoch };
-        let at = Instant::now();
-        d.checked(Checked {
-            master: "m".into(),
-            candidate,
-            is_master: true,
-            via: VIA_ROLE_POLL,
-            at,
-        });
-    }
-
-    fn abort(d: &mut Decider) {
-        let master = "m".to_string();
-        d.observe(Observation::Failover { link: 0, master, in_progress: false, aborted: true });
-    }
-
-    #[tokio::test]
-    async fn a_provisional_promotion_is_withdrawn_when_the_failover_aborts() {
-        let (mut d, _r) = decider();
-        for l in 0..3 {
-            up(&mut d, l);
-            d.observe(report(l, 7001, 1));
-        }
-        role_poll(&mut d, 7002, 2);
-        assert_eq!(primary(&mut d), Some((7002, 2)), "flipped on the replica's own ROLE");
-        abort(&mut d);
-        assert_eq!(primary(&mut d), Some((7001, 1)), "the aborted failover is undone");
-    }
-
-    #[tokio::test]
-    async fn a_confirmed_promotion_stays_after_a_late_abort() {
-        let (mut d, _r) = decider();
-        for l in 0..3 {
-            up(&mut d, l);
-            d.observe(report(l, 7001, 1));
-        }
-        role_poll(&mut d, 7002, 2);
-        let at = Instant::now();
-        d.observe(Observation::Promoted {
-            link: 0,
-            master: "m".into(),
-            node: node(7002),
-            epoch: 2,
-            at,
-        });
-        abort(&mut d);
-        assert_eq!(primary(&mut d), Some((7002, 2)));
-    }
-
-    #[tokio::test]
-    async fn reports_of_down_sentinels_do_not_count() {
-        let (mut d, _r) = decider();
-        up(&mut d, 0);
-        up(&mut d, 1);
-        d.observe(report(0, 7001, 1));
-        d.observe(Observation::Down { link: 0, reason: "test".into() });
-        d.observe(report(0, 7001, 1));
-        d.observe(report(1, 7001, 1));
-        assert_eq!(primary(&mut d), None, "link 0 is down: its report is ignored");
-    }
-}
+mod tests;

@@ -6,8 +6,8 @@
 //! full picture every 10 s rather than 4,000 commands a second per Sentinel.
 //!
 //! A link never gives up: any error ends the session, the decider is told the Sentinel is
-//! down, and the link reconnects to the same address with backoff, forever (or, for a
-//! discovered Sentinel, until the decider stops it).
+//! down, and the link reconnects to the same address with backoff, forever. Links exist only
+//! for configured addresses (see the trust model in `super`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -179,7 +179,10 @@ impl Link {
     ) -> Result<Option<Scope>, LinkError> {
         let link = self.id;
         match event {
-            Event::NewEpoch(epoch) => state.last_epoch = Some(epoch),
+            Event::NewEpoch(epoch) => {
+                state.last_epoch = Some(epoch);
+                self.send(Observation::Epoch { link, epoch });
+            }
             Event::FailoverStarted { master } => {
                 if let Some(epoch) = state.last_epoch {
                     state.failover_epoch.insert(master.clone(), epoch);
@@ -281,25 +284,21 @@ async fn reconcile(
     }
     let replies: Vec<Value> =
         if masters.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
-    let mut report = Report { link, scope, masters: Vec::new(), peers: Vec::new() };
+    let mut report = Report { link, scope, masters: Vec::new(), with_peers: full };
     for (m, r) in masters.iter().zip(replies.chunks(if full { 3 } else { 2 })) {
-        let (addr, replicas) = match r {
-            [addr, replicas] => (addr, replicas),
-            [addr, replicas, peers] => {
-                report.peers.extend(records(peers).iter().filter_map(PeerRecord::from_record));
-                (addr, replicas)
-            }
+        let (addr, replicas, peers) = match r {
+            [addr, replicas] => (addr, replicas, Vec::new()),
+            [addr, replicas, peers] => (
+                addr,
+                replicas,
+                records(peers).iter().filter_map(PeerRecord::from_record).collect(),
+            ),
             _ => continue,
         };
-        if let Some(master) = master_report(m, addr, replicas).await {
+        if let Some(master) = master_report(m, addr, replicas, peers).await {
             report.masters.push(master);
         }
     }
-    // Every master shares the same peers: keep one record of each.
-    report.peers.sort_by(|a, b| {
-        (&a.runid, &a.addr.host, a.addr.port).cmp(&(&b.runid, &b.addr.host, b.addr.port))
-    });
-    report.peers.dedup();
     Ok(report)
 }
 
@@ -363,7 +362,12 @@ async fn config_epoch(conn: &mut MultiplexedConnection, master: &str) -> Result<
     })
 }
 
-async fn master_report(m: &MasterRecord, addr: &Value, replicas: &Value) -> Option<MasterReport> {
+async fn master_report(
+    m: &MasterRecord,
+    addr: &Value,
+    replicas: &Value,
+    peers: Vec<PeerRecord>,
+) -> Option<MasterReport> {
     // The address comes from get-master-addr-by-name, read after the epoch: during a failover
     // it already names the promoted replica, never the old primary with the new epoch.
     let primary = master_addr(addr).unwrap_or_else(|| m.addr.clone());
@@ -386,6 +390,7 @@ async fn master_report(m: &MasterRecord, addr: &Value, replicas: &Value) -> Opti
         epoch: m.epoch,
         failover_in_progress: m.failover_in_progress,
         replicas: nodes,
+        peers,
     })
 }
 

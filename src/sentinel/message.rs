@@ -221,14 +221,6 @@ pub fn master_addr(value: &Value) -> Option<Addr> {
     }
 }
 
-/// The role a node reports in `ROLE`.
-pub fn role(value: &Value) -> Option<String> {
-    match value {
-        Value::Array(a) => text(a.first()?),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -362,12 +354,9 @@ mod tests {
     }
 
     #[test]
-    fn master_addr_and_role() {
+    fn master_addr() {
         let v = Value::Array(vec![bulk("10.0.0.1"), bulk("6379")]);
-        assert_eq!(master_addr(&v), Some(addr("10.0.0.1", 6379)));
-        assert_eq!(master_addr(&Value::Nil), None);
-        let role_reply = Value::Array(vec![bulk("master"), Value::Int(10), Value::Array(vec![])]);
-        assert_eq!(role(&role_reply).as_deref(), Some("master"));
-        assert_eq!(role(&Value::Int(1)), None);
+        assert_eq!(super::master_addr(&v), Some(addr("10.0.0.1", 6379)));
+        assert_eq!(super::master_addr(&Value::Nil), None);
     }
 }

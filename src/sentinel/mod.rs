@@ -1,18 +1,25 @@
 //! The Sentinel side: the only writer of the topology.
 //!
-//! One [`link::Link`] task per Sentinel (every configured address, forever, plus Sentinels
-//! discovered through `SENTINEL SENTINELS`) turns what its Sentinel says into
-//! [`Observation`]s; the single [`decider::Decider`] task applies the publication rule to them
-//! and publishes snapshots. Links never decide and the decider never does network I/O in its
-//! loop (role checks run as separate tasks and report back), so one hung Sentinel or node
-//! cannot delay a publication.
+//! One [`link::Link`] task per configured Sentinel address, forever, turns what its Sentinel
+//! says into [`Observation`]s; the single [`decider::Decider`] task turns them into evidence
+//! for the pure publication rule ([`core::decide`]) and carries out what it decides. Links
+//! never decide and the decider never does network I/O in its loop (role watches run as
+//! separate tasks and report back), so one hung Sentinel or node cannot delay a publication.
+//!
+//! The trust model: only the configured Sentinels are evidence. Sentinels learn their peers
+//! from hello messages that any client of a data node can publish, so the peers the configured
+//! Sentinels list (`SENTINEL SENTINELS`) are shown in the API (`sentinels.discovered`), the
+//! metrics and a log line suggesting to configure them, and nothing more: polestar never
+//! connects to them. A connection could only be a liability (their reports never count, the
+//! configured credentials must not reach them, and a fake one could flood or stall us), and
+//! without one there is nothing to forget when a peer disappears from the lists.
 
 pub mod admin;
 mod conn;
+mod core;
 mod decider;
 mod link;
 pub mod message;
-mod nodes;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,7 +35,7 @@ use crate::config::Config;
 use crate::events::EventLog;
 use crate::topology::{Node, Replica, TopologyWriter};
 
-/// Index of a link in the decider's table.
+/// Index of a link in the decider's table: the index of its configured address.
 pub type LinkId = usize;
 
 /// What a link tells the decider.
@@ -43,6 +50,11 @@ pub enum Observation {
         reason: String,
     },
     Report(Report),
+    /// The Sentinel's current epoch reached `epoch` (`+new-epoch`, `+vote-for-leader`).
+    Epoch {
+        link: LinkId,
+        epoch: u64,
+    },
     /// The Sentinel reports a failover of `master` starting (true) or over (false, and then
     /// whether it was aborted).
     Failover {
@@ -86,8 +98,8 @@ pub struct Report {
     /// not monitor (any more).
     pub scope: Scope,
     pub masters: Vec<MasterReport>,
-    /// The other Sentinels it knows (full reconciliations only).
-    pub peers: Vec<PeerRecord>,
+    /// Whether `masters` lists the other Sentinels it knows of each (full reconciliations).
+    pub with_peers: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,10 +115,16 @@ pub struct MasterReport {
     pub epoch: u64,
     pub failover_in_progress: bool,
     pub replicas: Vec<Replica>,
+    /// The other Sentinels it knows for this master (`SENTINEL SENTINELS`; full
+    /// reconciliations only): shown, never trusted.
+    pub peers: Vec<PeerRecord>,
 }
 
 /// Starts the links and the decider; they stop when `shutdown` is cancelled. Fence and drain
-/// signals go to `drain` when given.
+/// signals go to `drain` when given (the drain coordinator holds the receiver; it lives as long
+/// as the daemon). A decider that panics is started afresh (and its links with it): it
+/// publishes nothing new until a majority reports again, about a second, but it is not left
+/// deaf.
 pub fn spawn(
     config: &Config,
     writer: TopologyWriter,
@@ -114,9 +132,14 @@ pub fn spawn(
     drain: Option<tokio::sync::mpsc::UnboundedSender<crate::failover::Signal>>,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
-    let mut decider = Decider::new(config, writer, events, shutdown);
-    if let Some(tx) = drain {
-        decider = decider.with_drain(tx);
-    }
-    tokio::spawn(decider.run())
+    let config = config.clone();
+    let stop = shutdown.clone();
+    let start = move || {
+        let mut decider = Decider::new(&config, writer.clone(), events.clone(), stop.clone());
+        if let Some(tx) = &drain {
+            decider = decider.with_drain(tx.clone());
+        }
+        decider.run()
+    };
+    tokio::spawn(crate::supervise::restarting("the Sentinel decider", shutdown, start))
 }

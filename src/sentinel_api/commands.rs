@@ -440,7 +440,7 @@ fn master_addr(master: Option<&std::sync::Arc<Master>>) -> Reply {
 /// Whether the configured Sentinels polestar reaches are a majority: what it needs to follow a
 /// failover (it never authorizes one itself).
 fn ckquorum(m: &Master) -> Reply {
-    let c = m.sentinels;
+    let c = &m.sentinels;
     let majority = c.configured / 2 + 1;
     if c.reachable >= majority {
         Reply::Simple(format!(

@@ -11,7 +11,16 @@
 //! opened to a dark old primary in that gap hung for the library's connect timeout (15 s).
 //! Any job ends when the node it sweeps is published as the primary again.
 
+//!
+//! Before each node-side round the node is asked its `CLIENT LIST` (briefly: a hung node does
+//! not answer, and then the last answer stands), and the Sentinels', polestars' and
+//! replication connections it names are spared: in agent mode, for Sentinels given by
+//! hostname or not configured at all, and for the central polestar whose fence and drain run
+//! over its own connections to this node.
+
+use std::collections::BTreeSet;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,16 +36,22 @@ use crate::sentinel::{Endpoint, connect};
 const PEERS_IN_EVENT: usize = 50;
 /// The `ROLE` check of the local node; a hung process does not answer within it.
 const ROLE_TIMEOUT: Duration = Duration::from_millis(300);
+/// The `CLIENT LIST` of the local node before a round; a hung process does not answer.
+const LIST_TIMEOUT: Duration = Duration::from_millis(200);
 
 pub async fn run(context: Arc<Context>, change: Change, target: Target) {
     let started = Instant::now();
     let (grace_end, window_end) = (started + context.grace, started + context.window);
     let mut total = 0;
+    let mut spared = BTreeSet::new();
     for round in 1.. {
         if republished(&context, &change) {
             break;
         }
-        total += sweep_once(&context, &change, &target, round).await;
+        if let Some(now) = infrastructure(&context, &change, &target).await {
+            spared = now;
+        }
+        total += sweep_once(&context, &change, &target.sparing(&spared), round).await;
         let next = Instant::now() + context.interval;
         if next >= window_end.max(grace_end) {
             break;
@@ -108,15 +123,40 @@ async fn probe(context: &Context, change: &Change) -> Probe {
     let check = async {
         let mut conn = connect(&endpoint, None).await.ok()?;
         let reply = redis::cmd("ROLE").query_async::<redis::Value>(&mut conn).await;
-        Some(reply.ok().and_then(|r| crate::sentinel::message::role(&r)))
+        Some(reply.ok().map(|r| crate::node::Role::parse(&r)))
     };
     match tokio::time::timeout(ROLE_TIMEOUT, check).await {
         Err(_) => Probe::Silent,
-        Ok(None) | Ok(Some(None)) => Probe::Answers,
-        Ok(Some(Some(role))) if role == "slave" => Probe::Replica,
-        Ok(Some(Some(role))) if role == "master" => Probe::Master,
-        Ok(Some(Some(_))) => Probe::Answers,
+        Ok(Some(Some(crate::node::Role::Replica))) => Probe::Replica,
+        Ok(Some(Some(crate::node::Role::Master))) => Probe::Master,
+        Ok(_) => Probe::Answers,
     }
+}
+
+/// The peers of the connections the local node names as the infrastructure's (Sentinels,
+/// polestars, replication); `None` for a client-side target or when the node does not answer.
+async fn infrastructure(
+    context: &Context,
+    change: &Change,
+    target: &Target,
+) -> Option<BTreeSet<SocketAddr>> {
+    if !matches!(target, Target::Local { .. }) {
+        return None;
+    }
+    let endpoint = Endpoint::new(change.from.ip.to_string(), change.from.port, &context.nodes);
+    let list = async {
+        let mut conn = connect(&endpoint, None).await.ok()?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("CLIENT").arg("SETNAME").arg(crate::node::CONNECTION_NAME).ignore();
+        pipe.cmd("CLIENT").arg("LIST");
+        let (list,): (String,) = pipe.query_async(&mut conn).await.ok()?;
+        Some(crate::node::clients::infrastructure(&list))
+    };
+    let spared = tokio::time::timeout(LIST_TIMEOUT, list).await.ok().flatten();
+    if spared.is_none() {
+        tracing::debug!(master = %change.master, node = %change.from, "no CLIENT LIST: sparing the peers it named last");
+    }
+    spared
 }
 
 /// Destroys the target's sockets once; reports and returns how many.
@@ -190,6 +230,7 @@ mod tests {
         let local = Target::Local {
             port: 6379,
             spared: BTreeSet::new(),
+            peers: BTreeSet::new(),
             served: Served::Except(BTreeSet::new()),
         };
         use Probe::*;

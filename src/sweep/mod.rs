@@ -18,6 +18,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Auth, Config, Source, Sweep};
@@ -86,20 +87,21 @@ impl Context {
 /// configured at start, this process's permission to destroy sockets is checked first (a
 /// missing capability is a startup error, never a surprise during a failover); a reload that
 /// turns sweeping on checks it then, and is not applied (logged) if it is missing.
+///
+/// Returns the sweeper's task, which runs until shutdown: the daemon watches it.
 pub async fn start(
     config: ConfigReader,
     topology: TopologyReader,
     events: Arc<EventLog>,
     shutdown: CancellationToken,
-) -> Result<(), SweepError> {
+) -> Result<JoinHandle<()>, SweepError> {
     let base = Base { topology, events, shutdown };
     let context = Context::of(&config.borrow(), &base);
     if let Some(context) = &context {
         probe().await?;
         context.announce();
     }
-    tokio::spawn(follow(config, base, context));
-    Ok(())
+    Ok(tokio::spawn(follow(config, base, context)))
 }
 
 async fn probe() -> Result<(), DiagError> {
@@ -109,15 +111,23 @@ async fn probe() -> Result<(), DiagError> {
 }
 
 /// Follows the topology until shutdown and starts the jobs for every primary change; follows
-/// the configuration too (jobs already running keep the settings they started with).
+/// the configuration too (jobs already running keep the settings they started with). The jobs
+/// are its own: a job that panics is logged (the next change starts new ones).
 async fn follow(mut config: ConfigReader, base: Base, mut context: Option<Arc<Context>>) {
     let mut topology = base.topology.clone();
     let mut permitted = context.is_some();
     let mut reloads = true;
     let mut last = topology.borrow_and_update().clone();
+    let mut jobs = JoinSet::new();
     loop {
         tokio::select! {
             _ = base.shutdown.cancelled() => return,
+            Some(ended) = jobs.join_next(), if !jobs.is_empty() => {
+                if let Err(e) = ended.map_err(|e| e.is_panic().then_some(e)) {
+                    tracing::error!("a sweep job panicked: {e:?}");
+                }
+                continue;
+            }
             changed = config.changed(), if reloads => {
                 match changed {
                     Ok(()) => {
@@ -134,7 +144,7 @@ async fn follow(mut config: ConfigReader, base: Base, mut context: Option<Arc<Co
         if let Some(context) = &context {
             for change in plan::changes(&last, &next) {
                 for target in targets(context, &change) {
-                    tokio::spawn(job::run(context.clone(), change.clone(), target));
+                    jobs.spawn(job::run(context.clone(), change.clone(), target));
                 }
             }
         }
@@ -185,7 +195,8 @@ fn targets(context: &Context, change: &Change) -> Vec<Target> {
         let spared = change.data_hosts.union(&context.sentinel_hosts).copied().collect();
         // The local addresses that reach O are found from the listeners when the job sweeps.
         let served = Served::Except(BTreeSet::new());
-        targets.push(Target::Local { port: old.port, spared, served });
+        let peers = BTreeSet::new();
+        targets.push(Target::Local { port: old.port, spared, peers, served });
     }
     if context.sweep.remote {
         targets.push(Target::Remote { peer: old.addr() });

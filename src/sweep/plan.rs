@@ -47,8 +47,10 @@ fn data_hosts(before: &Master, after: &Master) -> BTreeSet<IpAddr> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
     /// Node side: clients of the old primary's local port, except the spared peer hosts
-    /// (replicas, Sentinels), on the local addresses that reach that node (`served`).
-    Local { port: u16, spared: BTreeSet<IpAddr>, served: Served },
+    /// (replicas, Sentinels) and the spared peers (the Sentinels', polestars' and replication
+    /// connections the node's own `CLIENT LIST` named), on the local addresses that reach
+    /// that node (`served`).
+    Local { port: u16, spared: BTreeSet<IpAddr>, peers: BTreeSet<SocketAddr>, served: Served },
     /// Client side: this host's sockets to the old primary.
     Remote { peer: SocketAddr },
 }
@@ -85,10 +87,11 @@ impl Served {
 impl Target {
     pub fn selects(&self, socket: &TcpSocket) -> bool {
         match self {
-            Self::Local { port, spared, served } => {
+            Self::Local { port, spared, peers, served } => {
                 socket.local.port() == *port
                     && served.contains(socket.local.ip().to_canonical())
                     && !spared.contains(&socket.peer.ip())
+                    && !peers.contains(&canonical(socket.peer))
             }
             Self::Remote { peer } => socket.peer == canonical(*peer),
         }
@@ -97,10 +100,24 @@ impl Target {
     /// The same target, its `served` addresses found afresh for `node` from `listeners`.
     pub fn with_listeners(&self, node: SocketAddr, listeners: &[TcpSocket]) -> Self {
         match self {
-            Self::Local { port, spared, .. } => Self::Local {
+            Self::Local { port, spared, peers, .. } => Self::Local {
                 port: *port,
                 spared: spared.clone(),
+                peers: peers.clone(),
                 served: Served::find(node, listeners),
+            },
+            remote => remote.clone(),
+        }
+    }
+
+    /// The same target, sparing exactly these peers (a node-side target only).
+    pub fn sparing(&self, infrastructure: &BTreeSet<SocketAddr>) -> Self {
+        match self {
+            Self::Local { port, spared, served, .. } => Self::Local {
+                port: *port,
+                spared: spared.clone(),
+                peers: infrastructure.iter().map(|p| canonical(*p)).collect(),
+                served: served.clone(),
             },
             remote => remote.clone(),
         }

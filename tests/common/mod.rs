@@ -35,6 +35,8 @@ const TAIL: usize = 60;
 #[derive(Clone, Debug)]
 pub struct PolestarConfig {
     pub sentinels: Vec<String>,
+    /// More `sentinels:` settings (`username: ...`), one `key: value` per line (unindented).
+    pub sentinel_settings: Vec<String>,
     /// `(name, dns_name)`; empty: every monitored master.
     pub masters: Vec<(String, Option<String>)>,
     pub dns: bool,
@@ -53,6 +55,7 @@ impl PolestarConfig {
     pub fn for_lab(lab: &Lab) -> Self {
         Self {
             sentinels: lab.sentinel_addrs().iter().map(ToString::to_string).collect(),
+            sentinel_settings: Vec::new(),
             masters: vec![(lab.master_name().to_string(), None)],
             dns: false,
             dns_notify: Vec::new(),
@@ -66,6 +69,9 @@ impl PolestarConfig {
     pub fn yaml(&self, dir: &Path) -> String {
         let quoted: Vec<String> = self.sentinels.iter().map(|s| format!("\"{s}\"")).collect();
         let mut y = format!("sentinels:\n  addresses: [{}]\n", quoted.join(", "));
+        for line in &self.sentinel_settings {
+            let _ = writeln!(y, "  {line}");
+        }
         if !self.masters.is_empty() {
             y.push_str("masters:\n");
         }

@@ -166,7 +166,8 @@ fn serial_follows_the_clock_and_always_grows() {
 fn snapshots_that_differ_only_outside_the_records_give_the_same_zone() {
     let a = snapshot(vec![master("m", Some("10.0.0.1"), &[("10.0.0.2", true)])]);
     let mut counted = master("m", Some("10.0.0.1"), &[("10.0.0.2", true)]);
-    counted.sentinels = SentinelCounts { configured: 3, reachable: 3, agreeing: 2 };
+    counted.sentinels =
+        SentinelCounts { configured: 3, reachable: 3, agreeing: 2, ..SentinelCounts::default() };
     counted.since = Some(std::time::SystemTime::now());
     let b = snapshot(vec![counted]);
     assert!(same_records(&a, &b));

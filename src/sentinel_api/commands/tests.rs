@@ -18,7 +18,12 @@ fn snapshot() -> Snapshot {
             hostname: None,
             healthy: false,
         }],
-        sentinels: SentinelCounts { configured: 3, reachable: 2, agreeing: 2 },
+        sentinels: SentinelCounts {
+            configured: 3,
+            reachable: 2,
+            agreeing: 2,
+            ..Default::default()
+        },
     };
     let unknown =
         Master { name: "fresh".into(), label: "fresh".into(), primary: None, ..master.clone() };

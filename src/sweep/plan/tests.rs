@@ -70,12 +70,30 @@ fn sock(local: &str, peer: &str) -> TcpSocket {
 fn the_local_target_spares_replicas_and_sentinels() {
     let spared = BTreeSet::from(["10.0.0.2".parse().expect("ip")]);
     let served = Served::Except(BTreeSet::new());
-    let target = Target::Local { port: 6379, spared, served };
+    let target = Target::Local { port: 6379, spared, peers: BTreeSet::new(), served };
     assert!(target.selects(&sock("10.0.0.1:6379", "10.0.0.9:40000")));
     assert!(target.selects(&sock("127.0.0.1:6379", "127.0.0.1:40000")));
     assert!(!target.selects(&sock("10.0.0.1:6379", "10.0.0.2:40000")));
     // This host's own outgoing connections to some port 6379 elsewhere are not clients.
     assert!(!target.selects(&sock("10.0.0.1:40000", "10.0.0.9:6379")));
+}
+
+/// Regression (issue 11, item 5): the node-side sweep reset the central polestar's and the
+/// Sentinels' links to the old primary every interval (its ROLE checks failed with broken
+/// pipe, its drain found nothing to kill) because they came from hosts it did not spare.
+#[test]
+fn the_local_target_spares_the_peers_the_node_names_as_infrastructure() {
+    let served = Served::Except(BTreeSet::new());
+    let target =
+        Target::Local { port: 6379, spared: BTreeSet::new(), peers: BTreeSet::new(), served };
+    let list = "id=1 addr=127.0.0.1:41000 name=sentinel-1a2b3c4d-cmd flags=N cmd=ping\n\
+                id=2 addr=127.0.0.1:41001 name=polestar flags=N cmd=client|list\n\
+                id=3 addr=127.0.0.1:41002 name=app flags=N cmd=set";
+    let target = target.sparing(&crate::node::clients::infrastructure(list));
+    assert!(!target.selects(&sock("127.0.0.1:6379", "127.0.0.1:41000")), "a Sentinel");
+    assert!(!target.selects(&sock("127.0.0.1:6379", "127.0.0.1:41001")), "a polestar");
+    assert!(target.selects(&sock("127.0.0.1:6379", "127.0.0.1:41002")), "an application");
+    assert!(target.selects(&sock("127.0.0.1:6379", "127.0.0.1:41003")), "a newer one");
 }
 
 fn listening(local: &str) -> TcpSocket {
@@ -88,6 +106,7 @@ fn the_local_target_keeps_to_the_addresses_that_reach_the_old_primary() {
     let target = Target::Local {
         port: 6379,
         spared: BTreeSet::new(),
+        peers: BTreeSet::new(),
         served: Served::Except(BTreeSet::new()),
     };
     let client = |local: &str| sock(local, "10.0.0.9:40000");

@@ -6,6 +6,11 @@
 //! before the leader promotes one; a connection unused for a while is closed
 //! ([`Nodes::prune`]), so that a fleet of a thousand masters does not keep thousands of idle
 //! connections. A connection that fails or times out is dropped and rebuilt on the next use.
+//!
+//! Note that Sentinel promotes a replica with `SLAVEOF NO ONE` and `CLIENT KILL TYPE normal`
+//! in one transaction: the kept-open connection dies at the very moment the replica becomes a
+//! master, so the first master answer always comes over a fresh connection. [`Nodes::role`]
+//! rebuilds it at once, without waiting for the next poll.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -14,12 +19,11 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 use redis::aio::MultiplexedConnection;
-use tokio::sync::Semaphore;
 use tokio::time::timeout;
 
-use super::conn::{Endpoint, connect};
-use super::message::role;
+use super::{CONNECTION_NAME, Role};
 use crate::config::Auth;
+use crate::sentinel::{Endpoint, connect};
 
 pub struct Nodes {
     auth: Auth,
@@ -27,21 +31,11 @@ pub struct Nodes {
     open: Mutex<HashMap<SocketAddr, (MultiplexedConnection, Instant)>>,
     /// Connects in flight from `warm`, so a node is dialled once at a time.
     warming: Mutex<HashSet<SocketAddr>>,
-    /// Bounds the one-off checks in flight (at start, one per master of the fleet).
-    one_off: Semaphore,
 }
-
-/// One-off role checks at once.
-const ONE_OFF_CHECKS: usize = 64;
 
 impl Nodes {
     pub fn new(auth: Auth) -> Self {
-        Self {
-            auth,
-            open: Mutex::default(),
-            warming: Mutex::default(),
-            one_off: Semaphore::new(ONE_OFF_CHECKS),
-        }
+        Self { auth, open: Mutex::default(), warming: Mutex::default() }
     }
 
     /// Opens a connection to `addr` in the background if none is open, so that the role
@@ -61,15 +55,15 @@ impl Nodes {
         });
     }
 
-    /// The role the node reports (`master`, `slave`, ...), or `None` if it does not answer
-    /// within `deadline`, over the kept-open connection (opened and kept if there is none).
-    pub async fn role(&self, addr: SocketAddr, deadline: Duration) -> Option<String> {
+    /// The role the node reports, or `None` if it does not answer within `deadline`, over the
+    /// kept-open connection (opened and kept if there is none).
+    pub async fn role(&self, addr: SocketAddr, deadline: Duration) -> Option<Role> {
         let check = async {
             // A kept-open connection may have died since its last use: one fresh retry.
             for _ in 0..2 {
                 let mut conn = self.connection(addr).await?;
                 match redis::cmd("ROLE").query_async::<Value>(&mut conn).await {
-                    Ok(reply) => return role(&reply),
+                    Ok(reply) => return Some(Role::parse(&reply)),
                     Err(_) => self.forget(addr),
                 }
             }
@@ -80,21 +74,6 @@ impl Nodes {
             self.forget(addr);
         }
         result
-    }
-
-    /// Like [`Nodes::role`], but a connection opened for it is closed again: for the one-off
-    /// checks of reconciliation (at start, every primary), which must not leave a connection
-    /// to every node of the fleet behind.
-    pub async fn role_once(&self, addr: SocketAddr, deadline: Duration) -> Option<String> {
-        if self.lock().contains_key(&addr) {
-            return self.role(addr, deadline).await;
-        }
-        let check = async {
-            let _permit = self.one_off.acquire().await.ok()?;
-            let mut conn = self.dial(addr).await?;
-            role(&redis::cmd("ROLE").query_async::<Value>(&mut conn).await.ok()?)
-        };
-        timeout(deadline, check).await.ok().flatten()
     }
 
     async fn connection(&self, addr: SocketAddr) -> Option<MultiplexedConnection> {
@@ -112,7 +91,7 @@ impl Nodes {
         let mut conn = connect(&endpoint, None).await.ok()?;
         // Named so that a drain of this node spares it (Redis before 7.2 shows no lib-name).
         let mut name = redis::cmd("CLIENT");
-        name.arg("SETNAME").arg(crate::drain::CONNECTION_NAME);
+        name.arg("SETNAME").arg(CONNECTION_NAME);
         let _ = name.query_async::<Value>(&mut conn).await;
         Some(conn)
     }

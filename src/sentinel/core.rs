@@ -1,0 +1,505 @@
+//! The publication rule as a pure function: `decide(state, quorum, evidence) -> (state,
+//! actions)`, per master, with no I/O. The decider (`super::decider`) is the thin shell
+//! around it: it turns what the links and the `ROLE` watches report into [`Evidence`], and
+//! carries out the [`Action`]s (publish the snapshot, signal the drain side, watch a node).
+//!
+//! The rule (SPEC, "Sources of truth"):
+//! - Only configured Sentinels are evidence. The type says so: every piece of evidence names
+//!   a [`SentinelId`], the index of a configured address; a Sentinel polestar merely
+//!   discovered has no id and never reaches this module.
+//! - A primary is published when a configured Sentinel reports it with a config epoch higher
+//!   than the published one, and either a majority of the configured Sentinels report exactly
+//!   that node and epoch ([`Cause::Majority`]), or the node answers `ROLE` master while a
+//!   configured leader promotes it with that epoch ([`Cause::RolePoll`], provisional, or
+//!   [`Cause::Promoted`] after the leader's `+promoted-slave`). A lower or equal epoch is never
+//!   published, and neither is an epoch beyond the reach of the configured Sentinels
+//!   ([`Quorum::within_reach`]): one Sentinel's word cannot freeze polestar at epoch 999.
+//! - The fence, the drain and their undoing come out of the same transitions: a promotion
+//!   signals [`Signal::Promoting`]; an abort, or a promotion that no flip follows within
+//!   [`FENCE_WITHOUT_FLIP`], signals [`Signal::Aborted`] and withdraws a provisional flip.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::message::Addr;
+use crate::failover::Signal;
+use crate::node::Role;
+use crate::topology::{Node, Replica};
+
+/// The index of a configured Sentinel address (`sentinels.addresses`).
+pub type SentinelId = usize;
+
+/// A promotion that no flip follows within this is given up: its fence is lifted (the leader
+/// died, the failover stalled, an event was lost). A healthy promotion flips within ~1 s.
+pub const FENCE_WITHOUT_FLIP: Duration = Duration::from_secs(5);
+
+/// A primary as a configured Sentinel reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Candidate {
+    pub node: Node,
+    pub epoch: u64,
+}
+
+/// What is published for one master.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Publication {
+    /// Nothing yet: DNS answers SERVFAIL, HTTP 503.
+    Unknown,
+    Confirmed {
+        primary: Candidate,
+        since: SystemTime,
+    },
+    /// Flipped on the promoted replica's own `ROLE` while `leader` promotes it, before the
+    /// leader's `+promoted-slave` or a majority confirms it; `before` comes back on an abort.
+    Provisional {
+        primary: Candidate,
+        since: SystemTime,
+        leader: SentinelId,
+        before: Box<Self>,
+    },
+}
+
+impl Publication {
+    pub fn primary(&self) -> Option<&Candidate> {
+        match self {
+            Self::Unknown => None,
+            Self::Confirmed { primary, .. } | Self::Provisional { primary, .. } => Some(primary),
+        }
+    }
+
+    pub fn since(&self) -> Option<SystemTime> {
+        match self {
+            Self::Unknown => None,
+            Self::Confirmed { since, .. } | Self::Provisional { since, .. } => Some(*since),
+        }
+    }
+
+    /// Whether `candidate` may replace what is published: a strictly higher epoch.
+    fn superseded_by(&self, candidate: &Candidate) -> bool {
+        self.primary().is_none_or(|p| candidate.epoch > p.epoch)
+    }
+
+    fn node(&self) -> Option<&Node> {
+        self.primary().map(|p| &p.node)
+    }
+}
+
+/// A failover a configured leader runs, from its `+selected-slave` (or a later event, when
+/// earlier ones were lost) until it ends, aborts, or gives up ([`FENCE_WITHOUT_FLIP`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Promotion {
+    pub leader: SentinelId,
+    /// The replica the leader chose, as it named it.
+    pub replica: Addr,
+    /// Resolved, with the failover's epoch, once the leader sent it `SLAVEOF NO ONE` (or
+    /// announced `+promoted-slave`): its `ROLE` is watched from then on.
+    pub target: Option<Candidate>,
+    /// The leader announced `+promoted-slave`: a flip on its `ROLE` is confirmed at once.
+    pub promoted: bool,
+    /// The published primary the drain side was told to fence ([`Signal::Promoting`]).
+    pub fenced: Option<Node>,
+    pub started: Instant,
+}
+
+/// Everything the rule knows about one master.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct State {
+    pub publication: Publication,
+    /// The latest report of each reachable configured Sentinel that monitors this master.
+    pub reports: BTreeMap<SentinelId, Candidate>,
+    /// Configured Sentinels that report a failover of it in progress.
+    pub failover: BTreeSet<SentinelId>,
+    pub promotion: Option<Promotion>,
+    pub replicas: Vec<Replica>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            publication: Publication::Unknown,
+            reports: BTreeMap::new(),
+            failover: BTreeSet::new(),
+            promotion: None,
+            replicas: Vec::new(),
+        }
+    }
+}
+
+impl State {
+    /// Configured Sentinels whose latest report is exactly `candidate`.
+    pub fn agreeing(&self, candidate: &Candidate) -> usize {
+        self.reports.values().filter(|c| *c == candidate).count()
+    }
+}
+
+/// How the configured Sentinels stand, across masters: the context every decision reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Quorum {
+    /// Configured Sentinels that have answered as a Sentinel at least once. A configured
+    /// address that never did (a typo, a decommissioned host, something that is no Sentinel)
+    /// cannot vote, so it does not raise the majority out of reach of the real ones.
+    pub voters: BTreeSet<SentinelId>,
+    /// The highest epoch each configured Sentinel has shown (`+new-epoch`, config epochs).
+    pub epochs: BTreeMap<SentinelId, u64>,
+}
+
+impl Quorum {
+    pub fn majority(&self) -> usize {
+        self.voters.len() / 2 + 1
+    }
+
+    /// Whether `epoch` is within reach of the configured Sentinels: a majority of them has
+    /// reached at least the epoch before it. A real failover's epoch is one more than the
+    /// epoch the Sentinels share (they converge through each other's hellos): an elected
+    /// leader's voters announce it as they vote, and `SENTINEL FAILOVER`, which skips the
+    /// election, is at most one ahead of them. One Sentinel's claim beyond that (epoch 999) is
+    /// not believed on its own word and a node's `ROLE`.
+    pub fn within_reach(&self, epoch: u64) -> bool {
+        let floor = epoch.saturating_sub(1);
+        let at = self.voters.iter().filter(|s| self.epochs.get(s).is_some_and(|e| *e >= floor));
+        at.count() >= self.majority()
+    }
+}
+
+/// One thing a configured Sentinel said, or one answer of a watched node.
+#[derive(Clone, Debug)]
+pub enum Evidence {
+    /// A reconciliation: `from` reports `primary` (and the replicas it sees).
+    Report { from: SentinelId, primary: Candidate, failover: bool, replicas: Vec<Replica> },
+    /// `from` no longer monitors this master, or is unreachable: its report is void.
+    Gone { from: SentinelId },
+    /// `+try-failover` / `+elected-leader`: `from` starts a failover.
+    FailoverStarted { from: SentinelId },
+    /// `+selected-slave` (`target: None`) or `+failover-state-send-slaveof-noone` (`target`:
+    /// the replica resolved, with the failover's epoch).
+    Promoting { from: SentinelId, replica: Addr, target: Option<Candidate>, at: Instant },
+    /// The leader's `+promoted-slave`, with the failover's epoch.
+    Promoted { from: SentinelId, target: Candidate, at: Instant },
+    /// `+failover-end` (`aborted: false`) or `-failover-abort-*`.
+    FailoverEnded { from: SentinelId, aborted: bool },
+    /// A node of the master is back or changed role (`-sdown`, `+convert-to-slave`, ...).
+    NodeBack { from: SentinelId, node: Node },
+    /// What a watched promotion target answered to `ROLE` (`at`: when the promotion event
+    /// that started the watch reached polestar, for the latency).
+    Role { target: Candidate, role: Role, at: Instant },
+    /// Time passes (the shell ticks every second).
+    Tick { now: Instant },
+}
+
+/// Why a primary was published.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// A majority of the configured Sentinels reports it.
+    Majority,
+    /// It answered `ROLE` master while a configured leader promotes it: provisional.
+    RolePoll,
+    /// It answered `ROLE` master after the leader's `+promoted-slave`.
+    Promoted,
+}
+
+impl Cause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Majority => "sentinels-agree",
+            Self::RolePoll => "role-poll",
+            Self::Promoted => "promoted-slave",
+        }
+    }
+}
+
+/// What the shell must do.
+#[derive(Clone, Debug)]
+pub enum Action {
+    /// The published primary changed: publish the snapshot now, then log, count and record.
+    Switched { from: Option<Node>, to: Candidate, cause: Cause, at: Instant },
+    /// A provisional flip was withdrawn: `back` is published again.
+    Withdrawn { undone: Candidate, back: Option<Candidate> },
+    /// Tell the drain side.
+    Signal(Signal),
+    /// Poll `target`'s `ROLE` until it answers master or the watch ends; report back with
+    /// [`Evidence::Role`].
+    WatchRole { target: Candidate, at: Instant },
+    /// Open connections to these replicas now, so the watch of the promoted one is one
+    /// round trip.
+    Warm(Vec<Replica>),
+}
+
+/// The rule: the next state of one master and what to do about it.
+pub fn decide(
+    master: &str,
+    state: State,
+    quorum: &Quorum,
+    evidence: Evidence,
+) -> (State, Vec<Action>) {
+    let mut d = Decision { master, quorum, state, actions: Vec::new() };
+    match evidence {
+        Evidence::Report { from, primary, failover, replicas } => {
+            d.report(from, primary, failover, replicas)
+        }
+        Evidence::Gone { from } => d.gone(from),
+        Evidence::FailoverStarted { from } => d.failover_started(from),
+        Evidence::Promoting { from, replica, target, at } => d.promoting(from, replica, target, at),
+        Evidence::Promoted { from, target, at } => d.promoted(from, target, at),
+        Evidence::FailoverEnded { from, aborted } => d.failover_ended(from, aborted),
+        Evidence::NodeBack { from, node } => d.node_back(node, from),
+        Evidence::Role { target, role, at } => d.role(target, &role, at),
+        Evidence::Tick { now } => d.tick(now),
+    }
+    (d.state, d.actions)
+}
+
+/// One decision in the making.
+struct Decision<'a> {
+    master: &'a str,
+    quorum: &'a Quorum,
+    state: State,
+    actions: Vec<Action>,
+}
+
+impl Decision<'_> {
+    fn report(&mut self, from: SentinelId, primary: Candidate, failover: bool, r: Vec<Replica>) {
+        if self.state.publication.primary().is_none_or(|p| primary.epoch >= p.epoch) {
+            self.state.replicas = r;
+        }
+        self.state.reports.insert(from, primary.clone());
+        // Reconciliation is authoritative for the flag: it also clears a lost +failover-end.
+        if failover {
+            self.state.failover.insert(from);
+        } else {
+            self.state.failover.remove(&from);
+        }
+        self.majority(primary);
+    }
+
+    /// Publishes (or confirms) `candidate` if a majority of the configured Sentinels reports it.
+    fn majority(&mut self, candidate: Candidate) {
+        if self.state.agreeing(&candidate) < self.quorum.majority() {
+            return;
+        }
+        if self.is_provisional(&candidate) {
+            return self.confirm();
+        }
+        if !self.state.publication.superseded_by(&candidate) {
+            return;
+        }
+        if self.state.publication.node() == Some(&candidate.node) {
+            return self.raise_epoch(candidate);
+        }
+        self.switch(candidate, Cause::Majority, Instant::now());
+    }
+
+    fn gone(&mut self, from: SentinelId) {
+        self.state.reports.remove(&from);
+        self.state.failover.remove(&from);
+    }
+
+    fn failover_started(&mut self, from: SentinelId) {
+        self.state.failover.insert(from);
+        // The leader will promote one of them: have a connection ready.
+        self.actions.push(Action::Warm(self.state.replicas.clone()));
+    }
+
+    fn promoting(
+        &mut self,
+        from: SentinelId,
+        replica: Addr,
+        target: Option<Candidate>,
+        at: Instant,
+    ) {
+        self.state.failover.insert(from);
+        let fenced = self.state.publication.node().filter(|n| !names(n, &replica)).cloned();
+        let promotion = self.state.promotion.take().filter(|p| p.leader == from);
+        let promotion = promotion.unwrap_or_else(|| Promotion {
+            leader: from,
+            replica: replica.clone(),
+            target: None,
+            promoted: false,
+            fenced: None,
+            started: at,
+        });
+        let mut promotion = Promotion { replica, ..promotion };
+        if let Some(old) = fenced.clone() {
+            let new = target.as_ref().map(|t| t.node.clone());
+            let master = self.master.to_string();
+            promotion.fenced = Some(promotion.fenced.unwrap_or_else(|| old.clone()));
+            self.actions.push(Action::Signal(Signal::Promoting { master, old, new, at }));
+        }
+        if let Some(target) = target {
+            self.watch(&target, at);
+            promotion.target = Some(target);
+        }
+        self.state.promotion = Some(promotion);
+    }
+
+    fn promoted(&mut self, from: SentinelId, target: Candidate, at: Instant) {
+        self.state.failover.insert(from);
+        if self.is_provisional(&target) {
+            return self.confirm();
+        }
+        let replica = Addr { host: target.node.ip.to_string(), port: target.node.port };
+        let promotion = self.state.promotion.take().filter(|p| p.leader == from);
+        let promotion = promotion.unwrap_or(Promotion {
+            leader: from,
+            replica,
+            target: None,
+            promoted: false,
+            fenced: None,
+            started: at,
+        });
+        self.watch(&target, at);
+        let target = Some(target);
+        self.state.promotion = Some(Promotion { target, promoted: true, ..promotion });
+    }
+
+    /// Asks the shell to watch `target`'s `ROLE`, when it could be published at all.
+    fn watch(&mut self, target: &Candidate, at: Instant) {
+        let fresh = self.state.publication.superseded_by(target);
+        if fresh && self.state.publication.node() != Some(&target.node) {
+            self.actions.push(Action::WatchRole { target: target.clone(), at });
+        }
+    }
+
+    /// The watched target answered: flip to it if a configured leader promotes it, and the
+    /// epoch is new and within the Sentinels' reach.
+    fn role(&mut self, target: Candidate, role: &Role, at: Instant) {
+        let Some(promotion) = &self.state.promotion else { return };
+        let ours = promotion.target.as_ref() == Some(&target);
+        let fresh = self.state.publication.superseded_by(&target)
+            && self.state.publication.node() != Some(&target.node);
+        if !(ours && fresh && role.is_master() && self.quorum.within_reach(target.epoch)) {
+            return;
+        }
+        let cause = if promotion.promoted { Cause::Promoted } else { Cause::RolePoll };
+        self.switch(target, cause, at);
+    }
+
+    fn failover_ended(&mut self, from: SentinelId, aborted: bool) {
+        self.state.failover.remove(&from);
+        let leads = self.state.promotion.as_ref().is_some_and(|p| p.leader == from);
+        let provisional_by = match &self.state.publication {
+            Publication::Provisional { leader, .. } => Some(*leader),
+            _ => None,
+        };
+        if !aborted {
+            // `+failover-end` (or `-for-timeout`, while reconfiguring the replicas) comes after
+            // the promotion succeeded: it confirms a flip its leader's lost `+promoted-slave`
+            // would have.
+            if provisional_by == Some(from) {
+                self.confirm();
+            }
+            if leads {
+                self.state.promotion = None;
+            }
+            return;
+        }
+        if leads || provisional_by == Some(from) {
+            self.abort();
+        }
+    }
+
+    /// Gives the failover up: withdraws a provisional flip and lifts what was started for it.
+    fn abort(&mut self) {
+        self.state.promotion = None;
+        let current = std::mem::replace(&mut self.state.publication, Publication::Unknown);
+        self.state.publication = match current {
+            Publication::Provisional { primary, before, .. } => {
+                let back = before.primary().cloned();
+                self.actions.push(Action::Withdrawn { undone: primary, back });
+                *before
+            }
+            other => other,
+        };
+        let master = self.master.to_string();
+        self.actions.push(Action::Signal(Signal::Aborted { master }));
+    }
+
+    fn node_back(&mut self, node: Node, _from: SentinelId) {
+        let Publication::Confirmed { primary, .. } = &self.state.publication else { return };
+        let promoting = self.state.promotion.as_ref();
+        let is_target = promoting.and_then(|p| p.target.as_ref()).is_some_and(|t| t.node == node);
+        let quiet = self.state.failover.is_empty() && promoting.is_none();
+        if primary.node.addr() == node.addr() || is_target || !quiet {
+            return;
+        }
+        let (published, epoch) = (primary.node.clone(), primary.epoch);
+        let master = self.master.to_string();
+        self.actions.push(Action::Signal(Signal::Returning { master, node, published, epoch }));
+    }
+
+    /// A promotion that no flip followed in time is given up (its fence lifted).
+    fn tick(&mut self, now: Instant) {
+        let Some(p) = &self.state.promotion else { return };
+        let flipped = matches!(&self.state.publication,
+            Publication::Provisional { primary, .. } if p.target.as_ref() == Some(primary));
+        if !flipped && now.saturating_duration_since(p.started) >= FENCE_WITHOUT_FLIP {
+            if p.fenced.is_some() {
+                self.abort();
+            } else {
+                self.state.promotion = None;
+            }
+        }
+    }
+
+    fn is_provisional(&self, candidate: &Candidate) -> bool {
+        matches!(&self.state.publication,
+            Publication::Provisional { primary, .. } if primary == candidate)
+    }
+
+    /// Confirms the provisional flip: the old primary may be demoted.
+    fn confirm(&mut self) {
+        let current = std::mem::replace(&mut self.state.publication, Publication::Unknown);
+        let Publication::Provisional { primary, since, .. } = current else {
+            self.state.publication = current;
+            return;
+        };
+        let (master, new, epoch) = (self.master.to_string(), primary.node.clone(), primary.epoch);
+        self.actions.push(Action::Signal(Signal::Confirmed { master, new, epoch }));
+        self.state.publication = Publication::Confirmed { primary, since };
+        // The promotion is done: a late abort of it changes nothing any more.
+        self.state.promotion = None;
+    }
+
+    /// The published node stays; a majority reports it at a higher epoch.
+    fn raise_epoch(&mut self, candidate: Candidate) {
+        if let Publication::Confirmed { primary, .. } = &mut self.state.publication {
+            primary.epoch = candidate.epoch;
+        }
+    }
+
+    fn switch(&mut self, to: Candidate, cause: Cause, at: Instant) {
+        let from = self.state.publication.node().cloned();
+        let since = SystemTime::now();
+        let primary = to.clone();
+        let leader = self.state.promotion.as_ref().map(|p| p.leader);
+        let before = std::mem::replace(&mut self.state.publication, Publication::Unknown);
+        self.state.publication = match (cause, leader) {
+            (Cause::RolePoll, Some(leader)) => {
+                // Over another provisional flip, the confirmed one before it is what comes back.
+                let before = match before {
+                    Publication::Provisional { before, .. } => before,
+                    confirmed => Box::new(confirmed),
+                };
+                Publication::Provisional { primary, since, leader, before }
+            }
+            _ => Publication::Confirmed { primary, since },
+        };
+        let provisional = matches!(self.state.publication, Publication::Provisional { .. });
+        if !provisional {
+            // A confirmed switch ends the promotion that led to it.
+            self.state.promotion = None;
+        }
+        self.actions.push(Action::Switched { from: from.clone(), to: to.clone(), cause, at });
+        let (master, new, epoch) = (self.master.to_string(), to.node, to.epoch);
+        let flipped = Signal::Flipped { master, old: from, new, epoch, provisional, at };
+        self.actions.push(Action::Signal(flipped));
+    }
+}
+
+/// Whether `node` is the instance Sentinel reported as `addr` (by IP or announced hostname).
+fn names(node: &Node, addr: &Addr) -> bool {
+    node.port == addr.port
+        && (node.ip.to_string() == addr.host || node.hostname.as_deref() == Some(&addr.host))
+}
+
+#[cfg(test)]
+mod tests;

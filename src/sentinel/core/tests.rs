@@ -1,0 +1,344 @@
+//! Table tests of the publication rule: each case is a sequence of evidence and what must be
+//! published, and signalled, after it.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use super::*;
+
+fn node(port: u16) -> Node {
+    Node { ip: IpAddr::V4(Ipv4Addr::LOCALHOST), port, hostname: None }
+}
+
+fn cand(port: u16, epoch: u64) -> Candidate {
+    Candidate { node: node(port), epoch }
+}
+
+fn addr(port: u16) -> Addr {
+    Addr { host: "127.0.0.1".into(), port }
+}
+
+/// Three configured Sentinels that answered, all at `epoch`.
+fn quorum(epoch: u64) -> Quorum {
+    Quorum { voters: (0..3).collect(), epochs: (0..3).map(|s| (s, epoch)).collect() }
+}
+
+fn report(from: SentinelId, port: u16, epoch: u64) -> Evidence {
+    Evidence::Report { from, primary: cand(port, epoch), failover: false, replicas: Vec::new() }
+}
+
+fn promoting(from: SentinelId, port: u16, epoch: Option<u64>) -> Evidence {
+    let target = epoch.map(|e| cand(port, e));
+    Evidence::Promoting { from, replica: addr(port), target, at: Instant::now() }
+}
+
+fn role(port: u16, epoch: u64, role: Role) -> Evidence {
+    Evidence::Role { target: cand(port, epoch), role, at: Instant::now() }
+}
+
+fn abort(from: SentinelId) -> Evidence {
+    Evidence::FailoverEnded { from, aborted: true }
+}
+
+/// Signals, in a form a table can spell.
+#[derive(Debug, PartialEq, Eq)]
+enum S {
+    Promoting { old: u16, new: Option<u16> },
+    Flipped { new: u16, epoch: u64, provisional: bool },
+    Confirmed { new: u16 },
+    Aborted,
+    Returning { node: u16, published: u16 },
+}
+
+fn signals(actions: &[Action]) -> Vec<S> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Signal(Signal::Promoting { old, new, .. }) => {
+                Some(S::Promoting { old: old.port, new: new.as_ref().map(|n| n.port) })
+            }
+            Action::Signal(Signal::Flipped { new, epoch, provisional, .. }) => {
+                Some(S::Flipped { new: new.port, epoch: *epoch, provisional: *provisional })
+            }
+            Action::Signal(Signal::Confirmed { new, .. }) => Some(S::Confirmed { new: new.port }),
+            Action::Signal(Signal::Aborted { .. }) => Some(S::Aborted),
+            Action::Signal(Signal::Returning { node, published, .. }) => {
+                Some(S::Returning { node: node.port, published: published.port })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Runs `evidence` through the rule; returns the state and every signal, in order.
+fn run(state: State, q: &Quorum, evidence: Vec<Evidence>) -> (State, Vec<S>, Vec<Action>) {
+    let (mut state, mut all, mut actions) = (state, Vec::new(), Vec::new());
+    for e in evidence {
+        let (next, acts) = decide("m", state, q, e);
+        state = next;
+        all.extend(signals(&acts));
+        actions.extend(acts);
+    }
+    (state, all, actions)
+}
+
+fn published(state: &State) -> Option<(u16, u64)> {
+    state.publication.primary().map(|p| (p.node.port, p.epoch))
+}
+
+fn provisional(state: &State) -> bool {
+    matches!(state.publication, Publication::Provisional { .. })
+}
+
+/// 7001 published at epoch 1 by all three Sentinels.
+fn settled() -> State {
+    let (state, _, _) =
+        run(State::default(), &quorum(1), (0..3).map(|s| report(s, 7001, 1)).collect());
+    assert_eq!(published(&state), Some((7001, 1)));
+    state
+}
+
+/// A table row: name, start, evidence, then what is published.
+type Case = (&'static str, State, Vec<Evidence>, Option<(u16, u64)>);
+
+#[test]
+fn reports_publish_only_with_a_majority_at_a_higher_epoch() {
+    let q = quorum(9);
+    let cases: Vec<Case> = vec![
+        ("one of three", State::default(), vec![report(0, 7001, 1)], None),
+        (
+            "two of three",
+            State::default(),
+            vec![report(0, 7001, 1), report(1, 7001, 1)],
+            Some((7001, 1)),
+        ),
+        ("two disagree", State::default(), vec![report(0, 7001, 1), report(1, 7002, 1)], None),
+        (
+            "same node, other epochs",
+            State::default(),
+            vec![report(0, 7001, 1), report(1, 7001, 2)],
+            None,
+        ),
+        (
+            "lower epoch",
+            settled(),
+            vec![report(0, 7002, 0), report(1, 7002, 0), report(2, 7002, 0)],
+            Some((7001, 1)),
+        ),
+        ("equal epoch", settled(), vec![report(0, 7002, 1), report(1, 7002, 1)], Some((7001, 1))),
+        ("higher epoch", settled(), vec![report(0, 7002, 2), report(1, 7002, 2)], Some((7002, 2))),
+        (
+            "epoch raised in place",
+            settled(),
+            vec![report(0, 7001, 3), report(1, 7001, 3)],
+            Some((7001, 3)),
+        ),
+        (
+            "report withdrawn",
+            State::default(),
+            vec![report(0, 7001, 1), Evidence::Gone { from: 0 }, report(1, 7001, 1)],
+            None,
+        ),
+    ];
+    for (name, state, evidence, expected) in cases {
+        let (state, _, _) = run(state, &q, evidence);
+        assert_eq!(published(&state), expected, "{name}");
+    }
+}
+
+/// Regression (issue 11, forged hello): one Sentinel reporting an unrelated node at an absurd
+/// epoch is one report, never a majority; it must not move nor freeze polestar.
+#[test]
+fn one_sentinel_at_an_absurd_epoch_neither_publishes_nor_freezes() {
+    let q = Quorum { epochs: [(0, 1), (1, 1), (2, 999)].into(), ..quorum(1) };
+    let (state, signals, actions) = run(settled(), &q, vec![report(2, 7009, 999)]);
+    assert_eq!(published(&state), Some((7001, 1)));
+    assert!(signals.is_empty(), "{signals:?}");
+    assert!(!actions.iter().any(|a| matches!(a, Action::WatchRole { .. })), "no node is asked");
+    let q = Quorum { epochs: [(0, 2), (1, 2), (2, 999)].into(), ..q };
+    let (state, _, _) = run(state, &q, vec![report(0, 7002, 2), report(1, 7002, 2)]);
+    assert_eq!(published(&state), Some((7002, 2)), "the real failover is followed");
+}
+
+#[test]
+fn addresses_that_never_answered_do_not_raise_the_majority() {
+    // Six addresses configured, three of them never answered as a Sentinel.
+    let q = Quorum { voters: [0, 1, 2].into(), epochs: [(0, 1), (1, 1), (2, 1)].into() };
+    let (state, _, _) = run(State::default(), &q, vec![report(0, 7001, 1), report(1, 7001, 1)]);
+    assert_eq!(published(&state), Some((7001, 1)));
+}
+
+#[test]
+fn a_leaders_promotion_fences_then_flips_provisionally_on_role_master() {
+    let q = quorum(2);
+    let evidence = vec![promoting(0, 7002, None), promoting(0, 7002, Some(2))];
+    let (state, signals, actions) = run(settled(), &q, evidence);
+    assert_eq!(
+        signals,
+        [S::Promoting { old: 7001, new: None }, S::Promoting { old: 7001, new: Some(7002) }]
+    );
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::WatchRole { target, .. } if *target == cand(7002, 2)))
+    );
+    assert_eq!(published(&state), Some((7001, 1)), "nothing flips before the node answers");
+    let (state, signals, _) = run(state, &q, vec![role(7002, 2, Role::Replica)]);
+    assert!(signals.is_empty() && published(&state) == Some((7001, 1)), "still a replica");
+    let (state, signals, _) = run(state, &q, vec![role(7002, 2, Role::Master)]);
+    assert_eq!(signals, [S::Flipped { new: 7002, epoch: 2, provisional: true }]);
+    assert!(provisional(&state));
+    assert_eq!(published(&state), Some((7002, 2)));
+}
+
+fn flipped() -> State {
+    let q = quorum(2);
+    let (state, _, _) =
+        run(settled(), &q, vec![promoting(0, 7002, Some(2)), role(7002, 2, Role::Master)]);
+    assert!(provisional(&state));
+    state
+}
+
+#[test]
+fn a_provisional_flip_is_confirmed_by_the_leader_or_a_majority() {
+    let q = quorum(2);
+    let promoted = Evidence::Promoted { from: 0, target: cand(7002, 2), at: Instant::now() };
+    let majority = vec![report(1, 7002, 2), report(2, 7002, 2)];
+    let ended = vec![Evidence::FailoverEnded { from: 0, aborted: false }];
+    let cases =
+        [("+promoted-slave", vec![promoted]), ("majority", majority), ("+failover-end", ended)];
+    for (name, evidence) in cases {
+        let (state, signals, _) = run(flipped(), &q, evidence);
+        assert_eq!(signals, [S::Confirmed { new: 7002 }], "{name}");
+        assert!(!provisional(&state) && published(&state) == Some((7002, 2)), "{name}");
+        let (state, signals, _) = run(state, &q, vec![abort(0)]);
+        assert_eq!(published(&state), Some((7002, 2)), "{name}: a late abort changes nothing");
+        assert!(signals.is_empty(), "{name}: {signals:?}");
+    }
+}
+
+#[test]
+fn an_abort_withdraws_a_provisional_flip_and_lifts_the_fence() {
+    let q = quorum(2);
+    let (state, signals, actions) = run(flipped(), &q, vec![abort(0)]);
+    assert_eq!(published(&state), Some((7001, 1)), "back to the confirmed primary");
+    assert!(!provisional(&state));
+    assert_eq!(signals, [S::Aborted]);
+    assert!(actions.iter().any(|a| matches!(a, Action::Withdrawn { .. })));
+    assert_eq!(state.promotion, None);
+}
+
+#[test]
+fn an_abort_before_any_flip_lifts_the_fence_only() {
+    let q = quorum(2);
+    let (state, signals, _) = run(settled(), &q, vec![promoting(0, 7002, None), abort(0)]);
+    assert_eq!(signals, [S::Promoting { old: 7001, new: None }, S::Aborted]);
+    assert_eq!(published(&state), Some((7001, 1)));
+    let (_, signals, _) = run(settled(), &q, vec![promoting(0, 7002, None), abort(1)]);
+    assert_eq!(signals, [S::Promoting { old: 7001, new: None }], "another Sentinel's abort");
+}
+
+#[test]
+fn a_fence_that_no_flip_follows_is_lifted_within_seconds() {
+    let q = quorum(2);
+    let (state, _, _) = run(settled(), &q, vec![promoting(0, 7002, None)]);
+    let started = state.promotion.as_ref().map(|p| p.started).expect("a promotion");
+    let soon = Evidence::Tick { now: started + FENCE_WITHOUT_FLIP / 2 };
+    let (state, signals, _) = run(state, &q, vec![soon]);
+    assert!(signals.is_empty(), "{signals:?}");
+    let late = Evidence::Tick { now: started + FENCE_WITHOUT_FLIP };
+    let (state, signals, _) = run(state, &q, vec![late]);
+    assert_eq!(signals, [S::Aborted]);
+    assert_eq!(state.promotion, None);
+    // A provisional flip is not given up by the clock: it waits for confirmation or an abort.
+    let state = flipped();
+    let started = state.promotion.as_ref().map(|p| p.started).expect("a promotion");
+    let tick = Evidence::Tick { now: started + FENCE_WITHOUT_FLIP * 2 };
+    let (state, signals, _) = run(state, &q, vec![tick]);
+    assert!(signals.is_empty() && provisional(&state));
+}
+
+#[test]
+fn an_epoch_beyond_the_sentinels_reach_is_not_flipped_to() {
+    // Only the leader (Sentinel 0) claims epoch 3: the others are still at 1.
+    let q = Quorum { epochs: [(0, 3), (1, 1), (2, 1)].into(), ..quorum(1) };
+    let evidence = vec![promoting(0, 7002, Some(3)), role(7002, 3, Role::Master)];
+    let (state, signals, _) = run(settled(), &q, evidence);
+    assert_eq!(published(&state), Some((7001, 1)));
+    assert_eq!(signals, [S::Promoting { old: 7001, new: Some(7002) }]);
+}
+
+/// `SENTINEL FAILOVER` skips the election: the leader is one epoch ahead of the others until
+/// its hello reaches them, after the promotion. That is within reach.
+#[test]
+fn a_forced_failover_one_epoch_ahead_flips_early() {
+    let q = Quorum { epochs: [(0, 2), (1, 1), (2, 1)].into(), ..quorum(1) };
+    let evidence = vec![promoting(0, 7002, Some(2)), role(7002, 2, Role::Master)];
+    let (state, signals, _) = run(settled(), &q, evidence);
+    assert_eq!(published(&state), Some((7002, 2)));
+    assert!(signals.contains(&S::Flipped { new: 7002, epoch: 2, provisional: true }));
+}
+
+#[test]
+fn role_answers_count_only_for_the_target_a_leader_promotes() {
+    let q = quorum(5);
+    let cases = vec![
+        ("no promotion", vec![role(7002, 2, Role::Master)]),
+        ("another node", vec![promoting(0, 7002, Some(2)), role(7003, 2, Role::Master)]),
+        ("another epoch", vec![promoting(0, 7002, Some(2)), role(7002, 5, Role::Master)]),
+        ("lower epoch", vec![promoting(0, 7002, Some(0)), role(7002, 0, Role::Master)]),
+        ("the published node", vec![promoting(0, 7001, Some(2)), role(7001, 2, Role::Master)]),
+    ];
+    for (name, evidence) in cases {
+        let (state, _, _) = run(settled(), &q, evidence);
+        assert_eq!(published(&state), Some((7001, 1)), "{name}");
+    }
+}
+
+/// Lost events: a `+promoted-slave` without the promotion before it still publishes, on the
+/// node's own `ROLE`, confirmed at once.
+#[test]
+fn a_promoted_slave_alone_publishes_on_role_master() {
+    let q = quorum(2);
+    let promoted = Evidence::Promoted { from: 1, target: cand(7002, 2), at: Instant::now() };
+    let (state, signals, actions) = run(settled(), &q, vec![promoted]);
+    assert!(signals.is_empty());
+    assert!(actions.iter().any(|a| matches!(a, Action::WatchRole { .. })));
+    let (state, signals, _) = run(state, &q, vec![role(7002, 2, Role::Master)]);
+    assert_eq!(signals, [S::Flipped { new: 7002, epoch: 2, provisional: false }]);
+    assert!(!provisional(&state) && state.promotion.is_none());
+}
+
+#[test]
+fn returning_nodes_are_signalled_only_outside_a_failover() {
+    let q = quorum(2);
+    let back = |port| Evidence::NodeBack { from: 1, node: node(port) };
+    let (_, signals, _) = run(settled(), &q, vec![back(7003)]);
+    assert_eq!(signals, [S::Returning { node: 7003, published: 7001 }]);
+    let (_, signals, _) = run(settled(), &q, vec![back(7001)]);
+    assert!(signals.is_empty(), "the published primary is not returning");
+    let during = vec![Evidence::FailoverStarted { from: 0 }, back(7003)];
+    let (_, signals, _) = run(settled(), &q, during);
+    assert!(signals.is_empty(), "a failover is in progress: {signals:?}");
+    // The replica being promoted changes role: it is never taken for a returning primary.
+    let promoting_it = vec![promoting(0, 7002, Some(2)), back(7002)];
+    let (_, signals, _) = run(settled(), &q, promoting_it);
+    assert_eq!(signals, [S::Promoting { old: 7001, new: Some(7002) }]);
+    let (_, signals, _) = run(flipped(), &q, vec![back(7001)]);
+    assert!(signals.is_empty(), "nothing returns while a flip is provisional");
+}
+
+#[test]
+fn a_promotion_of_the_published_node_fences_nothing() {
+    let (state, signals, _) = run(settled(), &quorum(2), vec![promoting(0, 7001, None)]);
+    assert!(signals.is_empty(), "{signals:?}");
+    assert!(state.promotion.as_ref().is_some_and(|p| p.fenced.is_none()));
+}
+
+#[test]
+fn a_majority_of_another_node_replaces_a_provisional_flip() {
+    let q = quorum(3);
+    let (state, signals, _) = run(flipped(), &q, vec![report(1, 7003, 3), report(2, 7003, 3)]);
+    assert_eq!(published(&state), Some((7003, 3)));
+    assert!(!provisional(&state));
+    assert_eq!(signals, [S::Flipped { new: 7003, epoch: 3, provisional: false }]);
+}

@@ -1,0 +1,148 @@
+//! The shell with observations injected by hand: its three configured Sentinels are
+//! unreachable ports, so the links exist (and fail quietly).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+
+use super::*;
+use crate::sentinel::message::Addr;
+use crate::topology::Node;
+
+fn decider() -> (Decider, crate::topology::TopologyReader) {
+    let text = "sentinels: {addresses: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:3']}\n\
+                masters: [{name: m}]";
+    let config = Config::parse(text, Path::new("/")).expect("valid test config");
+    let (writer, reader) = crate::topology::channel();
+    let events = Arc::new(EventLog::new());
+    (Decider::new(&config, writer, events, CancellationToken::new()), reader)
+}
+
+fn node(port: u16) -> Node {
+    Node { ip: IpAddr::V4(Ipv4Addr::LOCALHOST), port, hostname: None }
+}
+
+fn peer(port: u16, runid: &str) -> PeerRecord {
+    PeerRecord { addr: Addr { host: "127.0.0.1".into(), port }, runid: runid.into() }
+}
+
+fn report(link: LinkId, port: u16, epoch: u64, peers: Vec<PeerRecord>) -> Observation {
+    let master = MasterReport {
+        name: "m".into(),
+        primary: node(port),
+        epoch,
+        failover_in_progress: false,
+        replicas: Vec::new(),
+        peers,
+    };
+    Observation::Report(Report { link, scope: Scope::All, masters: vec![master], with_peers: true })
+}
+
+fn up(d: &mut Decider, link: LinkId) {
+    d.observe(Observation::Up { link, myid: Some(format!("id{link}")) });
+}
+
+fn master(d: &mut Decider) -> Arc<Master> {
+    d.publish_snapshot();
+    let snapshot = d.topology.reader().borrow().clone();
+    snapshot.master("m").cloned().expect("a configured master")
+}
+
+fn primary(d: &mut Decider) -> Option<(u16, u64)> {
+    let m = master(d);
+    Some((m.primary.as_ref()?.port, m.epoch?))
+}
+
+#[tokio::test]
+async fn a_majority_of_configured_sentinels_publishes() {
+    let (mut d, _r) = decider();
+    for l in 0..3 {
+        up(&mut d, l);
+    }
+    d.observe(report(0, 7001, 3, Vec::new()));
+    assert_eq!(primary(&mut d), None, "one Sentinel of three is not a majority");
+    d.observe(report(1, 7001, 3, Vec::new()));
+    assert_eq!(primary(&mut d), Some((7001, 3)));
+}
+
+/// Regression (issue 11, forged hello): a peer the configured Sentinels list is shown, with no
+/// link, no vote and no role check; it goes away when no configured Sentinel lists it.
+#[tokio::test]
+async fn discovered_sentinels_are_shown_never_linked_and_forgotten() {
+    let (mut d, _r) = decider();
+    for l in 0..3 {
+        up(&mut d, l);
+    }
+    let fake = peer(9999, "fake");
+    let configured = peer(2, "elsewhere");
+    let by_runid = peer(4444, "id1");
+    d.observe(report(0, 7001, 1, vec![fake.clone(), configured, by_runid]));
+    d.observe(report(1, 7001, 1, vec![fake]));
+    let m = master(&mut d);
+    assert_eq!(m.sentinels.discovered, ["127.0.0.1:9999"], "configured ones are not listed");
+    assert_eq!((m.sentinels.configured, m.sentinels.agreeing), (3, 2));
+    assert_eq!(d.links.len(), 3, "no link to a discovered Sentinel");
+    d.observe(report(0, 7001, 1, Vec::new()));
+    assert_eq!(master(&mut d).sentinels.discovered.len(), 1, "Sentinel 1 still lists it");
+    d.observe(Observation::Down { link: 1, reason: "test".into() });
+    assert!(master(&mut d).sentinels.discovered.is_empty(), "no configured Sentinel lists it");
+}
+
+#[tokio::test]
+async fn a_scoped_report_only_speaks_for_the_masters_it_asked_about() {
+    let (mut d, _r) = decider();
+    for l in 0..3 {
+        up(&mut d, l);
+        d.observe(report(l, 7001, 3, Vec::new()));
+    }
+    assert_eq!(master(&mut d).sentinels.agreeing, 3);
+    let scoped = |link, name: &str| {
+        let scope = Scope::Masters([name.to_string()].into());
+        Observation::Report(Report { link, scope, masters: Vec::new(), with_peers: false })
+    };
+    d.observe(scoped(1, "other"));
+    assert_eq!(master(&mut d).sentinels.agreeing, 3, "another master says nothing of m");
+    d.observe(scoped(1, "m"));
+    assert_eq!(master(&mut d).sentinels.agreeing, 2, "Sentinel 1 no longer monitors m");
+    assert_eq!(primary(&mut d), Some((7001, 3)), "the published primary stays");
+}
+
+#[tokio::test]
+async fn losing_every_sentinel_is_stale_and_keeps_the_primary() {
+    let (mut d, r) = decider();
+    for l in 0..3 {
+        up(&mut d, l);
+        d.observe(report(l, 7001, 1, Vec::new()));
+    }
+    assert_eq!(master(&mut d).state, MasterState::Ok);
+    for l in 0..3 {
+        d.observe(Observation::Down { link: l, reason: "test".into() });
+    }
+    let m = master(&mut d);
+    assert_eq!(m.state, MasterState::Stale);
+    assert_eq!(m.primary.as_ref().map(|p| p.port), Some(7001));
+    assert!(!r.borrow().source_reachable);
+}
+
+#[tokio::test]
+async fn reports_of_down_sentinels_do_not_count() {
+    let (mut d, _r) = decider();
+    up(&mut d, 0);
+    up(&mut d, 1);
+    d.observe(report(0, 7001, 1, Vec::new()));
+    d.observe(Observation::Down { link: 0, reason: "test".into() });
+    d.observe(report(0, 7001, 1, Vec::new()));
+    d.observe(report(1, 7001, 1, Vec::new()));
+    assert_eq!(primary(&mut d), None, "link 0 is down: its report is ignored");
+}
+
+/// A link task that ends on its own (a panic) is restarted by the next tick.
+#[tokio::test]
+async fn a_link_task_that_ends_is_restarted() {
+    let (mut d, _r) = decider();
+    d.links[0].task.abort();
+    while !d.links[0].task.is_finished() {
+        tokio::task::yield_now().await;
+    }
+    d.tick();
+    assert!(!d.links[0].task.is_finished(), "a new link task runs");
+}

@@ -1,0 +1,379 @@
+//! Issue 11's trust model against real Sentinels and the real binary: only the configured
+//! Sentinels are evidence. A Sentinel that anyone can make the real ones list (a forged hello
+//! `PUBLISH`ed on a data node) is shown and never believed, contacted or sent credentials; a
+//! configured Sentinel that lies about the epoch is outvoted and cannot freeze polestar.
+
+use crate::common;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::ensure;
+use common::*;
+use polestar::lab::{Lab, LabOptions};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{Instant, sleep, timeout};
+
+const SENTINEL_SECRET: &str = "sentinel-secret-5b1c";
+const NODE_SECRET: &str = "node-secret-77ad";
+const FAKE_RUNID: &str = "f00dfacef00dfacef00dfacef00dfacef00dface";
+
+/// What the fake Sentinel claims: `master` is at `primary` with config epoch `epoch`.
+#[derive(Clone)]
+struct Claim {
+    master: String,
+    primary: SocketAddr,
+    epoch: u64,
+}
+
+/// A hand-written Sentinel that answers polestar's questions with `claim`, and records every
+/// command any client sent it.
+struct FakeSentinel {
+    addr: SocketAddr,
+    commands: Arc<Mutex<Vec<Vec<String>>>>,
+}
+
+impl FakeSentinel {
+    async fn start(claim: Claim) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the fake Sentinel");
+        let addr = listener.local_addr().expect("bound");
+        let commands = Arc::new(Mutex::new(Vec::new()));
+        let log = commands.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve(stream, claim.clone(), log.clone()));
+            }
+        });
+        Self { addr, commands }
+    }
+
+    fn commands(&self) -> Vec<Vec<String>> {
+        lock(&self.commands).clone()
+    }
+}
+
+/// One RESP command (an array of bulk strings, or an inline line), `None` at the end.
+async fn read_command(reader: &mut BufReader<TcpStream>) -> Option<Vec<String>> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).await.ok()? == 0 {
+        return None;
+    }
+    let Some(count) = line.trim_end().strip_prefix('*') else {
+        return Some(line.split_whitespace().map(str::to_string).collect());
+    };
+    let mut args = Vec::new();
+    for _ in 0..count.parse::<usize>().ok()?.min(64) {
+        line.clear();
+        reader.read_line(&mut line).await.ok()?;
+        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
+        let mut buf = vec![0u8; len.min(1 << 20) + 2];
+        reader.read_exact(&mut buf).await.ok()?;
+        args.push(String::from_utf8_lossy(&buf[..len]).into_owned());
+    }
+    Some(args)
+}
+
+fn bulk(s: &str) -> String {
+    format!("${}\r\n{s}\r\n", s.len())
+}
+
+fn map(pairs: &[(&str, String)]) -> String {
+    let body: String = pairs.iter().map(|(k, v)| bulk(k) + &bulk(v)).collect();
+    format!("%{}\r\n{body}", pairs.len())
+}
+
+fn master_record(c: &Claim) -> String {
+    map(&[
+        ("name", c.master.clone()),
+        ("ip", c.primary.ip().to_string()),
+        ("port", c.primary.port().to_string()),
+        ("runid", "0".repeat(40)),
+        ("flags", "master".into()),
+        ("config-epoch", c.epoch.to_string()),
+        ("num-slaves", "0".into()),
+        ("num-other-sentinels", "2".into()),
+        ("quorum", "2".into()),
+    ])
+}
+
+fn reply(args: &[String], c: &Claim) -> String {
+    let upper: Vec<String> = args.iter().map(|a| a.to_ascii_uppercase()).collect();
+    let words: Vec<&str> = upper.iter().map(String::as_str).collect();
+    match words.as_slice() {
+        ["HELLO", ..] => map(&[
+            ("server", "redis".into()),
+            ("version", "7.0.15".into()),
+            ("proto", ":3".into()),
+            ("mode", "sentinel".into()),
+        ])
+        .replace("$2\r\n:3\r\n", ":3\r\n"),
+        ["PING", ..] => "+PONG\r\n".into(),
+        ["SENTINEL", "MYID"] => bulk(FAKE_RUNID),
+        ["SENTINEL", "MASTERS"] => format!("*1\r\n{}", master_record(c)),
+        ["SENTINEL", "MASTER", _] => master_record(c),
+        ["SENTINEL", "GET-MASTER-ADDR-BY-NAME", _] => {
+            format!(
+                "*2\r\n{}{}",
+                bulk(&c.primary.ip().to_string()),
+                bulk(&c.primary.port().to_string())
+            )
+        }
+        ["SENTINEL", "REPLICAS" | "SLAVES" | "SENTINELS", _] => "*0\r\n".into(),
+        ["PSUBSCRIBE", pattern] => format!(">3\r\n{}{}:1\r\n", bulk("psubscribe"), bulk(pattern)),
+        ["PUBLISH", ..] => ":0\r\n".into(),
+        _ => "+OK\r\n".into(),
+    }
+}
+
+async fn serve(stream: TcpStream, claim: Claim, log: Arc<Mutex<Vec<Vec<String>>>>) {
+    let mut reader = BufReader::new(stream);
+    while let Some(args) = read_command(&mut reader).await {
+        if args.is_empty() {
+            continue;
+        }
+        let answer = reply(&args, &claim);
+        lock(&log).push(args);
+        if reader.get_mut().write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A standalone redis-server that has nothing to do with the lab's master.
+struct Unrelated {
+    child: Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Unrelated {
+    async fn start() -> Self {
+        let dir = polestar::lab::leftovers::new_dir().expect("a directory");
+        let port = polestar::lab::free_service_port().expect("a free port");
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .args(["--appendonly", "no", "--dir"])
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while polestar::lab::query::<String>(addr, &redis::cmd("PING")).await.is_err() {
+            assert!(Instant::now() < deadline, "the unrelated redis-server never answered");
+            sleep(POLL).await;
+        }
+        Self { child, addr, _dir: dir }
+    }
+}
+
+impl Drop for Unrelated {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Gives every Sentinel and data node of the lab an ACL user `polestar` with its secret, and
+/// a polestar config that uses them: credentials the fakes must never see.
+async fn with_credentials(lab: &Lab, config: &mut PolestarConfig, dir: &std::path::Path) {
+    for (addrs, secret) in
+        [(lab.sentinel_addrs(), SENTINEL_SECRET), (lab.node_addrs(), NODE_SECRET)]
+    {
+        for addr in addrs {
+            let mut acl = redis::cmd("ACL");
+            acl.arg("SETUSER").arg("polestar").arg("on").arg(format!(">{secret}"));
+            acl.arg("allcommands").arg("allkeys").arg("allchannels");
+            polestar::lab::query::<String>(addr, &acl).await.expect("ACL SETUSER");
+        }
+    }
+    let (sentinel_pass, node_pass) = (dir.join("sentinel.pass"), dir.join("node.pass"));
+    std::fs::write(&sentinel_pass, SENTINEL_SECRET).expect("write the Sentinel password");
+    std::fs::write(&node_pass, NODE_SECRET).expect("write the node password");
+    config.sentinel_settings =
+        vec!["username: polestar".into(), format!("password_file: {}", sentinel_pass.display())];
+    config.extra =
+        format!("nodes:\n  username: polestar\n  password_file: {}\n", node_pass.display());
+}
+
+/// The events after `since` of kinds that touch a node (fence, drain, sweep...) or move it.
+async fn node_actions(env: &Env, since: u64) -> Vec<serde_json::Value> {
+    let (_, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
+    let kinds = ["fence", "unfence", "drain", "sweep", "drain_abandoned", "switch", "revert"];
+    let all = events.as_array().cloned().unwrap_or_default();
+    let later = all.into_iter().filter(|e| e["id"].as_u64().is_some_and(|id| id > since));
+    later.filter(|e| e["kind"].as_str().is_some_and(|k| kinds.contains(&k))).collect()
+}
+
+/// The Sentinels of the lab that list a Sentinel at `addr` for the master.
+async fn listing(lab: &Lab, addr: SocketAddr) -> usize {
+    let mut n = 0;
+    for sentinel in lab.sentinel_addrs() {
+        let mut cmd = redis::cmd("SENTINEL");
+        cmd.arg("SENTINELS").arg(lab.master_name());
+        let peers: Vec<Vec<String>> =
+            polestar::lab::query(sentinel, &cmd).await.unwrap_or_default();
+        let port = addr.port().to_string();
+        if peers.iter().any(|p| p.windows(2).any(|w| w[0] == "port" && w[1] == port)) {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Regression (issue 11, critical): a forged hello made the real Sentinels list a fake one;
+/// polestar connected to it with the Sentinel credentials, took its report (the master at an
+/// unrelated redis-server, epoch 999) on that server's `ROLE` answer, published it, fenced and
+/// drained the real primary, and then ignored the next real failover (a lower epoch).
+#[tokio::test]
+async fn a_forged_hello_neither_moves_nor_freezes_polestar_nor_gets_credentials() {
+    let unrelated = Unrelated::start().await;
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.masters = vec![(lab.master_name().to_string(), Some("cache".to_string()))];
+    config.dns = true;
+    config.drain = true;
+    let secrets = tempfile::tempdir().expect("a directory for the secrets");
+    with_credentials(&lab, &mut config, secrets.path()).await;
+    let env = Env::with_config(lab, &config).await;
+    let primary = env.lab.primary().await.expect("the lab's primary");
+    env.wait_api_primary(primary, STARTUP).await;
+    let dns = env.ps.dns.expect("DNS is served");
+
+    // A client of the real primary, which no fence or drain may touch.
+    let client = redis::Client::open(format!("redis://{primary}/")).expect("a client");
+    let mut held = client.get_multiplexed_async_connection().await.expect("connects");
+    let id: u64 = redis::cmd("CLIENT").arg("ID").query_async(&mut held).await.expect("id");
+
+    let epoch = env.lab.epoch().await.expect("the config epoch");
+    let (_, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
+    let ids = events.as_array().into_iter().flatten().filter_map(|e| e["id"].as_u64());
+    let before_attack = ids.max().unwrap_or(0);
+    let claim = Claim { master: env.master_name(), primary: unrelated.addr, epoch: 999 };
+    let fake = FakeSentinel::start(claim).await;
+    let hello = format!(
+        "127.0.0.1,{},{FAKE_RUNID},{epoch},{},{},{},{epoch}",
+        fake.addr.port(),
+        env.master_name(),
+        primary.ip(),
+        primary.port()
+    );
+    // Any client of a data node can publish this; publish until the real Sentinels list it.
+    env.wait_until(FAILOVER, "the real Sentinels list the fake", || async {
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg("__sentinel__:hello").arg(&hello);
+        polestar::lab::query::<i64>(primary, &publish).await?;
+        ensure!(listing(&env.lab, fake.addr).await >= 1, "not listed yet");
+        Ok(())
+    })
+    .await;
+    let shown = format!("127.0.0.1:{}", fake.addr.port());
+    env.wait_until(FAILOVER, "polestar shows the fake as discovered", || async {
+        let m = env.master().await?;
+        let discovered = m["sentinels"]["discovered"].as_array().cloned().unwrap_or_default();
+        ensure!(discovered.iter().any(|d| d == &shown), "{m}");
+        ensure!(m["sentinels"]["configured"] == 3, "{m}");
+        Ok(())
+    })
+    .await;
+    assert!(env.ps.logged("not configured"), "a log line suggests configuring it");
+
+    // Long enough for many reconciliations (every second) and role checks.
+    let watch_until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < watch_until {
+        let m = env.master().await.expect("the API answers");
+        assert_eq!(primary_of(&m), Some(primary), "the API moved: {m}");
+        assert_eq!(epoch_of(&m), Some(epoch), "the epoch moved: {m}");
+        let by_dns = resolve_srv(dns).await.expect("DNS answers");
+        assert_eq!(by_dns.port(), primary.port(), "DNS moved");
+        let write = timeout(Duration::from_millis(500), async {
+            redis::cmd("SET").arg("k").arg("v").query_async::<()>(&mut held).await
+        });
+        assert!(matches!(write.await, Ok(Ok(()))), "a write to the real primary was held");
+        sleep(Duration::from_millis(200)).await;
+    }
+    let same: u64 = redis::cmd("CLIENT").arg("ID").query_async(&mut held).await.expect("id");
+    assert_eq!(same, id, "the client of the real primary was killed");
+    let actions = node_actions(&env, before_attack).await;
+    assert!(actions.is_empty(), "polestar acted on a node: {actions:?}");
+
+    // Nothing of polestar's reached the fake or the unrelated node.
+    let commands = fake.commands();
+    let leaked =
+        commands.iter().flatten().any(|a| a.contains(SENTINEL_SECRET) || a.contains(NODE_SECRET));
+    assert!(!leaked, "a secret reached the fake: {commands:?}");
+    let asked =
+        commands.iter().any(|c| c.first().is_some_and(|w| w.eq_ignore_ascii_case("SENTINEL")));
+    assert!(!asked, "polestar asked the fake Sentinel: {commands:?}");
+    let stats: String =
+        polestar::lab::query(unrelated.addr, redis::cmd("INFO").arg("commandstats"))
+            .await
+            .expect("INFO commandstats");
+    assert!(!stats.contains("cmdstat_role"), "the unrelated node was asked ROLE:\n{stats}");
+    let acl_log: Vec<redis::Value> =
+        polestar::lab::query(unrelated.addr, redis::cmd("ACL").arg("LOG")).await.expect("ACL LOG");
+    assert!(acl_log.is_empty(), "someone tried to log in to the unrelated node: {acl_log:?}");
+
+    // A real failover is still followed, within seconds of the Sentinels.
+    env.lab.failover().await.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
+    let new = env.lab.wait_for_primary_change(primary, FAILOVER * 2).await;
+    let new = new.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
+    let m = env.wait_api_primary(new, Duration::from_secs(5)).await;
+    assert!(epoch_of(&m).is_some_and(|e| e > epoch && e < 999), "{m}");
+    env.wait_until(Duration::from_secs(5), "DNS follows", || async {
+        ensure!(resolve_srv(dns).await?.port() == new.port(), "DNS still on the old primary");
+        Ok(())
+    })
+    .await;
+}
+
+/// A configured Sentinel that lies (it reports the master at an unrelated node, epoch 999)
+/// among two honest ones: outvoted, never published, and real failovers are still followed.
+#[tokio::test]
+async fn a_configured_sentinel_with_an_absurd_epoch_is_outvoted() {
+    let unrelated = Unrelated::start().await;
+    let opts = LabOptions { sentinels: 2, ..LabOptions::default() };
+    let lab = Lab::start(opts).await.expect("the lab starts");
+    let claim =
+        Claim { master: lab.master_name().to_string(), primary: unrelated.addr, epoch: 999 };
+    let fake = FakeSentinel::start(claim).await;
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.sentinels.push(fake.addr.to_string());
+    let env = Env::with_config(lab, &config).await;
+    let primary = env.lab.primary().await.expect("the lab's primary");
+    env.wait_until(STARTUP, "the fake is connected and the truth published", || async {
+        let m = env.master().await?;
+        ensure!(m["sentinels"]["reachable"] == 3, "{m}");
+        ensure!(primary_of(&m) == Some(primary), "{m}");
+        Ok(())
+    })
+    .await;
+    let asked =
+        || fake.commands().iter().any(|c| c.join(" ").eq_ignore_ascii_case("SENTINEL MASTERS"));
+    assert!(asked(), "polestar reconciles with the configured fake");
+    let watch_until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < watch_until {
+        let m = env.master().await.expect("the API answers");
+        assert_eq!(primary_of(&m), Some(primary), "the fake's report was published: {m}");
+        assert!(epoch_of(&m).is_some_and(|e| e < 999), "{m}");
+        sleep(Duration::from_millis(200)).await;
+    }
+    for _ in 0..2 {
+        let old = env.lab.primary().await.expect("primary");
+        env.lab.failover().await.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
+        let new = env.lab.wait_for_primary_change(old, FAILOVER * 2).await;
+        let new = new.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
+        let m = env.wait_api_primary(new, Duration::from_secs(5)).await;
+        assert!(epoch_of(&m).is_some_and(|e| e < 999), "{m}");
+        env.lab.wait_converged(FAILOVER * 2).await.expect("the Sentinels converge");
+    }
+    let stats: String =
+        polestar::lab::query(unrelated.addr, redis::cmd("INFO").arg("commandstats"))
+            .await
+            .expect("INFO commandstats");
+    assert!(!stats.contains("cmdstat_role"), "the node only the liar names was asked:\n{stats}");
+}
