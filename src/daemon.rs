@@ -30,6 +30,7 @@ const FIRST_STATE_DEADLINE: Duration = Duration::from_secs(10);
 /// Runs the daemon until `shutdown` is cancelled (or a component fails, which stops the rest).
 /// SIGHUP reloads `config.file`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    crate::tls::install();
     let metrics = crate::metrics::install();
     let (writer, reader) = topology::channel();
     let events = Arc::new(EventLog::new());

@@ -31,3 +31,4 @@ mod metrics;
 mod operation;
 mod status_page;
 mod sweep_netns;
+mod tls;

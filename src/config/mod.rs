@@ -280,7 +280,11 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
     let sentinels = top.raw("sentinels").map(|v| sentinels(v, base, p));
     let upstream = top.take_with("upstream", p, parse_upstream);
     let masters = top.raw("masters").map(|v| masters(v, p));
-    let nodes = top.raw("nodes").map(|v| auth(Section::new("nodes", v, p), base, p, false));
+    let nodes = top.raw("nodes").map(|v| {
+        let section = Section::new("nodes", v, p);
+        let own_tls = section.has("tls");
+        (auth(section, base, p, false), own_tls)
+    });
     let dns = top.raw("dns").map(|v| dns(v, p));
     let http = top.raw("http").map(|v| http(v, base, p));
     let ttl = dns.as_ref().and_then(|d| d.as_ref().map(|d| d.ttl)).unwrap_or(DEFAULT_TTL);
@@ -288,6 +292,14 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
     let sweep = top.raw("sweep").map(|v| sweep(v, p));
     top.finish(p);
 
+    // `nodes.tls` defaults to `sentinels.tls`: data nodes and Sentinels of one deployment
+    // usually share a CA, and a node polestar cannot reach is a fence that cannot happen.
+    let sentinel_tls = sentinels.as_ref().and_then(|s| s.as_ref()).map(|s| s.auth.tls.clone());
+    let nodes = match nodes {
+        Some((auth, true)) => auth,
+        Some((auth, false)) => Auth { tls: sentinel_tls.unwrap_or_default(), ..auth },
+        None => Auth { tls: sentinel_tls.unwrap_or_default(), ..Auth::default() },
+    };
     let source = match (sentinels, upstream) {
         (Some(s), None) => Source::Sentinels(s?),
         (None, Some(u)) => Source::Upstream(u),
@@ -303,7 +315,7 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
     Some(Config {
         source,
         masters: masters.flatten(),
-        nodes: nodes.unwrap_or_default(),
+        nodes,
         dns: dns.flatten(),
         http: http.flatten(),
         drain: drain?,
@@ -362,11 +374,23 @@ fn tls(mut s: Section, base: &Path, p: &mut Problems) -> Tls {
     let ca_file = file("ca_file", p);
     let cert_file = file("cert_file", p);
     let key_file = file("key_file", p);
-    if cert_file.is_some() != key_file.is_some() {
+    let paired = cert_file.is_some() == key_file.is_some();
+    if !paired {
         p.push(&s.path("cert_file"), "cert_file and key_file go together");
     }
+    let errors = p.errors.len();
+    let path = s.path("");
     s.finish(p);
-    Tls { enabled, ca_file, cert_file, key_file }
+    let tls = Tls { enabled, ca_file, cert_file, key_file };
+    // Built as every connection will build it, so that a bad PEM is found here, by name.
+    if tls.enabled
+        && paired
+        && p.errors.len() == errors
+        && let Err(e) = crate::tls::client_config(&tls)
+    {
+        p.push(path.trim_end_matches('.'), e);
+    }
+    tls
 }
 
 /// The secret of the file named at `key`; a problem when it cannot be read, a warning when
@@ -541,8 +565,14 @@ fn server_tls(mut s: Section, base: &Path, p: &mut Problems) -> Option<ServerTls
     };
     let cert_file = file("cert_file", p);
     let key_file = file("key_file", p);
+    let path = s.path("");
     s.finish(p);
-    Some(ServerTls { cert_file: cert_file?, key_file: key_file? })
+    let tls = ServerTls { cert_file: cert_file?, key_file: key_file? };
+    if let Err(e) = crate::tls::server_config(&tls) {
+        p.push(path.trim_end_matches('.'), e);
+        return None;
+    }
+    Some(tls)
 }
 
 fn drain(value: Value, ttl: Duration, p: &mut Problems) -> Option<Drain> {

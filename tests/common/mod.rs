@@ -44,6 +44,8 @@ pub struct PolestarConfig {
     pub admin_token: Option<String>,
     /// More `drain:` settings, one `key: value` per line (unindented).
     pub drain_settings: Vec<String>,
+    /// More `sentinels:` settings, one `key: value` per line (unindented), e.g. `tls: {...}`.
+    pub sentinel_settings: Vec<String>,
     /// Extra top-level YAML appended as is.
     pub extra: String,
 }
@@ -59,6 +61,7 @@ impl PolestarConfig {
             drain: false,
             admin_token: None,
             drain_settings: Vec::new(),
+            sentinel_settings: Vec::new(),
             extra: String::new(),
         }
     }
@@ -66,6 +69,9 @@ impl PolestarConfig {
     pub fn yaml(&self, dir: &Path) -> String {
         let quoted: Vec<String> = self.sentinels.iter().map(|s| format!("\"{s}\"")).collect();
         let mut y = format!("sentinels:\n  addresses: [{}]\n", quoted.join(", "));
+        for line in &self.sentinel_settings {
+            let _ = writeln!(y, "  {line}");
+        }
         if !self.masters.is_empty() {
             y.push_str("masters:\n");
         }
@@ -163,6 +169,12 @@ impl Polestar {
 
     fn logged_ready(&self) -> bool {
         lock(&self.log).iter().any(|l| l.trim_end().ends_with(": ready") || l.trim_end() == "ready")
+    }
+
+    /// Sends `signal` to the daemon (SIGHUP: reload).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, signal).expect("the daemon is running");
     }
 
     /// Whether any log line contains `text`.
