@@ -78,6 +78,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             control: crate::source::control(live.clone()),
             metrics,
             drain: Some(drain),
+            tls: reload::project(&live, |c| c.http.as_ref()?.tls.clone()),
         };
         let stop = shutdown.clone();
         tasks.spawn(async move {

@@ -80,6 +80,17 @@ pub fn client_config(tls: &Tls) -> Result<Arc<ClientConfig>, TlsError> {
     Ok(Arc::new(config))
 }
 
+/// What an agent trusts for https upstreams: `ca_file` or the system roots; HTTP/1.1.
+pub fn https_client_config(ca_file: Option<&Path>) -> Result<ClientConfig, TlsError> {
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Build(e.to_string()))?
+        .with_root_certificates(roots(ca_file)?)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
 /// The HTTPS API's certificate and key.
 pub fn server_config(tls: &ServerTls) -> Result<Arc<ServerConfig>, TlsError> {
     let chain = certificates(&tls.cert_file)?;
@@ -172,7 +183,11 @@ mod tests {
     #[test]
     fn a_missing_key_file_is_named() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let tls = ServerTls { cert_file: dir.path().join("c.pem"), key_file: dir.path().join("k") };
+        let tls = ServerTls {
+            cert_file: dir.path().join("c.pem"),
+            key_file: dir.path().join("k"),
+            stamp: None,
+        };
         let error = server_config(&tls).expect_err("nothing there").to_string();
         assert!(error.contains("c.pem: cannot read"), "{error}");
     }

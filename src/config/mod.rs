@@ -118,8 +118,19 @@ pub struct Sentinels {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
     Sentinels(Sentinels),
-    /// Another polestar's HTTP API, followed through its event stream.
-    Upstream(String),
+    /// Other polestars' HTTP APIs, followed through their event streams.
+    Upstream(Upstream),
+}
+
+/// `upstream:`: the polestars an agent follows, and how it proves who it is to them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upstream {
+    /// `http://` or `https://` base URLs, without a trailing `/`; every one is followed.
+    pub urls: Vec<String>,
+    /// Verify https upstreams against it (default: the system roots).
+    pub ca_file: Option<PathBuf>,
+    /// Sent as `Authorization: Bearer` on every request (`upstream.token_file`).
+    pub token: Option<Secret>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,6 +166,9 @@ pub struct Http {
 pub struct ServerTls {
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
+    /// When each file was last modified, as read with the configuration: a certificate renewed
+    /// in place makes a reload see a change, and the HTTPS server loads it again.
+    pub stamp: Option<(std::time::SystemTime, std::time::SystemTime)>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -247,7 +261,7 @@ impl Config {
     pub fn summary(&self) -> String {
         let source = match &self.source {
             Source::Sentinels(s) => format!("{} sentinel(s)", s.addresses.len()),
-            Source::Upstream(url) => format!("upstream {url}"),
+            Source::Upstream(u) => format!("upstream {}", u.urls.join(", ")),
         };
         let masters = match &self.masters {
             Some(m) => format!("{} master(s)", m.len()),
@@ -278,7 +292,7 @@ pub enum ParseError {
 fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
     let mut top = Section::new("", value, p);
     let sentinels = top.raw("sentinels").map(|v| sentinels(v, base, p));
-    let upstream = top.take_with("upstream", p, parse_upstream);
+    let upstream = top.raw("upstream").and_then(|v| upstream(v, base, p));
     let masters = top.raw("masters").map(|v| masters(v, p));
     let nodes = top.raw("nodes").map(|v| {
         let section = Section::new("nodes", v, p);
@@ -421,12 +435,46 @@ pub fn read_secret(path: &Path) -> Result<Secret, String> {
     Ok(Secret::new(secret))
 }
 
+/// `upstream: URL` (one URL, no token) or `upstream: {urls, ca_file, token_file}`.
+fn upstream(value: Value, base: &Path, p: &mut Problems) -> Option<Upstream> {
+    if let Value::String(url) = value {
+        let url = parse_upstream(url).map_err(|e| p.push("upstream", e)).ok()?;
+        return Some(Upstream { urls: vec![url], ca_file: None, token: None });
+    }
+    let mut s = Section::new("upstream", value, p);
+    let urls_path = s.path("urls");
+    let urls = s.take_list("urls", p, parse_upstream);
+    let ca_path = s.path("ca_file");
+    let ca_file = s.take::<PathBuf>("ca_file", p).map(|f| base.join(f));
+    let token_path = s.path("token_file");
+    let token =
+        s.take::<PathBuf>("token_file", p).and_then(|f| secret_file(&base.join(f), &token_path, p));
+    s.finish(p);
+    if let Some(ca) = &ca_file
+        && let Err(e) = crate::tls::roots(Some(ca))
+    {
+        p.push(&ca_path, e);
+    }
+    match urls {
+        Some(urls) if !urls.is_empty() => Some(Upstream { urls, ca_file, token }),
+        Some(_) => {
+            p.push(&urls_path, "must list at least one polestar URL");
+            None
+        }
+        None => {
+            p.push(&urls_path, "missing");
+            None
+        }
+    }
+}
+
 fn parse_upstream(url: String) -> Result<String, String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("{url:?} must be an http:// URL of another polestar's API"))?;
+    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+    let rest = rest.ok_or_else(|| {
+        format!("{url:?} must be an http:// or https:// URL of another polestar's API")
+    })?;
     let authority = rest.split('/').next().unwrap_or("");
-    HostPort::parse(authority).map_err(|_| format!("{url:?} must be http://host:port"))?;
+    HostPort::parse(authority).map_err(|_| format!("{url:?} must be http(s)://host:port"))?;
     Ok(url.trim_end_matches('/').to_string())
 }
 
@@ -567,7 +615,10 @@ fn server_tls(mut s: Section, base: &Path, p: &mut Problems) -> Option<ServerTls
     let key_file = file("key_file", p);
     let path = s.path("");
     s.finish(p);
-    let tls = ServerTls { cert_file: cert_file?, key_file: key_file? };
+    let (cert_file, key_file) = (cert_file?, key_file?);
+    let modified = |f: &Path| std::fs::metadata(f).and_then(|m| m.modified()).ok();
+    let stamp = modified(&cert_file).zip(modified(&key_file));
+    let tls = ServerTls { cert_file, key_file, stamp };
     if let Err(e) = crate::tls::server_config(&tls) {
         p.push(path.trim_end_matches('.'), e);
         return None;

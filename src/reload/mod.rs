@@ -120,9 +120,11 @@ impl Changes {
             token(old, |h| &h.agent_token) != token(new, |h| &h.agent_token),
             "http.agent_token_file",
         );
+        // The HTTP server builds its acceptor again for the next connection; a certificate
+        // renewed in place counts as a change (`ServerTls::stamp`).
         let http_tls = |c: &Config| c.http.as_ref().and_then(|h| h.tls.clone());
         if http_tls(old) != http_tls(new) {
-            c.restart.push("http.tls");
+            c.applied.push("http.tls");
         }
         let http_listen = |c: &Config| c.http.as_ref().map(|h| h.listen);
         if http_listen(old) != http_listen(new) {
