@@ -179,3 +179,206 @@ async fn the_https_certificate_is_reloaded_on_sighup() {
     let old = reqwest::Client::builder().use_preconfigured_tls(tls).build().unwrap();
     assert!(old.get(ps.url("/healthz")).send().await.is_err(), "the old certificate is served");
 }
+
+// ---------------------------------------------------------------------------------------------
+// A fake upstream that lies: invented masters, absurd epochs, a primary that was never a data
+// node, a huge body. The agent (with `sweep.remote`) must destroy nothing but the sockets to the
+// old primary of the one legitimate failover, and stay small.
+
+mod fake {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::body::{Body, Bytes};
+    use axum::extract::State;
+    use axum::routing::get;
+    use serde_json::{Value, json};
+
+    /// What the fake answers now, and how often each phase was read.
+    #[derive(Default)]
+    pub struct Script {
+        pub phase: AtomicUsize,
+        pub reads: [AtomicUsize; 8],
+        pub answers: std::sync::Mutex<Vec<Value>>,
+    }
+
+    impl Script {
+        pub fn set(&self, phase: usize, answer: Option<Value>) {
+            let mut answers = self.answers.lock().unwrap();
+            answers.resize(8, Value::Null);
+            answers[phase] = answer.unwrap_or(Value::Null);
+            self.phase.store(phase, Ordering::SeqCst);
+        }
+        pub fn reads(&self, phase: usize) -> usize {
+            self.reads[phase].load(Ordering::SeqCst)
+        }
+    }
+
+    pub fn master(name: &str, primary: u16, epoch: u64, replicas: &[u16]) -> Value {
+        let replicas: Vec<Value> = replicas
+            .iter()
+            .map(|p| json!({"ip": "127.0.0.1", "port": p, "healthy": true}))
+            .collect();
+        json!({
+            "name": name, "dns_name": name,
+            "primary": {"ip": "127.0.0.1", "port": primary, "hostname": null},
+            "epoch": epoch, "since": "2026-01-01T00:00:00.000Z", "state": "ok",
+            "replicas": replicas,
+            "sentinels": {"configured": 3, "reachable": 3, "agreeing": 3},
+        })
+    }
+
+    async fn masters(State(script): State<Arc<Script>>) -> Body {
+        let phase = script.phase.load(Ordering::SeqCst);
+        script.reads[phase].fetch_add(1, Ordering::SeqCst);
+        let answer = script.answers.lock().unwrap()[phase].clone();
+        if !answer.is_null() {
+            return Body::from(answer.to_string());
+        }
+        // 150 MB of a JSON array that never ends, streamed without a length.
+        let chunk = Bytes::from(vec![b' '; 1 << 20]);
+        let head = futures::stream::once(async { Ok::<_, std::io::Error>(Bytes::from("[")) });
+        let tail = futures::stream::iter((0..150).map(move |_| Ok(chunk.clone())));
+        Body::from_stream(futures::StreamExt::chain(head, tail))
+    }
+
+    /// An event every 100 ms, so the agent reads `/v1/masters` again at once.
+    async fn stream() -> Body {
+        let ticks = futures::stream::unfold(0u64, |n| async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let event = format!("id: {n}\nevent: switch\ndata: {{}}\n\n");
+            Some((Ok::<_, std::io::Error>(Bytes::from(event)), n + 1))
+        });
+        Body::from_stream(ticks)
+    }
+
+    pub async fn start(script: Arc<Script>) -> (String, tokio::task::JoinHandle<()>) {
+        let app = Router::new()
+            .route("/v1/masters", get(masters))
+            .route("/v1/events/stream", get(stream))
+            .with_state(script);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (url, task)
+    }
+}
+
+/// A listener on loopback standing for a data node (or any other service of this host), and
+/// one client connection to it: the socket a sweep would destroy.
+struct Victim {
+    port: u16,
+    client: tokio::net::TcpStream,
+    _server: tokio::net::TcpStream,
+    _listener: tokio::net::TcpListener,
+}
+
+impl Victim {
+    async fn new() -> Victim {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let client = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        Victim { port, client, _server: server, _listener: listener }
+    }
+
+    /// The client socket was not destroyed: reading would block (nothing was sent to it).
+    fn alive(&self) -> bool {
+        let mut buf = [0u8; 1];
+        matches!(self.client.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap_or("VmRSS: 0 kB");
+    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_lying_upstream_makes_the_agent_destroy_nothing_outside_the_data_nodes_it_follows() {
+    use fake::{Script, master};
+    use serde_json::json;
+    use std::sync::Arc;
+
+    let [a, r, v, v2, v3, v4] = [(); 6].map(|_| Victim::new());
+    let (a, r, v, v2, v3, v4) = (a.await, r.await, v.await, v2.await, v3.await, v4.await);
+    let script = Arc::new(Script::default());
+    // mymaster: primary A, replica R; an invented master whose primary is V.
+    script.set(
+        0,
+        Some(json!([master("mymaster", a.port, 1, &[r.port]), master("evil", v.port, 1, &[])])),
+    );
+    let (url, fake_task) = fake::start(script.clone()).await;
+
+    let config = PolestarConfig {
+        sentinels: vec![],
+        masters: vec![("mymaster".into(), None)],
+        dns: false,
+        dns_notify: vec![],
+        drain: false,
+        admin_token: None,
+        drain_settings: vec![],
+        sentinel_settings: vec![],
+        source: Some(format!("upstream: {url}")),
+        http_settings: vec![],
+        https_ca: None,
+        extra: "sweep:\n  remote: true\n".into(),
+    };
+    let agent = Polestar::start(&config).await;
+    let mine = format!("127.0.0.1:{}", a.port);
+    wait_primary(&agent, "mymaster", &mine, STARTUP).await;
+    let (code, _) = agent.get_json("/v1/masters/evil").await.unwrap();
+    assert_eq!(code, 404, "an invented master is not followed");
+
+    // Each lie, read a few times by the agent; the primary stays A and no socket is destroyed.
+    let lies = [
+        json!([
+            master("mymaster", v2.port, u64::MAX, &[r.port]),
+            master("evil", r.port, 2, &[v.port])
+        ]),
+        json!([master("mymaster", v3.port, 1, &[r.port])]),
+        json!([master("mymaster", v4.port, 2, &[r.port])]),
+    ];
+    for (i, lie) in lies.into_iter().enumerate() {
+        let phase = i + 1;
+        script.set(phase, Some(lie));
+        wait_reads(&script, phase, &agent).await;
+        wait_primary(&agent, "mymaster", &mine, Duration::from_secs(1)).await;
+    }
+    script.set(4, None); // the huge body
+    wait_reads(&script, 4, &agent).await;
+    let rss = rss_kb(agent.pid());
+    eprintln!("AGENT RSS after 150 MB answers: {rss} kB");
+    assert!(rss < 100_000, "the agent holds {rss} kB after huge answers");
+    assert!(agent.logged("larger than"), "{}", agent.log_tail(40));
+    assert!(agent.logged("upstream answer refused"), "{}", agent.log_tail(40));
+    for (name, victim) in [("R", &r), ("V", &v), ("V2", &v2), ("V3", &v3), ("V4", &v4), ("A", &a)] {
+        assert!(victim.alive(), "{name}'s socket was destroyed:\n{}", agent.log_tail(40));
+    }
+
+    // The one plausible failover (A to its replica R, next epoch): only A's socket goes.
+    script.set(5, Some(json!([master("mymaster", r.port, 2, &[a.port])])));
+    wait_primary(&agent, "mymaster", &format!("127.0.0.1:{}", r.port), FAILOVER).await;
+    let end = Instant::now() + FAILOVER;
+    while a.alive() {
+        assert!(Instant::now() < end, "A's socket was not swept:\n{}", agent.log_tail(40));
+        tokio::time::sleep(POLL).await;
+    }
+    for (name, victim) in [("R", &r), ("V", &v), ("V2", &v2), ("V3", &v3), ("V4", &v4)] {
+        assert!(victim.alive(), "{name}'s socket was destroyed:\n{}", agent.log_tail(40));
+    }
+    fake_task.abort();
+}
+
+async fn wait_reads(script: &fake::Script, phase: usize, agent: &Polestar) {
+    let end = Instant::now() + FAILOVER;
+    while script.reads(phase) < 3 {
+        assert!(Instant::now() < end, "phase {phase} was not read:\n{}", agent.log_tail(40));
+        tokio::time::sleep(POLL).await;
+    }
+}

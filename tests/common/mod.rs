@@ -192,6 +192,10 @@ impl Polestar {
         lock(&self.log).iter().any(|l| l.trim_end().ends_with(": ready") || l.trim_end() == "ready")
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends `signal` to the daemon (SIGHUP: reload).
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
