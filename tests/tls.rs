@@ -163,3 +163,31 @@ async fn a_wrong_ca_or_a_missing_client_certificate_is_reported_and_retried_unti
     let (code, body) = env.ps.get_json("/readyz").await.expect("readyz");
     assert_eq!(code, 200, "{body}");
 }
+
+#[tokio::test]
+async fn check_builds_every_tls_configuration_and_names_a_bad_pem() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = Certs::generate(&dir.path().join("tls")).expect("certificates");
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "-----BEGIN CERTIFICATE-----\nnot base64\n").unwrap();
+    let text = format!(
+        "sentinels: {{addresses: ['127.0.0.1:26379'], tls: {{enabled: true, ca_file: '{}'}}}}\n\
+         nodes: {{tls: {{enabled: true, ca_file: '{}', cert_file: '{}', key_file: '{}'}}}}\n\
+         http: {{listen: '127.0.0.1:0', tls: {{cert_file: '{}', key_file: '{}'}}}}\n",
+        garbage.display(),
+        certs.ca.display(),
+        certs.client_cert.display(),
+        certs.node_key.display(),
+        certs.node_cert.display(),
+        certs.node_key.display(),
+    );
+    let file = dir.path().join("polestar.yaml");
+    std::fs::write(&file, text).unwrap();
+    let out = std::process::Command::new(BIN).args(["check", "-c"]).arg(&file).output().unwrap();
+    let shown = shown(&out);
+    assert_eq!(out.status.code(), Some(2), "{shown}");
+    assert!(shown.contains("sentinels.tls: ") && shown.contains("garbage.pem"), "{shown}");
+    // A client certificate with another certificate's key.
+    assert!(shown.contains("nodes.tls: ") && shown.contains("do not go together"), "{shown}");
+    assert!(!shown.contains("http.tls"), "the good server certificate passes: {shown}");
+}
