@@ -125,6 +125,8 @@ async fn wait_first_state(mut reader: TopologyReader) {
     };
     let wait = reader.wait_for(|s| loaded(s));
     if tokio::time::timeout(FIRST_STATE_DEADLINE, wait).await.is_err() {
-        tracing::warn!("no confirmed primary for every master yet; serving what is known");
+        // Why, when it is a connection problem (a TLS certificate, a refused token...).
+        let errors = crate::reach::errors(None).join("; ");
+        tracing::warn!(%errors, "no confirmed primary for every master yet; serving what is known");
     }
 }

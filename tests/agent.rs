@@ -129,6 +129,7 @@ async fn a_wrong_agent_token_gets_401_and_the_agent_logs_it() {
     assert!(agent.logged("upstream.token_file"), "{}", agent.log_tail(40));
     let (code, body) = agent.get_json("/readyz").await.unwrap();
     assert_eq!(code, 503, "{body}");
+    assert!(body["reasons"].to_string().contains("401 Unauthorized"), "{body}");
 }
 
 #[tokio::test]

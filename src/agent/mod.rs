@@ -278,6 +278,8 @@ impl Follower {
                 e = self.session(&mut backoff, &mut was_up) => e,
                 _ = self.shutdown.cancelled() => return,
             };
+            // For `/readyz`, which lists why no source answers.
+            crate::reach::record(&self.url, Some(&error));
             if was_up != Some(false) {
                 if matches!(error, UpstreamError::Unauthorized { .. }) {
                     tracing::error!(upstream = %self.url, "upstream refused this agent: {error}");
@@ -312,6 +314,7 @@ impl Follower {
         if let Err(e) = self.refresh().await {
             return e;
         }
+        crate::reach::record(&self.url, None::<&UpstreamError>);
         if *was_up != Some(true) {
             tracing::info!(upstream = %self.url, "following upstream polestar");
             self.events.push("upstream_up", None, json!({"upstream": self.url}));
