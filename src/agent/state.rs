@@ -32,7 +32,10 @@ pub fn combine(current: &Snapshot, upstreams: &[&[MasterView]]) -> (Vec<MasterVi
             refused.push(format!("{}: {why}", view.name));
             continue;
         }
-        let better = best.get(view.name.as_str()).is_none_or(|b| view.epoch > b.epoch);
+        // On equal epochs an upstream that is `ok` beats one that has lost its Sentinels.
+        let better = best.get(view.name.as_str()).is_none_or(|b| {
+            view.epoch > b.epoch || (view.epoch == b.epoch && b.state != "ok" && view.state == "ok")
+        });
         if better {
             best.insert(&view.name, view);
         }

@@ -75,6 +75,10 @@ fn the_highest_epoch_of_the_upstreams_that_answer_wins() {
     let (next, refused) = combined(&s, &[&behind, &ahead]);
     assert_eq!(primary(&next).as_deref(), Some("10.0.0.2:6379"));
     assert!(refused.is_empty(), "{refused:?}");
+    // Equal epochs: the upstream that still sees its Sentinels wins.
+    let stale = [view(Some("10.0.0.2"), Some(2), "stale")];
+    let (next, _) = combined(&next, &[&stale, &ahead]);
+    assert_eq!(next.master("m").map(|m| m.state), Some(MasterState::Ok));
 }
 
 #[test]
