@@ -6,7 +6,9 @@
 //! polled over UDP every millisecond) naming it. Also shows when the leader's `+promoted-slave` and the first
 //! `+switch-master` arrived, which is where designs keyed on those events would flip.
 //!
-//! Run with `bench/publish-latency.sh [ROUNDS]`.
+//! Run with `bench/publish-latency.sh [ROUNDS] [--tls]`: with `--tls` the cluster is TLS only
+//! (`tls-port`, client certificates required, replication over TLS) and polestar and the
+//! event subscriber talk TLS to the Sentinels and nodes.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -23,22 +25,36 @@ type Seen = Arc<Mutex<Vec<(String, Instant)>>>;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let rounds: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(5);
-    let lab = Lab::start(LabOptions::default()).await?;
+    let tls = std::env::args().any(|a| a == "--tls");
+    let lab = Lab::start(LabOptions { tls, ..LabOptions::default() }).await?;
     let http = free_port()?;
     let dns = free_udp_port()?;
+    let tls_yaml = match lab.certs() {
+        Some(c) => format!(
+            ", tls: {{enabled: true, ca_file: '{}', cert_file: '{}', key_file: '{}'}}",
+            c.ca.display(),
+            c.client_cert.display(),
+            c.client_key.display()
+        ),
+        None => String::new(),
+    };
     let config = format!(
-        "sentinels: {{addresses: [{}]}}\nhttp: {{listen: '{http}'}}\n\
+        "sentinels: {{addresses: [{}]{tls_yaml}}}\nhttp: {{listen: '{http}'}}\n\
          masters: [{{name: mymaster, dns_name: cache}}]\n\
          dns: {{listen: ['{dns}'], zone: redis.test.}}\n",
         lab.sentinel_addrs().iter().map(|a| format!("'{a}'")).collect::<Vec<_>>().join(", ")
     );
+    println!("{}", if tls { "TLS cluster" } else { "plain cluster" });
     let config =
         Config::parse(&config, std::path::Path::new("/")).map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let shutdown = CancellationToken::new();
     let daemon = tokio::spawn(polestar::daemon::run(config, shutdown.clone()));
     let seen: Seen = Arc::default();
     for addr in lab.sentinel_addrs() {
-        tokio::spawn(subscribe(addr, seen.clone()));
+        match lab.certs() {
+            Some(certs) => tokio::spawn(subscribe_tls(addr, certs.client_tls(), seen.clone())),
+            None => tokio::spawn(subscribe(addr, seen.clone())),
+        };
     }
     let api = format!("http://{http}/v1/masters/{}", lab.master_name());
     let http_client = reqwest::Client::new();
@@ -133,6 +149,30 @@ async fn subscribe(addr: SocketAddr, seen: Seen) -> anyhow::Result<()> {
         let at = Instant::now();
         if let Ok(mut seen) = seen.lock() {
             seen.push((msg.get_channel_name().to_string(), at));
+        }
+    }
+    Ok(())
+}
+
+/// Like `subscribe`, over TLS (RESP3 pushes on polestar's own connection code).
+async fn subscribe_tls(
+    addr: SocketAddr,
+    tls: polestar::config::Tls,
+    seen: Seen,
+) -> anyhow::Result<()> {
+    let auth = polestar::config::Auth { tls, ..Default::default() };
+    let endpoint = polestar::sentinel::Endpoint::new(addr.ip().to_string(), addr.port(), &auth);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut conn = polestar::sentinel::connect(&endpoint, Some(tx)).await?;
+    conn.psubscribe("*").await?;
+    while let Some(push) = rx.recv().await {
+        let at = Instant::now();
+        if push.kind != redis::PushKind::PMessage {
+            continue;
+        }
+        let channel = push.data.get(1).and_then(|v| redis::from_redis_value_ref::<String>(v).ok());
+        if let (Some(channel), Ok(mut seen)) = (channel, seen.lock()) {
+            seen.push((channel, at));
         }
     }
     Ok(())

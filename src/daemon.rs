@@ -30,6 +30,7 @@ const FIRST_STATE_DEADLINE: Duration = Duration::from_secs(10);
 /// Runs the daemon until `shutdown` is cancelled (or a component fails, which stops the rest).
 /// SIGHUP reloads `config.file`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    crate::tls::install();
     let metrics = crate::metrics::install();
     let (writer, reader) = topology::channel();
     let events = Arc::new(EventLog::new());
@@ -91,6 +92,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             control: crate::source::control(live.clone()),
             metrics,
             drain: Some(drain),
+            tls: reload::project(&live, |c| c.http.as_ref()?.tls.clone()),
         };
         let stop = shutdown.clone();
         tasks.spawn(async move {
@@ -182,6 +184,8 @@ async fn wait_first_state(mut reader: TopologyReader) {
     };
     let wait = reader.wait_for(|s| loaded(s));
     if tokio::time::timeout(FIRST_STATE_DEADLINE, wait).await.is_err() {
-        tracing::warn!("no confirmed primary for every master yet; serving what is known");
+        // Why, when it is a connection problem (a TLS certificate, a refused token...).
+        let errors = crate::reach::errors(None).join("; ");
+        tracing::warn!(%errors, "no confirmed primary for every master yet; serving what is known");
     }
 }

@@ -30,7 +30,9 @@ pub fn spawn(
         Source::Sentinels(_) => {
             crate::sentinel::spawn(config, writer, events, Some(drain), shutdown)
         }
-        Source::Upstream(url) => crate::agent::spawn(config, url, writer, events, shutdown),
+        Source::Upstream(upstream) => {
+            crate::agent::spawn(config, upstream, writer, events, shutdown)
+        }
     }
 }
 
@@ -49,8 +51,9 @@ impl Control for Current {
             match source {
                 Source::Sentinels(s) => SentinelControl::new(&s).failover(master).await,
                 // An agent has no Sentinels to ask: planned failovers go to the upstream.
-                Source::Upstream(url) => Err(ControlError::Unreachable(format!(
-                    "this polestar follows {url}: ask it for a failover"
+                Source::Upstream(u) => Err(ControlError::Unreachable(format!(
+                    "this polestar follows {}: ask it for a failover",
+                    u.urls.join(", ")
                 ))),
             }
         })

@@ -70,6 +70,7 @@ async fn start() -> Server {
         control: Arc::new(AcceptingControl),
         metrics: metrics_handle(),
         drain: None,
+        tls: http::fixed_tls(None),
     };
     let listener = http::bind(([127, 0, 0, 1], 0).into()).await.expect("port 0 is free");
     let addr = listener.local_addr().expect("bound");

@@ -82,6 +82,7 @@ async fn start(admin_token: Option<&str>) -> Server {
         control: control.clone(),
         metrics: metrics_handle(),
         drain: None,
+        tls: http::fixed_tls(None),
     };
     let addr: SocketAddr = ([127, 0, 0, 1], 0).into();
     let listener = http::bind(addr).await.expect("port 0 is always free");

@@ -10,6 +10,7 @@ mod dns_support;
 mod netns;
 
 // Test modules, one topic each.
+mod agent;
 mod bench_drain;
 mod bench_haproxy;
 mod chaos_netns;
@@ -33,4 +34,5 @@ mod operation;
 mod sentinel_api;
 mod status_page;
 mod sweep_netns;
+mod tls;
 mod trust;

@@ -1,24 +1,35 @@
-//! Agent mode (`upstream: http://host:port`): follow another polestar instead of the Sentinels.
+//! Agent mode (`upstream:`): follow other polestars instead of the Sentinels.
 //!
 //! Thousands of application hosts each running a light polestar (for `sweep.remote`, or a local
-//! DNS answer) must not each subscribe to the Sentinels. An agent reads the upstream's full
-//! state (`GET /v1/masters`), then follows its event stream (`GET /v1/events/stream`) and reads
-//! the full state again on every event, and after every gap: a reconnect, with backoff,
-//! forever. It is the single writer of its own topology, so sweep, DNS and HTTP work on it
-//! exactly as on a polestar that watches Sentinels. While the upstream is unreachable every
-//! master is `stale` and keeps its primary, so nothing is swept because of the outage.
+//! DNS answer) must not each subscribe to the Sentinels. An agent follows every configured
+//! upstream URL at once ([`Follower`], one task each): it reads the upstream's full state
+//! (`GET /v1/masters`), then follows its event stream (`GET /v1/events/stream`) and reads the
+//! full state again on every event, and after every gap: a reconnect, with backoff, forever.
+//! One merger (the single writer of the agent's topology) combines the latest answer of each
+//! upstream that answers: per master the highest plausible epoch wins, so one polestar down
+//! costs nothing. While no upstream answers every master is `stale` and keeps its primary, so
+//! nothing is swept because of the outage.
+//!
+//! An agent may destroy sockets on its host (`sweep.remote`), so what it accepts is bounded:
+//! the bearer token on every request, https verified against `upstream.ca_file`, no redirects,
+//! a size limit on every answer, and the guards of [`state::combine`] (an absurd epoch, an epoch
+//! jump, an equal epoch with another primary, or a new primary that was not a replica of the
+//! master, is refused).
 
 mod sse;
 pub mod state;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use serde_json::json;
-use tokio::task::JoinHandle;
+use tokio::sync::mpsc;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, Upstream};
 use crate::events::EventLog;
 use crate::http::view::MasterView;
 use crate::topology::{Snapshot, TopologyWriter};
@@ -33,13 +44,26 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// `GET /v1/masters` of a thousand masters with replicas is a few hundred kilobytes.
+const MAX_BODY: usize = 4 << 20;
+/// Answers from the followers waiting for the merger.
+const QUEUE: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 enum UpstreamError {
     #[error("{0}")]
     Http(#[from] reqwest::Error),
+    #[error(
+        "{url}: 401 Unauthorized: the upstream refused this agent's token (upstream.token_file \
+         must hold the upstream's http.agent_token_file)"
+    )]
+    Unauthorized { url: String },
     #[error("{url}: HTTP {status}")]
     Status { url: String, status: reqwest::StatusCode },
+    #[error("{url}: the answer is larger than {MAX_BODY} bytes")]
+    TooLarge { url: String },
+    #[error("{url}: not a polestar answer: {error}")]
+    Json { url: String, error: serde_json::Error },
     #[error("the event stream ended")]
     Ended,
     #[error("the event stream was silent for {0:?}")]
@@ -60,37 +84,185 @@ impl Labels for Followed {
     }
 }
 
-/// Follows `url` until shutdown, publishing into `writer` (its only writer).
-struct Agent {
-    url: String,
-    client: reqwest::Client,
-    labels: Followed,
-    writer: crate::topology::Publisher,
-    events: Arc<EventLog>,
-    shutdown: CancellationToken,
-}
+/// What a follower tells the merger: upstream `index` answered `views` (`None`: it is down).
+type Answer = (usize, Option<Vec<MasterView>>);
 
+/// Follows every upstream until shutdown, publishing into `writer` (its only writer).
 pub fn spawn(
     config: &Config,
-    url: &str,
+    upstream: &Upstream,
     writer: TopologyWriter,
     events: Arc<EventLog>,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
-    let client = reqwest::Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_keepalive(Duration::from_secs(5))
-        .build()
-        // Only fails when the TLS backend cannot start, and this build has no TLS backend.
-        .unwrap_or_default();
-    let url = url.trim_end_matches('/').to_string();
-    let labels = Followed(config.masters.clone());
-    let writer = crate::topology::Publisher::new(writer);
-    let agent = Agent { url, client, labels, writer, events, shutdown };
-    tokio::spawn(agent.run())
+    let client = client(upstream);
+    let urls: Vec<String> = upstream.urls.iter().map(|u| u.trim_end_matches('/').into()).collect();
+    let merger = Merger {
+        labels: Followed(config.masters.clone()),
+        latest: vec![None; urls.len()],
+        writer: crate::topology::Publisher::new(writer),
+        events: events.clone(),
+        refused: HashSet::new(),
+    };
+    tokio::spawn(run(merger, urls, client, events, shutdown))
 }
 
-impl Agent {
+/// The HTTP client of every follower: the token on every request, https verified against
+/// `ca_file` (or the system roots), redirects refused.
+fn client(upstream: &Upstream) -> reqwest::Client {
+    let mut headers = HeaderMap::new();
+    if let Some(token) = &upstream.token {
+        match HeaderValue::from_str(&format!("Bearer {}", token.expose())) {
+            Ok(mut value) => {
+                value.set_sensitive(true);
+                headers.insert(AUTHORIZATION, value);
+            }
+            Err(_) => tracing::error!("upstream.token_file: the token is not a valid header value"),
+        }
+    }
+    let builder = reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_keepalive(Duration::from_secs(5))
+        .redirect(reqwest::redirect::Policy::none())
+        .default_headers(headers);
+    let builder = match crate::tls::https_client_config(upstream.ca_file.as_deref()) {
+        Ok(tls) => builder.use_preconfigured_tls(tls),
+        // Checked with the configuration; https upstreams fail to connect, and say why.
+        Err(e) => {
+            tracing::error!("upstream: no TLS configuration for https upstreams: {e}");
+            builder
+        }
+    };
+    // Fails only when the TLS backend cannot start; then every request fails and says so.
+    builder.build().unwrap_or_default()
+}
+
+/// Starts a follower per URL (restarting one that panicked) and merges their answers.
+async fn run(
+    mut merger: Merger,
+    urls: Vec<String>,
+    client: reqwest::Client,
+    events: Arc<EventLog>,
+    shutdown: CancellationToken,
+) {
+    // The followers hold the senders; the merger ends with shutdown, not with them.
+    let (tx, mut rx) = mpsc::channel::<Answer>(QUEUE);
+    let mut followers = JoinSet::new();
+    // Which upstream each task follows, to restart the one that panicked.
+    let mut ids = std::collections::HashMap::new();
+    let start = |followers: &mut JoinSet<usize>,
+                 ids: &mut std::collections::HashMap<_, _>,
+                 index: usize| {
+        let follower = Follower {
+            index,
+            url: urls[index].clone(),
+            client: client.clone(),
+            tx: tx.clone(),
+            events: events.clone(),
+            shutdown: shutdown.clone(),
+        };
+        let task = followers.spawn(async move {
+            follower.run().await;
+            index
+        });
+        ids.insert(task.id(), index);
+    };
+    for index in 0..urls.len() {
+        start(&mut followers, &mut ids, index);
+    }
+    loop {
+        tokio::select! {
+            Some((index, views)) = rx.recv() => merger.apply(index, views),
+            Some(done) = followers.join_next_with_id() => {
+                let id = match &done {
+                    Ok((id, _)) => *id,
+                    Err(e) => e.id(),
+                };
+                let Some(index) = ids.remove(&id) else { continue };
+                if shutdown.is_cancelled() {
+                    continue;
+                }
+                tracing::error!(upstream = %urls[index], "the upstream follower stopped; restarting it");
+                start(&mut followers, &mut ids, index);
+            }
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// The single writer of an agent's topology.
+struct Merger {
+    labels: Followed,
+    /// The last answer of each upstream (`None`: down).
+    latest: Vec<Option<Vec<MasterView>>>,
+    writer: crate::topology::Publisher,
+    events: Arc<EventLog>,
+    /// Refusals logged already, so that a fake upstream repeating one does not flood the log.
+    refused: HashSet<String>,
+}
+
+impl Merger {
+    fn apply(&mut self, index: usize, views: Option<Vec<MasterView>>) {
+        if let Some(slot) = self.latest.get_mut(index) {
+            *slot = views;
+        }
+        let current = self.writer.reader().borrow().clone();
+        let up: Vec<&[MasterView]> = self.latest.iter().flatten().map(Vec::as_slice).collect();
+        let next = if up.is_empty() {
+            state::stale(&current)
+        } else {
+            let (views, refused) = state::combine(&current, &up);
+            self.log_refused(refused);
+            state::merge(&current, &views, &self.labels)
+        };
+        self.record_switches(&current, &next);
+        self.publish(next);
+    }
+
+    fn log_refused(&mut self, refused: Vec<String>) {
+        if self.refused.len() > 1000 {
+            self.refused.clear();
+        }
+        for reason in refused {
+            if self.refused.insert(reason.clone()) {
+                tracing::warn!("upstream answer refused: {reason}");
+            }
+        }
+    }
+
+    /// Publishes `next` unless nothing but the version changed (the publisher numbers it).
+    fn publish(&self, next: Snapshot) {
+        self.writer.replace(next);
+    }
+
+    /// The agent's own `switch` events, so its HTTP stream (and agents behind it) see them.
+    fn record_switches(&self, current: &Snapshot, next: &Snapshot) {
+        for change in crate::sweep::plan::changes(current, next) {
+            let epoch = next.master(&change.master).and_then(|m| m.epoch);
+            tracing::info!(master = %change.master, from = %change.from, to = %change.to, epoch, via = "upstream", "switch");
+            let labels = [("master", change.master.clone())];
+            metrics::counter!(crate::metrics::PRIMARY_CHANGES, &labels).increment(1);
+            let data = json!({
+                "from": change.from.to_string(), "to": change.to.to_string(),
+                "hostname": change.to.hostname, "epoch": epoch, "via": "upstream",
+            });
+            self.events.push("switch", Some(&change.master), data);
+        }
+    }
+}
+
+/// Follows one upstream URL until shutdown, sending each full state it reads to the merger.
+struct Follower {
+    index: usize,
+    url: String,
+    client: reqwest::Client,
+    /// To the merger, which outlives every follower.
+    tx: mpsc::Sender<Answer>,
+    events: Arc<EventLog>,
+    shutdown: CancellationToken,
+}
+
+impl Follower {
     async fn run(self) {
         let mut backoff = BACKOFF_FIRST;
         let mut was_up = None;
@@ -99,8 +271,14 @@ impl Agent {
                 e = self.session(&mut backoff, &mut was_up) => e,
                 _ = self.shutdown.cancelled() => return,
             };
+            // For `/readyz`, which lists why no source answers.
+            crate::reach::record(&self.url, Some(&error));
             if was_up != Some(false) {
-                tracing::warn!(upstream = %self.url, "upstream unreachable, masters stale: {error}");
+                if matches!(error, UpstreamError::Unauthorized { .. }) {
+                    tracing::error!(upstream = %self.url, "upstream refused this agent: {error}");
+                } else {
+                    tracing::warn!(upstream = %self.url, "upstream unreachable: {error}");
+                }
                 self.events.push(
                     "upstream_down",
                     None,
@@ -108,7 +286,9 @@ impl Agent {
                 );
                 was_up = Some(false);
             }
-            self.publish(state::stale(&self.current()));
+            if self.tx.send((self.index, None)).await.is_err() {
+                return;
+            }
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
                 _ = self.shutdown.cancelled() => return,
@@ -127,6 +307,7 @@ impl Agent {
         if let Err(e) = self.refresh().await {
             return e;
         }
+        crate::reach::record(&self.url, None::<&UpstreamError>);
         if *was_up != Some(true) {
             tracing::info!(upstream = %self.url, "following upstream polestar");
             self.events.push("upstream_up", None, json!({"upstream": self.url}));
@@ -173,47 +354,44 @@ impl Agent {
         }
     }
 
-    /// Reads the full state and publishes it.
+    /// Reads the full state and hands it to the merger.
     async fn refresh(&self) -> Result<(), UpstreamError> {
         let url = format!("{}/v1/masters", self.url);
         let response = self.client.get(&url).timeout(READ_TIMEOUT).send().await?;
-        let views: Vec<MasterView> = check(&url, response)?.json().await?;
-        let current = self.current();
-        let next = state::merge(&current, &views, &self.labels);
-        self.record_switches(&current, &next);
-        self.publish(next);
+        let body = read_limited(&url, check(&url, response)?).await?;
+        let views: Vec<MasterView> = serde_json::from_slice(&body)
+            .map_err(|error| UpstreamError::Json { url: url.clone(), error })?;
+        // The merger is gone only at shutdown.
+        let _ = self.tx.send((self.index, Some(views))).await;
         Ok(())
     }
+}
 
-    fn current(&self) -> Arc<Snapshot> {
-        self.writer.reader().borrow().clone()
+/// The body, refused past [`MAX_BODY`] (a declared length is refused before reading).
+async fn read_limited(
+    url: &str,
+    mut response: reqwest::Response,
+) -> Result<Vec<u8>, UpstreamError> {
+    let too_large = || UpstreamError::TooLarge { url: url.to_string() };
+    if response.content_length().is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(too_large());
     }
-
-    /// Publishes `next` unless nothing but the version changed (the publisher numbers it).
-    fn publish(&self, next: Snapshot) {
-        self.writer.replace(next);
-    }
-
-    /// The agent's own `switch` events, so its HTTP stream (and agents behind it) see them.
-    fn record_switches(&self, current: &Snapshot, next: &Snapshot) {
-        for change in crate::sweep::plan::changes(current, next) {
-            let epoch = next.master(&change.master).and_then(|m| m.epoch);
-            tracing::info!(master = %change.master, from = %change.from, to = %change.to, epoch, via = "upstream", "switch");
-            let labels = [("master", change.master.clone())];
-            metrics::counter!(crate::metrics::PRIMARY_CHANGES, &labels).increment(1);
-            let data = json!({
-                "from": change.from.to_string(), "to": change.to.to_string(),
-                "hostname": change.to.hostname, "epoch": epoch, "via": "upstream",
-            });
-            self.events.push("switch", Some(&change.master), data);
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > MAX_BODY {
+            return Err(too_large());
         }
+        body.extend_from_slice(&chunk);
     }
+    Ok(body)
 }
 
 fn check(url: &str, response: reqwest::Response) -> Result<reqwest::Response, UpstreamError> {
     let status = response.status();
     if status.is_success() {
         Ok(response)
+    } else if status == reqwest::StatusCode::UNAUTHORIZED {
+        Err(UpstreamError::Unauthorized { url: url.to_string() })
     } else {
         Err(UpstreamError::Status { url: url.to_string(), status })
     }

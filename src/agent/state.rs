@@ -16,6 +16,72 @@ pub trait Labels {
     fn label(&self, master: &str, upstream_label: &str) -> Option<String>;
 }
 
+/// An epoch above this is no Sentinel's (one per failover attempt: billions of failovers).
+pub const MAX_EPOCH: u64 = 1 << 32;
+/// A master's epoch grows by one per failover attempt; more than this at once is not believed.
+pub const MAX_EPOCH_JUMP: u64 = 1000;
+
+/// The views to publish from the latest answers of every upstream that answers: per master,
+/// the highest epoch among the plausible ones ([`plausible`]). Returns them and why the others
+/// were refused.
+pub fn combine(current: &Snapshot, upstreams: &[&[MasterView]]) -> (Vec<MasterView>, Vec<String>) {
+    let mut best: BTreeMap<&str, &MasterView> = BTreeMap::new();
+    let mut refused = Vec::new();
+    for view in upstreams.iter().flat_map(|views| views.iter()) {
+        if let Err(why) = plausible(current.master(&view.name).map(|m| &**m), view) {
+            refused.push(format!("{}: {why}", view.name));
+            continue;
+        }
+        // On equal epochs an upstream that is `ok` beats one that has lost its Sentinels.
+        let better = best.get(view.name.as_str()).is_none_or(|b| {
+            view.epoch > b.epoch || (view.epoch == b.epoch && b.state != "ok" && view.state == "ok")
+        });
+        if better {
+            best.insert(&view.name, view);
+        }
+    }
+    let mut views: Vec<MasterView> = best.into_values().cloned().collect();
+    // A master whose every view was refused keeps what this agent published for it.
+    let kept = upstreams.iter().flat_map(|v| v.iter()).filter_map(|v| current.master(&v.name));
+    for old in kept {
+        if !views.iter().any(|v| v.name == old.name) {
+            views.push(MasterView::from(&**old));
+        }
+    }
+    (views, refused)
+}
+
+/// Whether a view of a master can be believed, given what this agent published for it: an
+/// upstream that invents an epoch (to pin the agent), or a primary without a failover, or one
+/// that was never a data node of the master, is refused; the master keeps what it has.
+fn plausible(old: Option<&Master>, view: &MasterView) -> Result<(), String> {
+    let epoch = view.epoch.unwrap_or(0);
+    if epoch > MAX_EPOCH {
+        return Err(format!("epoch {epoch} is not a Sentinel epoch"));
+    }
+    let Some(old) = old else { return Ok(()) };
+    let (Some(old_primary), Some(new_primary)) = (&old.primary, &view.primary) else {
+        return Ok(());
+    };
+    let old_epoch = old.epoch.unwrap_or(0);
+    if epoch > old_epoch.saturating_add(MAX_EPOCH_JUMP) {
+        return Err(format!("epoch jumps from {old_epoch} to {epoch}"));
+    }
+    let moved = old_primary.addr() != new_primary.addr();
+    if moved && epoch == old_epoch {
+        return Err(format!(
+            "primary {} at the same epoch {epoch} as {old_primary}",
+            new_primary.addr()
+        ));
+    }
+    let was_replica =
+        old.replicas.iter().any(|r| (r.ip, r.port) == (new_primary.ip, new_primary.port));
+    if moved && epoch > old_epoch && !was_replica {
+        return Err(format!("new primary {} was not a replica of it", new_primary.addr()));
+    }
+    Ok(())
+}
+
 /// The snapshot after reading `views` from the upstream, given the current one.
 pub fn merge(current: &Snapshot, views: &[MasterView], labels: &dyn Labels) -> Snapshot {
     let mut masters = BTreeMap::new();

@@ -67,7 +67,7 @@ fn accepted(config: &Config) {
     }
     match &config.source {
         Source::Sentinels(s) => assert!(!s.addresses.is_empty()),
-        Source::Upstream(url) => assert!(url.starts_with("http://")),
+        Source::Upstream(u) => assert!(u.urls.iter().all(|url| url.starts_with("http"))),
     }
     let _ = config.summary();
 }
@@ -111,6 +111,9 @@ const PATHS: &[&str] = &[
     "sweep.local_ports",
     "sweep.remote",
     "upstream",
+    "upstream.urls",
+    "upstream.ca_file",
+    "upstream.token_file",
     "bogus",
     "drain.bogus",
 ];

@@ -119,8 +119,19 @@ pub struct Sentinels {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
     Sentinels(Sentinels),
-    /// Another polestar's HTTP API, followed through its event stream.
-    Upstream(String),
+    /// Other polestars' HTTP APIs, followed through their event streams.
+    Upstream(Upstream),
+}
+
+/// `upstream:`: the polestars an agent follows, and how it proves who it is to them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upstream {
+    /// `http://` or `https://` base URLs, without a trailing `/`; every one is followed.
+    pub urls: Vec<String>,
+    /// Verify https upstreams against it (default: the system roots).
+    pub ca_file: Option<PathBuf>,
+    /// Sent as `Authorization: Bearer` on every request (`upstream.token_file`).
+    pub token: Option<Secret>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,6 +167,9 @@ pub struct Http {
 pub struct ServerTls {
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
+    /// When each file was last modified, as read with the configuration: a certificate renewed
+    /// in place makes a reload see a change, and the HTTPS server loads it again.
+    pub stamp: Option<(std::time::SystemTime, std::time::SystemTime)>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -266,7 +280,7 @@ impl Config {
     pub fn summary(&self) -> String {
         let source = match &self.source {
             Source::Sentinels(s) => format!("{} sentinel(s)", s.addresses.len()),
-            Source::Upstream(url) => format!("upstream {url}"),
+            Source::Upstream(u) => format!("upstream {}", u.urls.join(", ")),
         };
         let masters = match &self.masters {
             Some(m) => format!("{} master(s)", m.len()),
@@ -301,9 +315,13 @@ pub enum ParseError {
 fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
     let mut top = Section::new("", value, p);
     let sentinels = top.raw("sentinels").map(|v| sentinels(v, base, p));
-    let upstream = top.take_with("upstream", p, parse_upstream);
+    let upstream = top.raw("upstream").and_then(|v| upstream(v, base, p));
     let masters = top.raw("masters").map(|v| masters(v, p));
-    let nodes = top.raw("nodes").map(|v| auth(Section::new("nodes", v, p), base, p, false));
+    let nodes = top.raw("nodes").map(|v| {
+        let section = Section::new("nodes", v, p);
+        let own_tls = section.has("tls");
+        (auth(section, base, p, false), own_tls)
+    });
     let dns = top.raw("dns").map(|v| dns(v, p));
     let http = top.raw("http").map(|v| http(v, base, p));
     let ttl = dns.as_ref().and_then(|d| d.as_ref().map(|d| d.ttl)).unwrap_or(DEFAULT_TTL);
@@ -312,6 +330,14 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
     let sentinel_api = top.raw("sentinel_api").map(|v| sentinel_api::parse(v, base, p));
     top.finish(p);
 
+    // `nodes.tls` defaults to `sentinels.tls`: data nodes and Sentinels of one deployment
+    // usually share a CA, and a node polestar cannot reach is a fence that cannot happen.
+    let sentinel_tls = sentinels.as_ref().and_then(|s| s.as_ref()).map(|s| s.auth.tls.clone());
+    let nodes = match nodes {
+        Some((auth, true)) => auth,
+        Some((auth, false)) => Auth { tls: sentinel_tls.unwrap_or_default(), ..auth },
+        None => Auth { tls: sentinel_tls.unwrap_or_default(), ..Auth::default() },
+    };
     let source = match (sentinels, upstream) {
         (Some(s), None) => Source::Sentinels(s?),
         (None, Some(u)) => Source::Upstream(u),
@@ -327,7 +353,7 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
     Some(Config {
         source,
         masters: masters.flatten(),
-        nodes: nodes.unwrap_or_default(),
+        nodes,
         dns: dns.flatten(),
         http: http.flatten(),
         drain: drain?,
@@ -387,11 +413,23 @@ fn tls(mut s: Section, base: &Path, p: &mut Problems) -> Tls {
     let ca_file = file("ca_file", p);
     let cert_file = file("cert_file", p);
     let key_file = file("key_file", p);
-    if cert_file.is_some() != key_file.is_some() {
+    let paired = cert_file.is_some() == key_file.is_some();
+    if !paired {
         p.push(&s.path("cert_file"), "cert_file and key_file go together");
     }
+    let errors = p.errors.len();
+    let path = s.path("");
     s.finish(p);
-    Tls { enabled, ca_file, cert_file, key_file }
+    let tls = Tls { enabled, ca_file, cert_file, key_file };
+    // Built as every connection will build it, so that a bad PEM is found here, by name.
+    if tls.enabled
+        && paired
+        && p.errors.len() == errors
+        && let Err(e) = crate::tls::client_config(&tls)
+    {
+        p.push(path.trim_end_matches('.'), e);
+    }
+    tls
 }
 
 /// The secret of the file named at `key`; a problem when it cannot be read, a warning when
@@ -422,12 +460,46 @@ pub fn read_secret(path: &Path) -> Result<Secret, String> {
     Ok(Secret::new(secret))
 }
 
+/// `upstream: URL` (one URL, no token) or `upstream: {urls, ca_file, token_file}`.
+fn upstream(value: Value, base: &Path, p: &mut Problems) -> Option<Upstream> {
+    if let Value::String(url) = value {
+        let url = parse_upstream(url).map_err(|e| p.push("upstream", e)).ok()?;
+        return Some(Upstream { urls: vec![url], ca_file: None, token: None });
+    }
+    let mut s = Section::new("upstream", value, p);
+    let urls_path = s.path("urls");
+    let urls = s.take_list("urls", p, parse_upstream);
+    let ca_path = s.path("ca_file");
+    let ca_file = s.take::<PathBuf>("ca_file", p).map(|f| base.join(f));
+    let token_path = s.path("token_file");
+    let token =
+        s.take::<PathBuf>("token_file", p).and_then(|f| secret_file(&base.join(f), &token_path, p));
+    s.finish(p);
+    if let Some(ca) = &ca_file
+        && let Err(e) = crate::tls::roots(Some(ca))
+    {
+        p.push(&ca_path, e);
+    }
+    match urls {
+        Some(urls) if !urls.is_empty() => Some(Upstream { urls, ca_file, token }),
+        Some(_) => {
+            p.push(&urls_path, "must list at least one polestar URL");
+            None
+        }
+        None => {
+            p.push(&urls_path, "missing");
+            None
+        }
+    }
+}
+
 fn parse_upstream(url: String) -> Result<String, String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("{url:?} must be an http:// URL of another polestar's API"))?;
+    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+    let rest = rest.ok_or_else(|| {
+        format!("{url:?} must be an http:// or https:// URL of another polestar's API")
+    })?;
     let authority = rest.split('/').next().unwrap_or("");
-    HostPort::parse(authority).map_err(|_| format!("{url:?} must be http://host:port"))?;
+    HostPort::parse(authority).map_err(|_| format!("{url:?} must be http(s)://host:port"))?;
     Ok(url.trim_end_matches('/').to_string())
 }
 
@@ -566,8 +638,17 @@ fn server_tls(mut s: Section, base: &Path, p: &mut Problems) -> Option<ServerTls
     };
     let cert_file = file("cert_file", p);
     let key_file = file("key_file", p);
+    let path = s.path("");
     s.finish(p);
-    Some(ServerTls { cert_file: cert_file?, key_file: key_file? })
+    let (cert_file, key_file) = (cert_file?, key_file?);
+    let modified = |f: &Path| std::fs::metadata(f).and_then(|m| m.modified()).ok();
+    let stamp = modified(&cert_file).zip(modified(&key_file));
+    let tls = ServerTls { cert_file, key_file, stamp };
+    if let Err(e) = crate::tls::server_config(&tls) {
+        p.push(path.trim_end_matches('.'), e);
+        return None;
+    }
+    Some(tls)
 }
 
 fn drain(value: Value, ttl: Duration, p: &mut Problems) -> Option<Drain> {

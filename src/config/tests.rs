@@ -174,3 +174,45 @@ fn check_reported_one_bad_value_twice() {
         parse("sentinels: {addresses: ['127.0.0.1:1']}\nhttp: {}").expect_err("no listen");
     assert_eq!(missing, vec!["http.listen: missing".to_string()]);
 }
+
+fn parse_in(dir: &Path, text: &str) -> Result<Config, Vec<String>> {
+    Config::parse(text, dir).map_err(|e| match e {
+        ParseError::Yaml(m) => vec![m],
+        ParseError::Invalid(p) => p,
+    })
+}
+
+#[test]
+fn nodes_tls_defaults_to_sentinels_tls_and_a_bad_pem_is_named() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("ca.pem"), "not a certificate\n").expect("write");
+    let text = "sentinels: {addresses: ['127.0.0.1:26379'], tls: {enabled: true, ca_file: ca.pem}}";
+    let problems = parse_in(dir.path(), text).expect_err("the CA is no PEM");
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].starts_with("sentinels.tls: "), "{problems:?}");
+    assert!(problems[0].contains("ca.pem: no PEM certificate"), "{problems:?}");
+
+    // No ca_file: the system roots; nodes inherit the Sentinels' TLS unless they say otherwise.
+    let text = "sentinels: {addresses: ['127.0.0.1:26379'], tls: {enabled: true}}";
+    let config = parse_in(dir.path(), text).expect("valid");
+    assert!(config.nodes.tls.enabled);
+    let text = "sentinels: {addresses: ['127.0.0.1:26379'], tls: {enabled: true}}\n\
+                nodes: {username: u, tls: {enabled: false}}";
+    let config = parse_in(dir.path(), text).expect("valid");
+    assert!(!config.nodes.tls.enabled);
+}
+
+#[test]
+fn a_server_key_that_does_not_match_its_certificate_is_named() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let certs = crate::lab::tls::Certs::generate(dir.path()).expect("openssl makes certificates");
+    let text = format!(
+        "sentinels: {{addresses: ['127.0.0.1:26379']}}\n\
+         http: {{listen: '127.0.0.1:0', tls: {{cert_file: {}, key_file: {}}}}}",
+        certs.node_cert.display(),
+        certs.client_key.display()
+    );
+    let problems = parse_in(dir.path(), &text).expect_err("mismatched key");
+    assert!(problems[0].starts_with("http.tls: "), "{problems:?}");
+    assert!(problems[0].contains("do not go together"), "{problems:?}");
+}

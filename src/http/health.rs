@@ -19,7 +19,12 @@ pub async fn healthz() -> Json<Value> {
 /// `GET /readyz`: 200 when every master has a confirmed primary and a Sentinel is reachable,
 /// else 503 with every reason.
 pub async fn readyz(State(s): State<Arc<Shared>>) -> impl IntoResponse {
-    let reasons = unready_reasons(&s.api.topology.borrow());
+    let snapshot = s.api.topology.borrow().clone();
+    let mut reasons = unready_reasons(&snapshot);
+    if !snapshot.source_reachable {
+        // Why: the last error of every endpoint that does not answer (a TLS problem, say).
+        reasons.extend(crate::reach::errors(None));
+    }
     let status = if reasons.is_empty() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(json!({ "ready": reasons.is_empty(), "reasons": reasons })))
 }

@@ -37,7 +37,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Secret;
+use crate::config::{Secret, ServerTls};
 use crate::control::Control;
 use crate::events::EventLog;
 use crate::metrics::HTTP_REQUESTS;
@@ -71,6 +71,9 @@ pub struct Api {
     pub metrics: PrometheusHandle,
     /// Manual drains (`POST /v1/masters/{name}/drain`); `None` answers 501.
     pub drain: Option<crate::drain::DrainHandle>,
+    /// `http.tls` as currently configured: HTTPS only while set; a reload that renews the
+    /// certificate (or names another) applies to the next connection.
+    pub tls: watch::Receiver<Option<ServerTls>>,
 }
 
 /// A token as currently configured: the daemon keeps it up to date from the configuration
@@ -81,6 +84,11 @@ pub type Token = watch::Receiver<Option<Secret>>;
 pub fn fixed_token(token: Option<Secret>) -> Token {
     // A receiver keeps the last value after its sender is gone.
     watch::channel(token).1
+}
+
+/// A TLS setting that never changes (tests, embedding): `None` serves plain HTTP.
+pub fn fixed_tls(tls: Option<ServerTls>) -> watch::Receiver<Option<ServerTls>> {
+    watch::channel(tls).1
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,22 +113,84 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
 /// send their headers byte by byte (slowloris) or open connections and say nothing would each
 /// hold a connection and a file descriptor forever.
 pub async fn serve(listener: TcpListener, api: Api, shutdown: CancellationToken) -> io::Result<()> {
+    let mut tls = Tls::new(api.tls.clone())?;
     let app = routes(Arc::new(Shared::new(api, shutdown.clone())));
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let graceful = GracefulShutdown::new();
     while let Some((stream, slot)) = accept(&listener, &slots, &shutdown).await {
-        let service = TowerToHyperService::new(app.clone());
-        let mut builder = http1::Builder::new();
-        builder.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let (app, watcher) = (app.clone(), graceful.watcher());
+        let acceptor = tls.current();
         tokio::spawn(async move {
-            let _ = connection.await; // a client that goes away is not an error of the server
+            match acceptor {
+                None => serve_one(stream, app, watcher).await,
+                Some(acceptor) => {
+                    // In the connection's task: a slow handshake holds its slot, not the loop.
+                    let handshake = acceptor.accept(stream);
+                    if let Ok(Ok(stream)) =
+                        tokio::time::timeout(HEADER_READ_TIMEOUT, handshake).await
+                    {
+                        serve_one(stream, app, watcher).await;
+                    }
+                }
+            }
             drop(slot);
         });
     }
     // Idle connections close at once; the wait is bounded for ones stuck mid-request.
     let _ = tokio::time::timeout(HEADER_READ_TIMEOUT, graceful.shutdown()).await;
     Ok(())
+}
+
+/// One HTTP/1.1 connection, plain or TLS, until it ends (or shutdown closes it).
+async fn serve_one<S>(stream: S, app: Router, watcher: hyper_util::server::graceful::Watcher)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = TowerToHyperService::new(app);
+    let mut builder = http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    // A client that goes away is not an error of the server.
+    let _ = watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await;
+}
+
+/// The TLS acceptor for `http.tls` as configured now, rebuilt when a reload changes it.
+struct Tls {
+    config: watch::Receiver<Option<ServerTls>>,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl Tls {
+    /// Fails when the configured certificate cannot be loaded (checked with the configuration
+    /// already, so only a file changed since).
+    fn new(mut config: watch::Receiver<Option<ServerTls>>) -> io::Result<Self> {
+        let tls = config.borrow_and_update().clone();
+        let acceptor = match tls {
+            Some(tls) => Some(acceptor(&tls).map_err(io::Error::other)?),
+            None => None,
+        };
+        if acceptor.is_some() {
+            tracing::info!("serving HTTPS only");
+        }
+        Ok(Self { config, acceptor })
+    }
+
+    fn current(&mut self) -> Option<tokio_rustls::TlsAcceptor> {
+        if self.config.has_changed().unwrap_or(false) {
+            let tls = self.config.borrow_and_update().clone();
+            match tls.as_ref().map(acceptor).transpose() {
+                Ok(acceptor) => {
+                    tracing::info!(https = acceptor.is_some(), "HTTP TLS certificate reloaded");
+                    self.acceptor = acceptor;
+                }
+                Err(e) => tracing::error!("http.tls: keeping the previous certificate: {e}"),
+            }
+        }
+        self.acceptor.clone()
+    }
+}
+
+fn acceptor(tls: &ServerTls) -> Result<tokio_rustls::TlsAcceptor, crate::tls::TlsError> {
+    crate::tls::server_config(tls).map(tokio_rustls::TlsAcceptor::from)
 }
 
 /// The next connection and its slot, or `None` at shutdown. Waits for a free slot first, so

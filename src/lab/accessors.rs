@@ -19,6 +19,11 @@ impl Lab {
         &self.opts.master_name
     }
 
+    /// The certificates of a TLS lab (`LabOptions::tls`).
+    pub fn certs(&self) -> Option<&super::tls::Certs> {
+        self.certs.as_ref()
+    }
+
     /// Where the lab keeps its files (configs, logs); removed on drop.
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -14,6 +14,7 @@ mod faults;
 pub mod leftovers;
 mod process;
 mod query;
+pub mod tls;
 mod waits;
 
 use std::sync::{Mutex, MutexGuard};
@@ -50,6 +51,9 @@ pub struct LabOptions {
     pub converge_deadline: Duration,
     /// Redis or Valkey (default: [`Flavor::from_env`]).
     pub flavor: Flavor,
+    /// TLS only: every process on `tls-port` with client certificates required, replication
+    /// over TLS; the certificates are made in the lab's directory ([`Lab::certs`]).
+    pub tls: bool,
 }
 
 impl Default for LabOptions {
@@ -64,6 +68,7 @@ impl Default for LabOptions {
             hostnames: false,
             converge_deadline: Duration::from_secs(60),
             flavor: Flavor::from_env(),
+            tls: false,
         }
     }
 }
@@ -95,6 +100,8 @@ pub struct Lab {
     /// Behind a mutex so that every helper takes `&self` and a test can share the lab with
     /// tasks; never held across an await.
     procs: Mutex<Procs>,
+    /// With `tls`: the certificates, in `dir`.
+    certs: Option<tls::Certs>,
     /// Dropped after `Drop::drop` killed the processes, removing their files.
     dir: tempfile::TempDir,
 }
@@ -109,7 +116,11 @@ impl Lab {
         leftovers::clean();
         let dir = leftovers::new_dir().context("cannot create the lab directory")?;
         let procs = Procs { nodes: Vec::new(), sentinels: Vec::new() };
-        let lab = Lab { opts, procs: Mutex::new(procs), dir };
+        let certs = match opts.tls {
+            true => Some(tls::Certs::generate(&dir.path().join("tls"))?),
+            false => None,
+        };
+        let lab = Lab { opts, procs: Mutex::new(procs), certs, dir };
         lab.launch_all().await.map_err(|e| lab.explain(e))?;
         Ok(lab)
     }
@@ -145,14 +156,23 @@ impl Lab {
 
     fn prepare(&self, slot: Slot) -> anyhow::Result<()> {
         let primary = self.lock().nodes.first().map(|n| n.port);
+        let certs = self.certs.as_ref();
         self.with(slot, |p| {
+            if certs.is_some() {
+                tls::unregister(p.port);
+            }
             p.port = process::free_port()?;
-            let text = match (slot, primary) {
+            let mut text = match (slot, primary) {
                 (Slot::Node(0), _) => conf::server(p, None, &self.opts),
                 (Slot::Node(_), primary) => conf::server(p, primary, &self.opts),
                 (Slot::Sentinel(_), Some(primary)) => conf::sentinel(p, primary, &self.opts),
                 (Slot::Sentinel(_), None) => bail!("sentinels need a node to monitor"),
             };
+            if let Some(certs) = certs {
+                // The last `port` line wins: the plain port is closed.
+                text.push_str(&certs.conf_lines(p.port));
+                tls::register(p.port, certs.client_tls());
+            }
             process::write_config(p, &text)?;
             p.spawn()
         })
@@ -211,6 +231,9 @@ impl Drop for Lab {
         let procs = &mut *guard;
         for p in procs.sentinels.iter_mut().chain(procs.nodes.iter_mut()) {
             p.kill();
+            if self.certs.is_some() {
+                tls::unregister(p.port);
+            }
         }
     }
 }

@@ -120,20 +120,20 @@ impl Changes {
             token(old, |h| &h.agent_token) != token(new, |h| &h.agent_token),
             "http.agent_token_file",
         );
+        // The HTTP server builds its acceptor again for the next connection; a certificate
+        // renewed in place counts as a change (`ServerTls::stamp`).
         let http_tls = |c: &Config| c.http.as_ref().and_then(|h| h.tls.clone());
-        if http_tls(old) != http_tls(new) {
-            c.restart.push("http.tls");
-        }
-        let http_listen = |c: &Config| c.http.as_ref().map(|h| h.listen);
-        if http_listen(old) != http_listen(new) {
-            c.restart.push("http.listen");
-        }
+        applied(http_tls(old) != http_tls(new), "http.tls");
         let api = |c: &Config| c.sentinel_api.clone();
         applied(api(old).map(|a| a.peers) != api(new).map(|a| a.peers), "sentinel_api.peers");
         applied(
             api(old).and_then(|a| a.password) != api(new).and_then(|a| a.password),
             "sentinel_api.password_file",
         );
+        let http_listen = |c: &Config| c.http.as_ref().map(|h| h.listen);
+        if http_listen(old) != http_listen(new) {
+            c.restart.push("http.listen");
+        }
         let api_bound = |c: &Config| api(c).map(|a| (a.listen, a.max_connections, a.idle_timeout));
         if api_bound(old) != api_bound(new) {
             c.restart.push("sentinel_api.listen");

@@ -10,10 +10,13 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::io::tcp::{TcpSettings, socket2::TcpKeepalive};
 use redis::{
-    AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, ProtocolVersion, PushInfo,
-    RedisConnectionInfo, RedisResult, TlsCertificates,
+    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, IntoConnectionInfo, ProtocolVersion,
+    PushInfo, RedisConnectionInfo, RedisError, RedisResult,
 };
+use rustls::pki_types::ServerName;
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
+use tokio_rustls::TlsConnector;
 
 use crate::config::Auth;
 
@@ -51,32 +54,82 @@ impl Endpoint {
 }
 
 /// Opens a RESP3 connection; with `push`, pub/sub messages and disconnects arrive there.
+/// Every failure, TLS ones included, is an error naming the endpoint (never a panic), and is
+/// recorded for `/readyz` ([`crate::reach`]) until a connect to the same endpoint succeeds.
 pub async fn connect(
     endpoint: &Endpoint,
     push: Option<mpsc::UnboundedSender<PushInfo>>,
 ) -> RedisResult<MultiplexedConnection> {
-    let client = client(endpoint)?;
     let mut config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
         .set_response_timeout(Some(RESPONSE_TIMEOUT));
     if let Some(push) = push {
         config = config.set_push_sender(push);
     }
-    client.get_multiplexed_async_connection_with_config(&config).await
-}
-
-fn client(endpoint: &Endpoint) -> RedisResult<Client> {
-    let tls = &endpoint.auth.tls;
-    let addr = if tls.enabled {
-        ConnectionAddr::TcpTls {
-            host: endpoint.host.clone(),
-            port: endpoint.port,
-            insecure: false,
-            tls_params: None,
+    let result = if endpoint.auth.tls.enabled {
+        match tokio::time::timeout(CONNECT_TIMEOUT, connect_tls(endpoint, config)).await {
+            Ok(result) => result,
+            Err(_) => {
+                Err(failure(endpoint, "connect", format!("no answer within {CONNECT_TIMEOUT:?}")))
+            }
         }
     } else {
-        ConnectionAddr::Tcp(endpoint.host.clone(), endpoint.port)
+        match Client::open(info(endpoint)?) {
+            Ok(client) => client.get_multiplexed_async_connection_with_config(&config).await,
+            Err(e) => Err(e),
+        }
     };
+    crate::reach::record(&endpoint.name(), result.as_ref().err());
+    result
+}
+
+/// TCP with our socket settings, then TLS with the configuration of [`crate::tls`]: the
+/// certificate is verified against the host dialled (a name or an IP address, as the
+/// endpoint says), then HELLO and AUTH.
+async fn connect_tls(
+    endpoint: &Endpoint,
+    config: AsyncConnectionConfig,
+) -> RedisResult<MultiplexedConnection> {
+    let tls = crate::tls::client_config(&endpoint.auth.tls)
+        .map_err(|e| failure(endpoint, "TLS configuration", e.to_string()))?;
+    let server_name = ServerName::try_from(endpoint.host.clone())
+        .map_err(|e| failure(endpoint, "TLS server name", e.to_string()))?;
+    let tcp = TcpStream::connect((endpoint.host.as_str(), endpoint.port))
+        .await
+        .map_err(|e| failure(endpoint, "connect", e.to_string()))?;
+    set_socket_options(&tcp);
+    let stream = TlsConnector::from(tls)
+        .connect(server_name, tcp)
+        .await
+        .map_err(|e| failure(endpoint, "TLS handshake", e.to_string()))?;
+    let redis = redis_settings(endpoint);
+    let (conn, driver) = MultiplexedConnection::new_with_config(&redis, stream, config)
+        .await
+        // A server that refuses our certificate (or none) says so after the handshake.
+        .map_err(|e| failure(endpoint, "TLS session", e.to_string()))?;
+    // The driver ends when the last clone of the connection is dropped or the socket fails.
+    tokio::spawn(driver);
+    Ok(conn)
+}
+
+/// The settings `tcp_settings` gives redis' own sockets, on ours.
+fn set_socket_options(tcp: &TcpStream) {
+    let socket = socket2::SockRef::from(tcp);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(5))
+        .with_interval(Duration::from_secs(1))
+        .with_retries(3);
+    // Best effort, as redis does: a socket without keepalive still works.
+    let _ = socket.set_tcp_nodelay(true);
+    let _ = socket.set_tcp_keepalive(&keepalive);
+    let _ = socket.set_tcp_user_timeout(Some(USER_TIMEOUT));
+}
+
+fn failure(endpoint: &Endpoint, stage: &'static str, detail: String) -> RedisError {
+    RedisError::from((ErrorKind::Io, stage, format!("{}: {detail}", endpoint.name())))
+}
+
+fn redis_settings(endpoint: &Endpoint) -> RedisConnectionInfo {
     let mut redis = RedisConnectionInfo::default()
         .set_protocol(ProtocolVersion::RESP3)
         .set_lib_name("polestar", env!("CARGO_PKG_VERSION"));
@@ -86,30 +139,13 @@ fn client(endpoint: &Endpoint) -> RedisResult<Client> {
     if let Some(password) = &endpoint.auth.password {
         redis = redis.set_password(password.expose());
     }
-    let info =
-        addr.into_connection_info()?.set_tcp_settings(tcp_settings()).set_redis_settings(redis);
-    if !tls.enabled {
-        return Client::open(info);
-    }
-    Client::build_with_tls(info, certificates(&endpoint.auth)?)
+    redis
 }
 
-fn certificates(auth: &Auth) -> RedisResult<TlsCertificates> {
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| {
-            redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "cannot read TLS file",
-                format!("{}: {e}", path.display()),
-            ))
-        })
-    };
-    let root_cert = auth.tls.ca_file.as_deref().map(read).transpose()?;
-    let client_tls = match (&auth.tls.cert_file, &auth.tls.key_file) {
-        (Some(cert), Some(key)) => {
-            Some(redis::ClientTlsConfig { client_cert: read(cert)?, client_key: read(key)? })
-        }
-        _ => None,
-    };
-    Ok(TlsCertificates { client_tls, root_cert })
+fn info(endpoint: &Endpoint) -> RedisResult<redis::ConnectionInfo> {
+    let addr = ConnectionAddr::Tcp(endpoint.host.clone(), endpoint.port);
+    Ok(addr
+        .into_connection_info()?
+        .set_tcp_settings(tcp_settings())
+        .set_redis_settings(redis_settings(endpoint)))
 }

@@ -46,6 +46,12 @@ pub struct PolestarConfig {
     pub admin_token: Option<String>,
     /// More `drain:` settings, one `key: value` per line (unindented).
     pub drain_settings: Vec<String>,
+    /// Instead of `sentinels:`, this top-level YAML (an agent's `upstream: ...`).
+    pub source: Option<String>,
+    /// More `http:` settings, one `key: value` per line (unindented), e.g. `tls: {...}`.
+    pub http_settings: Vec<String>,
+    /// With `http.tls`: the CA the harness's client verifies the HTTPS API against.
+    pub https_ca: Option<PathBuf>,
     /// Extra top-level YAML appended as is.
     pub extra: String,
 }
@@ -62,6 +68,9 @@ impl PolestarConfig {
             drain: false,
             admin_token: None,
             drain_settings: Vec::new(),
+            source: None,
+            http_settings: Vec::new(),
+            https_ca: None,
             extra: String::new(),
         }
     }
@@ -71,6 +80,9 @@ impl PolestarConfig {
         let mut y = format!("sentinels:\n  addresses: [{}]\n", quoted.join(", "));
         for line in &self.sentinel_settings {
             let _ = writeln!(y, "  {line}");
+        }
+        if let Some(source) = &self.source {
+            y = format!("{}\n", source.trim_end());
         }
         if !self.masters.is_empty() {
             y.push_str("masters:\n");
@@ -89,6 +101,9 @@ impl PolestarConfig {
             }
         }
         y.push_str("http:\n  listen: \"127.0.0.1:0\"\n");
+        for line in &self.http_settings {
+            let _ = writeln!(y, "  {line}");
+        }
         if let Some(token) = &self.admin_token {
             let file = dir.join("admin.token");
             std::fs::write(&file, format!("{token}\n")).expect("write the admin token file");
@@ -110,6 +125,8 @@ pub struct Polestar {
     pub dns: Option<SocketAddr>,
     pub config_path: PathBuf,
     client: reqwest::Client,
+    /// `https` when the API serves TLS.
+    pub scheme: &'static str,
     /// Its working directory: a lab directory, so a run that dies leaves no daemon behind.
     dir: tempfile::TempDir,
 }
@@ -123,10 +140,13 @@ impl Polestar {
         let mut child = spawn_daemon(&config_path, dir.path());
         let log = Arc::new(Mutex::new(Vec::new()));
         read_stderr(&mut child, log.clone());
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .expect("an HTTP client");
+        let mut client = reqwest::Client::builder().timeout(Duration::from_secs(60));
+        if let Some(ca) = &config.https_ca {
+            let tls = polestar::tls::https_client_config(Some(ca)).expect("the test CA loads");
+            client = client.use_preconfigured_tls(tls);
+        }
+        let client = client.build().expect("an HTTP client");
+        let scheme = if config.https_ca.is_some() { "https" } else { "http" };
         let mut p = Polestar {
             child,
             log,
@@ -134,6 +154,7 @@ impl Polestar {
             dns: None,
             config_path,
             client,
+            scheme,
             dir,
         };
         p.await_ready(config.dns).await;
@@ -176,6 +197,12 @@ impl Polestar {
         self.child.id()
     }
 
+    /// Sends `signal` to the daemon (SIGHUP: reload).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, signal).expect("the daemon is running");
+    }
+
     /// Whether any log line contains `text`.
     pub fn logged(&self, text: &str) -> bool {
         lock(&self.log).iter().any(|l| l.contains(text))
@@ -188,11 +215,11 @@ impl Polestar {
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.http)
+        format!("{}://{}{path}", self.scheme, self.http)
     }
 
     pub fn api(&self) -> String {
-        format!("http://{}", self.http)
+        format!("{}://{}", self.scheme, self.http)
     }
 
     /// Status, content type and body of `GET path`.

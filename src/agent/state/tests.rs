@@ -61,3 +61,41 @@ fn an_unreachable_upstream_marks_stale_and_keeps_the_primary() {
     assert!(!down.source_reachable);
     assert!(crate::sweep::plan::changes(&s, &down).is_empty());
 }
+
+fn combined(current: &Snapshot, upstreams: &[&[MasterView]]) -> (Snapshot, Vec<String>) {
+    let (views, refused) = combine(current, upstreams);
+    (merge(current, &views, &All), refused)
+}
+
+#[test]
+fn the_highest_epoch_of_the_upstreams_that_answer_wins() {
+    let s = merge(&Snapshot::default(), &[view(Some("10.0.0.1"), Some(1), "ok")], &All);
+    let behind = [view(Some("10.0.0.1"), Some(1), "ok")];
+    let ahead = [view(Some("10.0.0.2"), Some(2), "ok")];
+    let (next, refused) = combined(&s, &[&behind, &ahead]);
+    assert_eq!(primary(&next).as_deref(), Some("10.0.0.2:6379"));
+    assert!(refused.is_empty(), "{refused:?}");
+    // Equal epochs: the upstream that still sees its Sentinels wins.
+    let stale = [view(Some("10.0.0.2"), Some(2), "stale")];
+    let (next, _) = combined(&next, &[&stale, &ahead]);
+    assert_eq!(next.master("m").map(|m| m.state), Some(MasterState::Ok));
+}
+
+#[test]
+fn an_absurd_epoch_a_jump_or_an_equal_epoch_with_another_primary_is_refused() {
+    let s = merge(&Snapshot::default(), &[view(Some("10.0.0.1"), Some(5), "ok")], &All);
+    for (bad, why) in [
+        (view(Some("10.0.0.2"), Some(u64::MAX), "ok"), "not a Sentinel epoch"),
+        (view(Some("10.0.0.2"), Some(5 + MAX_EPOCH_JUMP + 1), "ok"), "jumps"),
+        (view(Some("10.0.0.2"), Some(5), "ok"), "same epoch"),
+        (view(Some("10.9.9.9"), Some(6), "ok"), "not a replica"),
+    ] {
+        let (next, refused) = combined(&s, &[&[bad]]);
+        assert_eq!(primary(&next).as_deref(), Some("10.0.0.1:6379"), "{why}");
+        assert_eq!(next.master("m").map(|m| m.state), Some(MasterState::Ok), "{why}");
+        assert!(refused.iter().any(|r| r.contains(why)), "{why}: {refused:?}");
+    }
+    // A plausible one afterwards is taken: nothing is pinned.
+    let (next, _) = combined(&s, &[&[view(Some("10.0.0.2"), Some(6), "ok")]]);
+    assert_eq!(primary(&next).as_deref(), Some("10.0.0.2:6379"));
+}

@@ -1,0 +1,385 @@
+//! Agents (issue 13): an agent follows several upstream polestars (any one that answers
+//! suffices), over https verified against `upstream.ca_file`, with the agent token; a wrong
+//! token is refused with 401 and the agent says so; the upstream's HTTPS certificate is
+//! reloaded on SIGHUP. Real Sentinels, the real binary for the upstream and the agent.
+
+use crate::common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::Signal;
+use polestar::lab::tls::Certs;
+use polestar::lab::{Lab, LabOptions};
+use serde_json::Value;
+
+const AGENT_TOKEN: &str = "agent-token-for-tests";
+
+/// The upstream: a polestar on the lab, HTTPS with the lab certificate, the agent token.
+async fn upstream(lab: &Lab, certs: &Certs, dir: &Path) -> Polestar {
+    let token = dir.join("agent.token");
+    std::fs::write(&token, format!("{AGENT_TOKEN}\n")).unwrap();
+    let mut config = PolestarConfig::for_lab(lab);
+    config.http_settings = vec![
+        format!(
+            "tls: {{cert_file: \"{}\", key_file: \"{}\"}}",
+            certs.node_cert.display(),
+            certs.node_key.display()
+        ),
+        format!("agent_token_file: \"{}\"", token.display()),
+    ];
+    config.https_ca = Some(certs.ca.clone());
+    Polestar::start(&config).await
+}
+
+/// An agent following `urls` with `token` (written to a file) and the lab CA.
+async fn agent(lab: &Lab, certs: &Certs, dir: &Path, urls: &[String], token: &str) -> Polestar {
+    let file = dir.join(format!("agent-{}.token", token.len()));
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    let quoted: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+    let mut config = PolestarConfig::for_lab(lab);
+    config.source = Some(format!(
+        "upstream:\n  urls: [{}]\n  ca_file: \"{}\"\n  token_file: \"{}\"",
+        quoted.join(", "),
+        certs.ca.display(),
+        file.display()
+    ));
+    Polestar::start(&config).await
+}
+
+fn primary_of_view(m: &Value) -> Option<String> {
+    Some(format!("{}:{}", m["primary"]["ip"].as_str()?, m["primary"]["port"].as_u64()?))
+}
+
+async fn wait_primary(ps: &Polestar, master: &str, want: &str, deadline: Duration) -> Value {
+    let end = Instant::now() + deadline;
+    loop {
+        if let Ok(m) = ps.master(master).await
+            && primary_of_view(&m).as_deref() == Some(want)
+        {
+            return m;
+        }
+        if Instant::now() > end {
+            panic!("{} never answered primary {want}:\n{}", ps.api(), ps.log_tail(60));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The `time_ms` of the first `switch` event of `ps` to `to`.
+async fn switch_ms(ps: &Polestar, to: &str) -> Option<u64> {
+    let (_, events) = ps.get_json("/v1/events").await.ok()?;
+    events.as_array()?.iter().find(|e| e["kind"] == "switch" && e["to"] == to)?["time_ms"].as_u64()
+}
+
+#[tokio::test]
+async fn an_agent_over_https_with_the_token_follows_a_failover_while_its_other_upstream_is_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = Certs::generate(&dir.path().join("tls")).expect("certificates");
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let up = upstream(&lab, &certs, dir.path()).await;
+    let dead = format!("http://127.0.0.1:{}", polestar::lab::free_service_port().unwrap());
+    let agent = agent(&lab, &certs, dir.path(), &[dead, up.api()], AGENT_TOKEN).await;
+    let old = lab.primary().await.expect("primary").to_string();
+    wait_primary(&agent, lab.master_name(), &old, STARTUP).await;
+
+    lab.failover().await.expect("SENTINEL FAILOVER");
+    let new = lab.wait_for_primary_change(old.parse().unwrap(), FAILOVER * 2).await.unwrap();
+    let new = new.to_string();
+    wait_primary(&up, lab.master_name(), &new, FAILOVER).await;
+    wait_primary(&agent, lab.master_name(), &new, FAILOVER).await;
+    let (Some(upstream_ms), Some(agent_ms)) =
+        (switch_ms(&up, &new).await, switch_ms(&agent, &new).await)
+    else {
+        panic!("switch events missing:\n{}\n{}", up.log_tail(30), agent.log_tail(30));
+    };
+    eprintln!(
+        "AGENT flip: the agent answered the new primary {} ms after its upstream published it",
+        agent_ms.saturating_sub(upstream_ms)
+    );
+    assert!(agent_ms.saturating_sub(upstream_ms) < 2000, "{upstream_ms} -> {agent_ms}");
+    assert!(agent.logged("upstream unreachable"), "{}", agent.log_tail(40));
+}
+
+#[tokio::test]
+async fn a_wrong_agent_token_gets_401_and_the_agent_logs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = Certs::generate(&dir.path().join("tls")).expect("certificates");
+    let lab = Lab::start(LabOptions { nodes: 1, sentinels: 1, quorum: 1, ..LabOptions::default() })
+        .await
+        .expect("the lab starts");
+    let up = upstream(&lab, &certs, dir.path()).await;
+    // The server side: a wrong token on the stream is 401, the right one is served.
+    let tls = polestar::tls::https_client_config(Some(&certs.ca)).unwrap();
+    let http = reqwest::Client::builder().use_preconfigured_tls(tls).build().unwrap();
+    let url = up.url("/v1/events/stream");
+    let wrong = http.get(&url).bearer_auth("nope").send().await.unwrap();
+    assert_eq!(wrong.status(), 401);
+    let right = http.get(&url).bearer_auth(AGENT_TOKEN).send().await.unwrap();
+    assert_eq!(right.status(), 200);
+    drop(right);
+
+    let agent = agent(&lab, &certs, dir.path(), &[up.api()], "the-wrong-token").await;
+    let end = Instant::now() + STARTUP;
+    while !agent.logged("401 Unauthorized") {
+        assert!(Instant::now() < end, "no 401 in the agent's log:\n{}", agent.log_tail(40));
+        tokio::time::sleep(POLL).await;
+    }
+    assert!(agent.logged("upstream.token_file"), "{}", agent.log_tail(40));
+    let (code, body) = agent.get_json("/readyz").await.unwrap();
+    assert_eq!(code, 503, "{body}");
+    assert!(body["reasons"].to_string().contains("401 Unauthorized"), "{body}");
+}
+
+#[tokio::test]
+async fn the_https_certificate_is_reloaded_on_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = Certs::generate(&dir.path().join("tls")).expect("certificates");
+    let lab = Lab::start(LabOptions { nodes: 1, sentinels: 1, quorum: 1, ..LabOptions::default() })
+        .await
+        .expect("the lab starts");
+    // The certificate files the upstream serves, replaced in place by a new CA's below.
+    let (cert, key) = (dir.path().join("api.crt"), dir.path().join("api.key"));
+    std::fs::copy(&certs.node_cert, &cert).unwrap();
+    std::fs::copy(&certs.node_key, &key).unwrap();
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.http_settings = vec![format!(
+        "tls: {{cert_file: \"{}\", key_file: \"{}\"}}",
+        cert.display(),
+        key.display()
+    )];
+    config.https_ca = Some(certs.ca.clone());
+    let ps = Polestar::start(&config).await;
+    let (code, _) = ps.get_json("/healthz").await.expect("HTTPS answers with the first CA");
+    assert_eq!(code, 200);
+    let plain = reqwest::get(format!("http://{}/healthz", ps.http)).await;
+    assert!(plain.is_err() || plain.is_ok_and(|r| r.status() != 200), "plain HTTP is not served");
+
+    let renewed = Certs::generate(&dir.path().join("renewed")).expect("certificates");
+    std::fs::copy(&renewed.node_cert, &cert).unwrap();
+    std::fs::copy(&renewed.node_key, &key).unwrap();
+    ps.signal(Signal::SIGHUP);
+    let tls = polestar::tls::https_client_config(Some(&renewed.ca)).unwrap();
+    let http = reqwest::Client::builder().use_preconfigured_tls(tls).build().unwrap();
+    let end = Instant::now() + STARTUP;
+    loop {
+        let answer = http.get(ps.url("/healthz")).send().await;
+        if answer.is_ok_and(|r| r.status() == 200) {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the renewed certificate is not served:\n{}",
+            ps.log_tail(30)
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    // A new connection that trusts only the first CA is refused now.
+    let tls = polestar::tls::https_client_config(Some(&certs.ca)).unwrap();
+    let old = reqwest::Client::builder().use_preconfigured_tls(tls).build().unwrap();
+    assert!(old.get(ps.url("/healthz")).send().await.is_err(), "the old certificate is served");
+}
+
+// ---------------------------------------------------------------------------------------------
+// A fake upstream that lies: invented masters, absurd epochs, a primary that was never a data
+// node, a huge body. The agent (with `sweep.remote`) must destroy nothing but the sockets to the
+// old primary of the one legitimate failover, and stay small.
+
+mod fake {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::body::{Body, Bytes};
+    use axum::extract::State;
+    use axum::routing::get;
+    use serde_json::{Value, json};
+
+    /// What the fake answers now, and how often each phase was read.
+    #[derive(Default)]
+    pub struct Script {
+        pub phase: AtomicUsize,
+        pub reads: [AtomicUsize; 8],
+        pub answers: std::sync::Mutex<Vec<Value>>,
+    }
+
+    impl Script {
+        pub fn set(&self, phase: usize, answer: Option<Value>) {
+            let mut answers = self.answers.lock().unwrap();
+            answers.resize(8, Value::Null);
+            answers[phase] = answer.unwrap_or(Value::Null);
+            self.phase.store(phase, Ordering::SeqCst);
+        }
+        pub fn reads(&self, phase: usize) -> usize {
+            self.reads[phase].load(Ordering::SeqCst)
+        }
+    }
+
+    pub fn master(name: &str, primary: u16, epoch: u64, replicas: &[u16]) -> Value {
+        let replicas: Vec<Value> = replicas
+            .iter()
+            .map(|p| json!({"ip": "127.0.0.1", "port": p, "healthy": true}))
+            .collect();
+        json!({
+            "name": name, "dns_name": name,
+            "primary": {"ip": "127.0.0.1", "port": primary, "hostname": null},
+            "epoch": epoch, "since": "2026-01-01T00:00:00.000Z", "state": "ok",
+            "replicas": replicas,
+            "sentinels": {"configured": 3, "reachable": 3, "agreeing": 3},
+        })
+    }
+
+    async fn masters(State(script): State<Arc<Script>>) -> Body {
+        let phase = script.phase.load(Ordering::SeqCst);
+        script.reads[phase].fetch_add(1, Ordering::SeqCst);
+        let answer = script.answers.lock().unwrap()[phase].clone();
+        if !answer.is_null() {
+            return Body::from(answer.to_string());
+        }
+        // 150 MB of a JSON array that never ends, streamed without a length.
+        let chunk = Bytes::from(vec![b' '; 1 << 20]);
+        let head = futures::stream::once(async { Ok::<_, std::io::Error>(Bytes::from("[")) });
+        let tail = futures::stream::iter((0..150).map(move |_| Ok(chunk.clone())));
+        Body::from_stream(futures::StreamExt::chain(head, tail))
+    }
+
+    /// An event every 100 ms, so the agent reads `/v1/masters` again at once.
+    async fn stream() -> Body {
+        let ticks = futures::stream::unfold(0u64, |n| async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let event = format!("id: {n}\nevent: switch\ndata: {{}}\n\n");
+            Some((Ok::<_, std::io::Error>(Bytes::from(event)), n + 1))
+        });
+        Body::from_stream(ticks)
+    }
+
+    pub async fn start(script: Arc<Script>) -> (String, tokio::task::JoinHandle<()>) {
+        let app = Router::new()
+            .route("/v1/masters", get(masters))
+            .route("/v1/events/stream", get(stream))
+            .with_state(script);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (url, task)
+    }
+}
+
+/// A listener on loopback standing for a data node (or any other service of this host), and
+/// one client connection to it: the socket a sweep would destroy.
+struct Victim {
+    port: u16,
+    client: tokio::net::TcpStream,
+    _server: tokio::net::TcpStream,
+    _listener: tokio::net::TcpListener,
+}
+
+impl Victim {
+    async fn new() -> Victim {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let client = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        Victim { port, client, _server: server, _listener: listener }
+    }
+
+    /// The client socket was not destroyed: reading would block (nothing was sent to it).
+    fn alive(&self) -> bool {
+        let mut buf = [0u8; 1];
+        matches!(self.client.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap_or("VmRSS: 0 kB");
+    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_lying_upstream_makes_the_agent_destroy_nothing_outside_the_data_nodes_it_follows() {
+    use fake::{Script, master};
+    use serde_json::json;
+    use std::sync::Arc;
+
+    let [a, r, v, v2, v3, v4] = [(); 6].map(|_| Victim::new());
+    let (a, r, v, v2, v3, v4) = (a.await, r.await, v.await, v2.await, v3.await, v4.await);
+    let script = Arc::new(Script::default());
+    // mymaster: primary A, replica R; an invented master whose primary is V.
+    script.set(
+        0,
+        Some(json!([master("mymaster", a.port, 1, &[r.port]), master("evil", v.port, 1, &[])])),
+    );
+    let (url, fake_task) = fake::start(script.clone()).await;
+
+    let config = PolestarConfig {
+        sentinels: vec![],
+        masters: vec![("mymaster".into(), None)],
+        dns: false,
+        dns_notify: vec![],
+        drain: false,
+        admin_token: None,
+        drain_settings: vec![],
+        sentinel_settings: vec![],
+        source: Some(format!("upstream: {url}")),
+        http_settings: vec![],
+        https_ca: None,
+        extra: "sweep:\n  remote: true\n".into(),
+    };
+    let agent = Polestar::start(&config).await;
+    let mine = format!("127.0.0.1:{}", a.port);
+    wait_primary(&agent, "mymaster", &mine, STARTUP).await;
+    let (code, _) = agent.get_json("/v1/masters/evil").await.unwrap();
+    assert_eq!(code, 404, "an invented master is not followed");
+
+    // Each lie, read a few times by the agent; the primary stays A and no socket is destroyed.
+    let lies = [
+        json!([
+            master("mymaster", v2.port, u64::MAX, &[r.port]),
+            master("evil", r.port, 2, &[v.port])
+        ]),
+        json!([master("mymaster", v3.port, 1, &[r.port])]),
+        json!([master("mymaster", v4.port, 2, &[r.port])]),
+    ];
+    for (i, lie) in lies.into_iter().enumerate() {
+        let phase = i + 1;
+        script.set(phase, Some(lie));
+        wait_reads(&script, phase, &agent).await;
+        wait_primary(&agent, "mymaster", &mine, Duration::from_secs(1)).await;
+    }
+    script.set(4, None); // the huge body
+    wait_reads(&script, 4, &agent).await;
+    let rss = rss_kb(agent.pid());
+    eprintln!("AGENT RSS after 150 MB answers: {rss} kB");
+    assert!(rss < 100_000, "the agent holds {rss} kB after huge answers");
+    assert!(agent.logged("larger than"), "{}", agent.log_tail(40));
+    assert!(agent.logged("upstream answer refused"), "{}", agent.log_tail(40));
+    for (name, victim) in [("R", &r), ("V", &v), ("V2", &v2), ("V3", &v3), ("V4", &v4), ("A", &a)] {
+        assert!(victim.alive(), "{name}'s socket was destroyed:\n{}", agent.log_tail(40));
+    }
+
+    // The one plausible failover (A to its replica R, next epoch): only A's socket goes.
+    script.set(5, Some(json!([master("mymaster", r.port, 2, &[a.port])])));
+    wait_primary(&agent, "mymaster", &format!("127.0.0.1:{}", r.port), FAILOVER).await;
+    let end = Instant::now() + FAILOVER;
+    while a.alive() {
+        assert!(Instant::now() < end, "A's socket was not swept:\n{}", agent.log_tail(40));
+        tokio::time::sleep(POLL).await;
+    }
+    for (name, victim) in [("R", &r), ("V", &v), ("V2", &v2), ("V3", &v3), ("V4", &v4)] {
+        assert!(victim.alive(), "{name}'s socket was destroyed:\n{}", agent.log_tail(40));
+    }
+    fake_task.abort();
+}
+
+async fn wait_reads(script: &fake::Script, phase: usize, agent: &Polestar) {
+    let end = Instant::now() + FAILOVER;
+    while script.reads(phase) < 3 {
+        assert!(Instant::now() < end, "phase {phase} was not read:\n{}", agent.log_tail(40));
+        tokio::time::sleep(POLL).await;
+    }
+}
