@@ -24,6 +24,7 @@ mod fuzz_parsers;
 mod hostile_config;
 mod hostile_dns;
 mod hostile_http;
+mod hostile_load;
 mod hostile_sentinel;
 mod http_api;
 mod lab;

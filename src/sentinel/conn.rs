@@ -7,15 +7,13 @@
 
 use std::time::Duration;
 
+use crate::config::Auth;
 use redis::aio::MultiplexedConnection;
 use redis::io::tcp::{TcpSettings, socket2::TcpKeepalive};
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, ProtocolVersion, PushInfo,
     RedisConnectionInfo, RedisResult, TlsCertificates,
 };
-use tokio::sync::mpsc;
-
-use crate::config::Auth;
 
 /// How long a connect (TCP, TLS and the HELLO handshake) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -50,10 +48,15 @@ impl Endpoint {
     }
 }
 
+/// Where a connection's pub/sub messages and disconnects go. Called by the connection's
+/// reader for every push, so it must not block (a bounded queue that drops what does not fit:
+/// see [`super::link`]); an `Err` stops the pushes.
+pub type PushSink = Box<dyn Fn(PushInfo) -> Result<(), ()> + Send + Sync>;
+
 /// Opens a RESP3 connection; with `push`, pub/sub messages and disconnects arrive there.
 pub async fn connect(
     endpoint: &Endpoint,
-    push: Option<mpsc::UnboundedSender<PushInfo>>,
+    push: Option<PushSink>,
 ) -> RedisResult<MultiplexedConnection> {
     let client = client(endpoint)?;
     let mut config = AsyncConnectionConfig::new()

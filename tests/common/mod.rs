@@ -165,6 +165,11 @@ impl Polestar {
         lock(&self.log).iter().any(|l| l.trim_end().ends_with(": ready") || l.trim_end() == "ready")
     }
 
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether any log line contains `text`.
     pub fn logged(&self, text: &str) -> bool {
         lock(&self.log).iter().any(|l| l.contains(text))
