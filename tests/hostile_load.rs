@@ -234,3 +234,174 @@ async fn a_flooding_sentinel_costs_bounded_memory_and_delays_no_failover() {
     assert!(flooded >= 128, "the flood went on");
     assert!(!env.ps.logged("panicked"), "{}", env.ps.log_tail(40));
 }
+
+const ADMIN: &str = "admin-t0ken";
+const AGENT: &str = "agent-t0ken";
+
+/// A connection from 127.0.0.`2 + i % 8` (one client address holds at most 512 HTTP
+/// connections), so that floods are spread like several hosts' and 127.0.0.1 stays the
+/// address of the real work.
+async fn connect_from(addr: SocketAddr, i: usize) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    let host = u8::try_from(2 + i % 8).expect("small");
+    socket.bind(([127, 0, 0, host], 0).into())?;
+    socket.connect(addr).await
+}
+
+/// The lab, and polestar for it with both tokens configured.
+async fn env_with_tokens(tweak: impl FnOnce(&mut PolestarConfig)) -> Env {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.admin_token = Some(ADMIN.into());
+    config.agent_token = Some(AGENT.into());
+    tweak(&mut config);
+    Env::with_config(lab, &config).await
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("a client")
+}
+
+/// Opens `n` anonymous connections that each hold a long-poll or an event stream; returns
+/// them (closing them ends the attack).
+async fn hold_anonymous(http: SocketAddr, master: &str, n: usize) -> Vec<TcpStream> {
+    let mut held = Vec::with_capacity(n);
+    for i in 0..n {
+        let path = if i % 2 == 0 {
+            format!("/v1/masters/{master}?wait=300s")
+        } else {
+            "/v1/events/stream".to_string()
+        };
+        let Ok(mut stream) = connect_from(http, i).await else { continue };
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+        if stream.write_all(request.as_bytes()).await.is_ok() {
+            held.push(stream);
+        }
+    }
+    held
+}
+
+/// Found 2 of issue 14: the 1024 long-poll/SSE slots were shared and needed no token, so one
+/// host holding them locked new agents out and made `POST .../failover?wait=` answer 503.
+/// While 3000 anonymous connections hold (or try to hold) streams and long-polls, an agent
+/// with the token gets the state and its stream at once, and a waiting failover through the
+/// admin API answers with the new primary.
+#[tokio::test]
+async fn anonymous_streams_holding_every_shared_slot_lock_out_no_agent_and_no_failover() {
+    const ANONYMOUS: usize = 3000;
+    polestar::limits::raise_open_files(); // this process holds 3000 sockets too
+    let env = env_with_tokens(|_| {}).await;
+    let (http, master) = (env.ps.http, env.master_name());
+    let rss = RssWatch::start(env.ps.pid());
+    let held = hold_anonymous(http, &master, ANONYMOUS).await;
+    assert!(held.len() >= ANONYMOUS - 10, "only {} attacking connections opened", held.len());
+    // The anonymous pool is full: one more anonymous long-poll is refused.
+    let client = client();
+    let poll = format!("http://{http}/v1/masters/{master}?wait=30s&after=999999");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let response = client.get(&poll).timeout(Duration::from_secs(2)).send().await;
+        if response.is_ok_and(|r| r.status() == 503) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the anonymous slots never filled");
+    }
+    // An agent starting now: the state and its stream at once, and a long-poll of its own.
+    let started = Instant::now();
+    let state = client.get(format!("http://{http}/v1/masters/{master}")).bearer_auth(AGENT);
+    let state = state.send().await.expect("the agent is answered");
+    assert_eq!(state.status(), 200);
+    let stream = client.get(format!("http://{http}/v1/events/stream")).bearer_auth(AGENT);
+    let stream = stream.send().await.expect("the agent's stream opens");
+    assert_eq!(stream.status(), 200, "the agent's stream has a slot");
+    let agent = started.elapsed();
+    assert!(agent < Duration::from_secs(2), "the agent waited {agent:?}");
+    // The lab's epoch may still be 0: a 1 s long-poll times out with the state, 200.
+    let long_poll = format!("http://{http}/v1/masters/{master}?wait=1s");
+    let polled = client.get(long_poll).bearer_auth(AGENT).send().await.expect("answered");
+    assert_eq!(polled.status(), 200, "the agent's long-poll has a slot");
+    // The admin API: a waiting failover answers with the new primary.
+    let before = env.lab.primary().await.expect("the lab's primary");
+    let started = Instant::now();
+    let failover = format!("http://{http}/v1/masters/{master}/failover?wait=30s");
+    let moved = client.post(failover).bearer_auth(ADMIN).send().await.expect("answered");
+    let failover = started.elapsed();
+    let status = moved.status();
+    let body: serde_json::Value = moved.json().await.expect("JSON");
+    assert_eq!(status, 200, "{body}");
+    assert_ne!(primary_of(&body), Some(before), "{body}");
+    let peak = rss.peak_kb() / 1024;
+    eprintln!(
+        "{} anonymous connections: agent served in {agent:?}, failover?wait in {failover:?}, \
+         polestar peak RSS {peak} MB",
+        held.len()
+    );
+    assert!(peak < 300, "polestar's RSS reached {peak} MB");
+    drop((held, stream));
+}
+
+/// Found 3 of issue 14: no body-read timeout, and the drain body was read before the token
+/// was checked: an unauthenticated slow body was held for 40 s and more. Without the token a
+/// slow body is refused before it is read; with it, the body must arrive within the timeout;
+/// `/healthz` stays fast throughout.
+#[tokio::test]
+async fn slow_bodies_are_cut_by_the_timeout_and_healthz_stays_fast() {
+    const SLOW: usize = 400;
+    polestar::limits::raise_open_files();
+    let env = env_with_tokens(|_| {}).await;
+    let (http, master) = (env.ps.http, env.master_name());
+    let drain = format!("POST /v1/masters/{master}/drain HTTP/1.1\r\nHost: x\r\n");
+    let mut anonymous = Vec::new();
+    let mut admin = Vec::new();
+    for i in 0..SLOW {
+        let Ok(mut stream) = connect_from(http, i).await else { continue };
+        let token =
+            if i % 2 == 0 { String::new() } else { format!("Authorization: Bearer {ADMIN}\r\n") };
+        let head = format!(
+            "{drain}{token}Content-Length: 1000\r\nContent-Type: application/json\r\n\r\n{{"
+        );
+        if stream.write_all(head.as_bytes()).await.is_ok() {
+            if token.is_empty() { anonymous.push(stream) } else { admin.push(stream) }
+        }
+    }
+    let started = Instant::now();
+    // Meanwhile: /healthz at once, every time.
+    let client = client();
+    let mut slowest = Duration::ZERO;
+    while started.elapsed() < Duration::from_secs(3) {
+        let asked = Instant::now();
+        let health = client.get(format!("http://{http}/healthz")).send().await.expect("answered");
+        assert_eq!(health.status(), 200);
+        slowest = slowest.max(asked.elapsed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(slowest < Duration::from_millis(500), "/healthz took {slowest:?}");
+    // Without the token: 401 before any of the body was read, at once.
+    for stream in &mut anonymous {
+        let answer = read_answer(stream, Duration::from_secs(2)).await;
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    }
+    // With it: the body did not come within the timeout (5 s): 408, then closed.
+    for stream in &mut admin {
+        let answer = read_answer(stream, Duration::from_secs(15)).await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    }
+    let cut = started.elapsed();
+    assert!(cut < Duration::from_secs(12), "the slow bodies were held {cut:?}");
+    for stream in admin.iter_mut().chain(anonymous.iter_mut()) {
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(15), stream.read_to_end(&mut rest));
+        assert!(closed.await.is_ok(), "the connection stays open after its answer");
+    }
+    eprintln!("{SLOW} slow bodies: /healthz slowest {slowest:?}, every body cut within {cut:?}");
+}
+
+/// The answer's head (what arrived within `limit`), as text.
+async fn read_answer(stream: &mut TcpStream, limit: Duration) -> String {
+    let mut buf = vec![0u8; 4096];
+    match tokio::time::timeout(limit, stream.read(&mut buf)).await {
+        Ok(Ok(n)) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+        Ok(Err(e)) => format!("read failed: {e}"),
+        Err(_) => format!("no answer within {limit:?}"),
+    }
+}

@@ -42,6 +42,8 @@ pub struct PolestarConfig {
     pub dns_notify: Vec<String>,
     pub drain: bool,
     pub admin_token: Option<String>,
+    /// `http.agent_token_file`, written with this token.
+    pub agent_token: Option<String>,
     /// More `drain:` settings, one `key: value` per line (unindented).
     pub drain_settings: Vec<String>,
     /// Extra top-level YAML appended as is.
@@ -58,6 +60,7 @@ impl PolestarConfig {
             dns_notify: Vec::new(),
             drain: false,
             admin_token: None,
+            agent_token: None,
             drain_settings: Vec::new(),
             extra: String::new(),
         }
@@ -87,6 +90,11 @@ impl PolestarConfig {
             let file = dir.join("admin.token");
             std::fs::write(&file, format!("{token}\n")).expect("write the admin token file");
             let _ = writeln!(y, "  admin_token_file: {}", file.display());
+        }
+        if let Some(token) = &self.agent_token {
+            let file = dir.join("agent.token");
+            std::fs::write(&file, format!("{token}\n")).expect("write the agent token file");
+            let _ = writeln!(y, "  agent_token_file: {}", file.display());
         }
         let _ = writeln!(y, "drain:\n  enabled: {}", self.drain);
         for line in &self.drain_settings {
