@@ -405,3 +405,158 @@ async fn read_answer(stream: &mut TcpStream, limit: Duration) -> String {
         Err(_) => format!("no answer within {limit:?}"),
     }
 }
+
+/// A TCP socket to `addr` bound to 127.0.0.`host`.
+async fn tcp_from(addr: SocketAddr, host: u8) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(([127, 0, 0, host], 0).into())?;
+    socket.connect(addr).await
+}
+
+async fn write_framed(stream: &mut TcpStream, bytes: &[u8]) -> std::io::Result<()> {
+    let len = u16::try_from(bytes.len()).expect("a small message").to_be_bytes();
+    stream.write_all(&[&len[..], bytes].concat()).await
+}
+
+async fn read_framed(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 2];
+    stream.read_exact(&mut len).await?;
+    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    stream.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+const ZONE: &str = "redis.test.";
+
+fn soa_query() -> Vec<u8> {
+    use hickory_proto::rr::RecordType;
+    crate::dns_support::query(ZONE, RecordType::SOA).to_vec().expect("encodes")
+}
+
+/// A fresh connection from 127.0.0.100 (neither an attacker's address nor allowed to
+/// transfer), one SOA query: how long its answer took.
+async fn fresh_tcp_query(dns: SocketAddr) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let exchange = async {
+        let mut stream = tcp_from(dns, 100).await?;
+        write_framed(&mut stream, &soa_query()).await?;
+        read_framed(&mut stream).await
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(5), exchange).await??;
+    let answer = crate::dns_support::parse(&answer);
+    anyhow::ensure!(!answer.answers.is_empty(), "no SOA in {answer:?}");
+    Ok(started.elapsed())
+}
+
+/// An AXFR from 127.0.0.1 (in `dns.transfer_allow`): how long until the closing SOA.
+async fn axfr(dns: SocketAddr) -> anyhow::Result<Duration> {
+    use hickory_proto::rr::RecordType;
+    let started = Instant::now();
+    let transfer = async {
+        let mut stream = tcp_from(dns, 1).await?;
+        let axfr = crate::dns_support::query(ZONE, RecordType::AXFR).to_vec()?;
+        write_framed(&mut stream, &axfr).await?;
+        let mut soas = 0;
+        while soas < 2 {
+            let reply = crate::dns_support::parse(&read_framed(&mut stream).await?);
+            anyhow::ensure!(
+                reply.metadata.response_code == hickory_proto::op::ResponseCode::NoError,
+                "{reply:?}"
+            );
+            soas += reply.answers.iter().filter(|r| r.record_type() == RecordType::SOA).count();
+        }
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(5), transfer).await??;
+    Ok(started.elapsed())
+}
+
+/// An attacker holding DNS TCP connections: `n` clients spread over 127.0.0.2..=65, each
+/// sending one query every 8 s and reconnecting when closed, until dropped. Counts the
+/// answers they got.
+pub struct HeldTcp {
+    pub answered: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl HeldTcp {
+    pub async fn start(dns: SocketAddr, n: usize) -> Self {
+        let answered = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        for i in 0..n {
+            let host = u8::try_from(2 + i % 64).expect("small");
+            let (answered, stop) = (answered.clone(), stop.clone());
+            tokio::spawn(async move {
+                let deadline = Instant::now() + Duration::from_secs(120);
+                while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                    let Ok(mut stream) = tcp_from(dns, host).await else {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    };
+                    while !stop.load(Ordering::Relaxed) {
+                        if write_framed(&mut stream, &soa_query()).await.is_err() {
+                            break;
+                        }
+                        let read =
+                            tokio::time::timeout(Duration::from_secs(5), read_framed(&mut stream));
+                        if !matches!(read.await, Ok(Ok(_))) {
+                            break;
+                        }
+                        answered.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_secs(8)).await;
+                    }
+                }
+            });
+        }
+        Self { answered, stop }
+    }
+}
+
+impl Drop for HeldTcp {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Found 4 of issue 14: 1024 clients each sending one query every 8 s held every DNS TCP
+/// slot; new TCP queries and AXFR from secondaries timed out. While 1024 such clients (and
+/// then 1100) hold on, a fresh TCP query is answered and an AXFR from `dns.transfer_allow`
+/// completes.
+#[tokio::test]
+async fn held_dns_tcp_connections_lock_out_no_fresh_query_and_no_axfr() {
+    polestar::limits::raise_open_files(); // this process holds 1100 sockets too
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.dns = true;
+    // A NOTIFY target (the discard port) makes the harness allow transfers from 127.0.0.1.
+    config.dns_notify = vec!["\"127.0.0.1:9\"".into()];
+    let env = Env::with_config(lab, &config).await;
+    let dns = env.ps.dns.expect("DNS is served");
+    let rss = RssWatch::start(env.ps.pid());
+    let unloaded = (fresh_tcp_query(dns).await.expect("answered"), axfr(dns).await.expect("done"));
+    let held = HeldTcp::start(dns, 1100).await;
+    let start = Instant::now();
+    while held.answered.load(Ordering::Relaxed) < 1000 {
+        assert!(start.elapsed() < Duration::from_secs(30), "the attackers were not served");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (mut slowest_query, mut slowest_axfr) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..5 {
+        let query = fresh_tcp_query(dns)
+            .await
+            .unwrap_or_else(|e| env.fail(&format!("a fresh TCP query: {e:#}")));
+        let transfer = axfr(dns).await.unwrap_or_else(|e| env.fail(&format!("AXFR: {e:#}")));
+        slowest_query = slowest_query.max(query);
+        slowest_axfr = slowest_axfr.max(transfer);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let peak = rss.peak_kb() / 1024;
+    eprintln!(
+        "1100 held DNS TCP clients: fresh query {slowest_query:?} (unloaded {:?}), AXFR \
+         {slowest_axfr:?} (unloaded {:?}), polestar peak RSS {peak} MB",
+        unloaded.0, unloaded.1
+    );
+    assert!(slowest_query < Duration::from_secs(3), "a fresh query took {slowest_query:?}");
+    assert!(slowest_axfr < Duration::from_secs(3), "AXFR took {slowest_axfr:?}");
+    drop(held);
+}

@@ -108,8 +108,10 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
 /// hold a connection and a file descriptor forever.
 pub async fn serve(listener: TcpListener, api: Api, shutdown: CancellationToken) -> io::Result<()> {
     let app = routes(Arc::new(Shared::new(api, shutdown.clone())));
-    let slots =
-        Slots { all: Arc::new(Semaphore::new(MAX_CONNECTIONS)), clients: Default::default() };
+    let slots = Slots {
+        all: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+        clients: crate::limits::Clients::new(slots::CONNECTIONS_PER_CLIENT),
+    };
     let graceful = GracefulShutdown::new();
     while let Some((stream, slot)) = accept(&listener, &slots, &shutdown).await {
         let service = TowerToHyperService::new(app.clone());
@@ -129,13 +131,13 @@ pub async fn serve(listener: TcpListener, api: Api, shutdown: CancellationToken)
 /// The connections being served: all of them, and per client.
 struct Slots {
     all: Arc<Semaphore>,
-    clients: slots::Clients,
+    clients: crate::limits::Clients,
 }
 
 /// A connection's place among [`Slots`], given back when it is dropped.
 struct Slot {
     _all: OwnedSemaphorePermit,
-    _client: slots::ClientShare,
+    _client: crate::limits::ClientShare,
 }
 
 /// The next connection and its slot, or `None` at shutdown. Waits for a free slot first, so

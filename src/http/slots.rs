@@ -5,14 +5,12 @@
 //! - Requests held open draw from a pool of their caller's class ([`auth::Caller`]): agents
 //!   presenting the agent token and the admin API each have slots of their own, which
 //!   anonymous clients (who share theirs) cannot take. Past its pool a request answers 503.
-//! - Connections are capped in all and per client address (per /64 for IPv6), so one host
-//!   cannot hold every connection: past its share its new connections are closed at once.
+//! - Connections are capped in all and per client address ([`crate::limits::Clients`]), so
+//!   one host cannot hold every connection: past its share its new connections are closed.
 //!
 //! [`auth::Caller`]: super::auth::Caller
 
-use std::collections::HashMap;
-use std::net::{IpAddr, Ipv6Addr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -59,62 +57,6 @@ impl Waiters {
     }
 }
 
-/// Open connections per client address.
-#[derive(Clone, Default)]
-pub struct Clients {
-    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
-}
-
-impl Clients {
-    /// A share of the connections for a new one from `ip`, or `None` when it holds its cap.
-    pub fn admit(&self, ip: IpAddr) -> Option<ClientShare> {
-        let key = client_key(ip);
-        let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let count = open.entry(key).or_default();
-        if *count >= CONNECTIONS_PER_CLIENT {
-            return None;
-        }
-        *count += 1;
-        Some(ClientShare { clients: self.clone(), key })
-    }
-
-    fn release(&self, key: IpAddr) {
-        let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(count) = open.get_mut(&key) {
-            *count -= 1;
-            if *count == 0 {
-                open.remove(&key);
-            }
-        }
-    }
-}
-
-/// One connection's place in its client's share; released when dropped.
-pub struct ClientShare {
-    clients: Clients,
-    key: IpAddr,
-}
-
-impl Drop for ClientShare {
-    fn drop(&mut self) {
-        self.clients.release(self.key);
-    }
-}
-
-/// What one client is: its IPv4 address, or the /64 of its IPv6 address (one host's share).
-fn client_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
-                IpAddr::V6(Ipv6Addr::from(prefix))
-            }
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,29 +72,5 @@ mod tests {
         assert!(waiters.take(Caller::Admin).is_ok(), "anonymous clients cannot take it");
         drop(held);
         assert!(waiters.take(Caller::Anonymous).is_ok(), "released");
-    }
-
-    #[test]
-    fn one_client_holds_at_most_its_share_of_connections() {
-        let clients = Clients::default();
-        let ip: IpAddr = [10, 0, 0, 1].into();
-        let held: Vec<_> = (0..CONNECTIONS_PER_CLIENT).filter_map(|_| clients.admit(ip)).collect();
-        assert_eq!(held.len(), CONNECTIONS_PER_CLIENT);
-        assert!(clients.admit(ip).is_none());
-        assert!(clients.admit([10, 0, 0, 2].into()).is_some(), "another client is not affected");
-        drop(held);
-        assert!(clients.admit(ip).is_some());
-        assert!(clients.open.lock().expect("valid").len() <= 1, "empty entries are removed");
-    }
-
-    #[test]
-    fn an_ipv6_client_is_its_64() {
-        let a: IpAddr = "2001:db8:1:2::1".parse().expect("valid");
-        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().expect("valid");
-        let c: IpAddr = "2001:db8:1:3::1".parse().expect("valid");
-        assert_eq!(client_key(a), client_key(b));
-        assert_ne!(client_key(a), client_key(c));
-        let mapped: IpAddr = "::ffff:10.0.0.1".parse().expect("valid");
-        assert_eq!(client_key(mapped), IpAddr::from([10, 0, 0, 1]));
     }
 }
