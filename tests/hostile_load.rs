@@ -560,3 +560,86 @@ async fn held_dns_tcp_connections_lock_out_no_fresh_query_and_no_axfr() {
     assert!(slowest_axfr < Duration::from_secs(3), "AXFR took {slowest_axfr:?}");
     drop(held);
 }
+
+/// Sends a query for `name` (with ids 0..n) from `socket` as fast as it goes while
+/// collecting the answers, until `linger` after the last: (full answers, truncated answers).
+async fn udp_burst(
+    socket: &tokio::net::UdpSocket,
+    dns: SocketAddr,
+    name: &str,
+    n: u16,
+    linger: Duration,
+) -> (usize, usize) {
+    use hickory_proto::rr::RecordType;
+    let query = crate::dns_support::query(name, RecordType::A);
+    let size = query.to_vec().expect("encodes").len();
+    let sent = AtomicBool::new(false);
+    let send = async {
+        let mut query = query.clone();
+        for id in 0..n {
+            query.metadata.id = id;
+            let _ = socket.send_to(&query.to_vec().expect("encodes"), dns).await;
+            if id % 50 == 49 {
+                tokio::task::yield_now().await; // let the answers be read meanwhile
+            }
+        }
+        sent.store(true, Ordering::Relaxed);
+    };
+    let receive = async {
+        let (mut full, mut truncated) = (0, 0);
+        let mut buf = vec![0u8; 4096];
+        let mut last = Instant::now();
+        loop {
+            let wait = tokio::time::timeout(Duration::from_millis(50), socket.recv(&mut buf));
+            match wait.await {
+                Ok(Ok(len)) => {
+                    let answer = crate::dns_support::parse(&buf[..len]);
+                    if answer.metadata.truncation {
+                        assert!(answer.answers.is_empty(), "a slipped answer carries no records");
+                        assert!(len <= size + 16, "no amplification: {len} bytes for {size}");
+                        truncated += 1;
+                    } else {
+                        full += 1;
+                    }
+                }
+                _ if !sent.load(Ordering::Relaxed) => last = Instant::now(),
+                _ if last.elapsed() > linger => return (full, truncated),
+                _ => {}
+            }
+        }
+    };
+    let ((), answers) = tokio::join!(send, receive);
+    answers
+}
+
+/// Found 5 of issue 14: no response-rate limiting, so polestar amplified a spoofed flood
+/// 2–3× (25× for a name with many replicas). A burst of 3000 queries for one name from one
+/// address gets at most the rate in full answers, and truncated ones (so a real resolver
+/// retries over TCP) past it; a client of another prefix asking meanwhile is unaffected.
+#[tokio::test]
+async fn a_udp_burst_from_one_address_is_rate_limited_with_slips_and_others_are_unaffected() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.dns = true;
+    let env = Env::with_config(lab, &config).await;
+    let dns = env.ps.dns.expect("DNS is served");
+    let name = format!("{}.{ZONE}", polestar::topology::label_for(&env.master_name()));
+    let attacker = tokio::net::UdpSocket::bind("127.0.0.2:0").await.expect("bind");
+    let normal = tokio::net::UdpSocket::bind("127.1.0.1:0").await.expect("bind");
+    let burst = udp_burst(&attacker, dns, &name, 3000, Duration::from_secs(2));
+    let steady = async {
+        for _ in 0..20 {
+            let answered = udp_burst(&normal, dns, &name, 1, Duration::from_millis(300)).await;
+            assert_eq!(answered, (1, 0), "the normal client was limited");
+        }
+    };
+    let ((full, truncated), ()) = tokio::join!(burst, steady);
+    eprintln!(
+        "UDP burst of 3000 from one address: {full} full answers, {truncated} truncated; a \
+         normal client's answers meanwhile all full"
+    );
+    // 100 a second per socket: the burst spans a second or two of windows.
+    assert!(full <= 400, "{full} full answers to one address's burst");
+    assert!(truncated >= 500, "only {truncated} truncated answers: no slip");
+    assert!(full + truncated < 3000, "nothing dropped");
+}
