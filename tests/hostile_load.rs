@@ -64,6 +64,8 @@ pub struct FloodingSentinel {
     pub addr: SocketAddr,
     pub flooded: Arc<AtomicU64>,
     pub stop: Arc<AtomicBool>,
+    /// Cleared: the fake behaves (answers, floods nothing) until it is set again.
+    pub flooding: Arc<AtomicBool>,
 }
 
 impl FloodingSentinel {
@@ -72,15 +74,16 @@ impl FloodingSentinel {
         let addr = listener.local_addr().expect("bound");
         let flooded = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
+        let flooding = Arc::new(AtomicBool::new(true));
         let chunk = Arc::new(flood_chunk(master));
-        let (f, s) = (flooded.clone(), stop.clone());
+        let (f, s, on) = (flooded.clone(), stop.clone(), flooding.clone());
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (f, s, chunk) = (f.clone(), s.clone(), chunk.clone());
-                tokio::spawn(flood_connection(stream, chunk, f, s, max_bytes));
+                let (f, s, on, chunk) = (f.clone(), s.clone(), on.clone(), chunk.clone());
+                tokio::spawn(flood_connection(stream, chunk, f, s, on, max_bytes));
             }
         });
-        Self { addr, flooded, stop }
+        Self { addr, flooded, stop, flooding }
     }
 }
 
@@ -162,14 +165,16 @@ async fn flood_connection(
     chunk: Arc<Vec<u8>>,
     flooded: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    flooding: Arc<AtomicBool>,
     max_bytes: u64,
 ) {
     let deadline = Instant::now() + Duration::from_secs(120);
     let (mut buf, mut read, mut subscribed, mut sent) = (Vec::new(), [0u8; 4096], false, 0u64);
     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
         // Answer whatever arrived, then one chunk of the flood.
+        let flood_now = subscribed && flooding.load(Ordering::Relaxed);
         let wait =
-            if subscribed && sent < max_bytes { Duration::ZERO } else { Duration::from_millis(50) };
+            if flood_now && sent < max_bytes { Duration::ZERO } else { Duration::from_millis(50) };
         match tokio::time::timeout(wait, stream.read(&mut read)).await {
             Ok(Ok(0)) | Ok(Err(_)) => return,
             Ok(Ok(n)) => buf.extend_from_slice(&read[..n]),
@@ -180,7 +185,7 @@ async fn flood_connection(
             subscribed |= command.first().is_some_and(|c| c == "PSUBSCRIBE");
             out.extend(reply(&command));
         }
-        if subscribed && sent < max_bytes {
+        if flood_now && sent < max_bytes {
             out.extend_from_slice(&chunk);
             sent += chunk.len() as u64;
             flooded.fetch_add(chunk.len() as u64, Ordering::Relaxed);
@@ -556,7 +561,8 @@ async fn held_dns_tcp_connections_lock_out_no_fresh_query_and_no_axfr() {
          {slowest_axfr:?} (unloaded {:?}), polestar peak RSS {peak} MB",
         unloaded.0, unloaded.1
     );
-    assert!(slowest_query < Duration::from_secs(3), "a fresh query took {slowest_query:?}");
+    // Within the wait for a shed slot (3 s), well within a resolver's TCP timeout.
+    assert!(slowest_query < Duration::from_secs(4), "a fresh query took {slowest_query:?}");
     assert!(slowest_axfr < Duration::from_secs(3), "AXFR took {slowest_axfr:?}");
     drop(held);
 }
@@ -642,4 +648,240 @@ async fn a_udp_burst_from_one_address_is_rate_limited_with_slips_and_others_are_
     assert!(full <= 400, "{full} full answers to one address's burst");
     assert!(truncated >= 500, "only {truncated} truncated answers: no slip");
     assert!(full + truncated < 3000, "nothing dropped");
+}
+
+/// One row of `bench/hostile.sh`: the real work's latency and polestar's peak RSS, unloaded
+/// and under the attack.
+struct Row {
+    attack: &'static str,
+    work: &'static str,
+    unloaded: (Duration, u64),
+    loaded: (Duration, u64),
+    note: String,
+}
+
+/// Runs `work` `times` times; the slowest run and the peak RSS meanwhile (kB).
+async fn measure<F, Fut>(pid: u32, times: usize, mut work: F) -> (Duration, u64)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Duration>,
+{
+    let rss = RssWatch::start(pid);
+    let mut slowest = Duration::ZERO;
+    for _ in 0..times {
+        slowest = slowest.max(work().await);
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await; // one more RSS sample
+    (slowest, rss.peak_kb())
+}
+
+async fn failover_published(env: &Env) -> Duration {
+    let before = env.lab.primary().await.expect("the lab's primary");
+    let started = Instant::now();
+    env.lab.failover().await.expect("a failover starts");
+    let after = env.lab.wait_for_primary_change(before, common::FAILOVER * 2).await.expect("new");
+    env.wait_api_primary(after, common::FAILOVER).await;
+    let took = started.elapsed();
+    // Let the replicas settle before the next one (Sentinel refuses NOGOODSLAVE meanwhile).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    took
+}
+
+async fn bench_sentinel_flood() -> Row {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let flood = FloodingSentinel::start(lab.master_name(), 8 << 30).await;
+    flood.flooding.store(false, Ordering::Relaxed);
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.sentinels.push(flood.addr.to_string());
+    let env = Env::with_config(lab, &config).await;
+    let pid = env.ps.pid();
+    let unloaded = measure(pid, 2, || failover_published(&env)).await;
+    flood.flooding.store(true, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let from = flood.flooded.load(Ordering::Relaxed);
+    let started = Instant::now();
+    let loaded = measure(pid, 2, || failover_published(&env)).await;
+    let mb = (flood.flooded.load(Ordering::Relaxed) - from) >> 20;
+    let rate = mb as f64 / started.elapsed().as_secs_f64();
+    Row {
+        attack: "Sentinel pub/sub flood",
+        work: "failover: SENTINEL FAILOVER -> API",
+        unloaded,
+        loaded,
+        note: format!("{rate:.0} MB/s flooded"),
+    }
+}
+
+async fn agent_and_failover(env: &Env, client: &reqwest::Client) -> Duration {
+    let (http, master) = (env.ps.http, env.master_name());
+    let started = Instant::now();
+    let state = client.get(format!("http://{http}/v1/masters/{master}")).bearer_auth(AGENT);
+    assert_eq!(state.send().await.expect("answered").status(), 200);
+    let stream = client.get(format!("http://{http}/v1/events/stream")).bearer_auth(AGENT);
+    let stream = stream.send().await.expect("the stream opens");
+    assert_eq!(stream.status(), 200);
+    let agent = started.elapsed();
+    // Sentinel refuses a failover while the last one settles (409): ask again.
+    let url = format!("http://{http}/v1/masters/{master}/failover?wait=30s");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let failover = loop {
+        let started = Instant::now();
+        let moved = client.post(&url).bearer_auth(ADMIN).send().await.expect("answered");
+        if moved.status() == 200 {
+            break started.elapsed();
+        }
+        let status = moved.status();
+        assert!(Instant::now() < deadline, "failover?wait: {status} {:?}", moved.text().await);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    agent + failover
+}
+
+async fn bench_anonymous_streams() -> Row {
+    polestar::limits::raise_open_files();
+    let env = env_with_tokens(|_| {}).await;
+    let pid = env.ps.pid();
+    let client = client();
+    let unloaded = measure(pid, 2, || agent_and_failover(&env, &client)).await;
+    let held = hold_anonymous(env.ps.http, &env.master_name(), 3000).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let loaded = measure(pid, 2, || agent_and_failover(&env, &client)).await;
+    Row {
+        attack: "3000 anonymous SSE/long-polls",
+        work: "agent state+stream, failover?wait",
+        unloaded,
+        loaded,
+        note: format!("{} connections held", held.len()),
+    }
+}
+
+async fn healthz(http: SocketAddr, client: &reqwest::Client) -> Duration {
+    let started = Instant::now();
+    let health = client.get(format!("http://{http}/healthz")).send().await.expect("answered");
+    assert_eq!(health.status(), 200);
+    started.elapsed()
+}
+
+async fn bench_slow_bodies() -> Row {
+    polestar::limits::raise_open_files();
+    let env = env_with_tokens(|_| {}).await;
+    let (pid, http, master) = (env.ps.pid(), env.ps.http, env.master_name());
+    let client = client();
+    let unloaded = measure(pid, 20, || healthz(http, &client)).await;
+    let head = format!(
+        "POST /v1/masters/{master}/drain HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n\
+         Content-Length: 1000\r\n\r\n{{"
+    );
+    let mut slow = Vec::new();
+    for i in 0..2000 {
+        let Ok(mut stream) = connect_from(http, i).await else { continue };
+        if stream.write_all(head.as_bytes()).await.is_ok() {
+            slow.push(stream);
+        }
+    }
+    let loaded = measure(pid, 20, || healthz(http, &client)).await;
+    let started = Instant::now();
+    let mut cut = 0;
+    for stream in &mut slow {
+        if read_answer(stream, Duration::from_secs(10)).await.starts_with("HTTP/1.1 408") {
+            cut += 1;
+        }
+    }
+    let n = slow.len();
+    Row {
+        attack: "2000 slow bodies (admin token)",
+        work: "GET /healthz",
+        unloaded,
+        loaded,
+        note: format!("{cut}/{n} cut with 408 within {:?} more", started.elapsed()),
+    }
+}
+
+async fn query_and_axfr(dns: SocketAddr) -> Duration {
+    let query = fresh_tcp_query(dns).await.expect("a fresh TCP query");
+    let transfer = axfr(dns).await.expect("AXFR");
+    query.max(transfer)
+}
+
+async fn bench_dns_tcp() -> Row {
+    polestar::limits::raise_open_files();
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.dns = true;
+    config.dns_notify = vec!["\"127.0.0.1:9\"".into()];
+    let env = Env::with_config(lab, &config).await;
+    let (pid, dns) = (env.ps.pid(), env.ps.dns.expect("DNS"));
+    let unloaded = measure(pid, 10, || query_and_axfr(dns)).await;
+    let held = HeldTcp::start(dns, 1100).await;
+    while held.answered.load(Ordering::Relaxed) < 1000 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let loaded = measure(pid, 10, || query_and_axfr(dns)).await;
+    Row {
+        attack: "1100 held DNS TCP clients",
+        work: "fresh TCP query, AXFR (slowest)",
+        unloaded,
+        loaded,
+        note: String::new(),
+    }
+}
+
+async fn bench_udp_burst() -> Row {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.dns = true;
+    let env = Env::with_config(lab, &config).await;
+    let (pid, dns) = (env.ps.pid(), env.ps.dns.expect("DNS"));
+    let name = format!("{}.{ZONE}", polestar::topology::label_for(&env.master_name()));
+    let normal = tokio::net::UdpSocket::bind("127.1.0.1:0").await.expect("bind");
+    let ask = || async {
+        let started = Instant::now();
+        let answered = udp_burst(&normal, dns, &name, 1, Duration::from_millis(100)).await;
+        assert_eq!(answered, (1, 0), "the normal client was limited");
+        started.elapsed().saturating_sub(Duration::from_millis(100))
+    };
+    let unloaded = measure(pid, 10, ask).await;
+    let attacker = tokio::net::UdpSocket::bind("127.0.0.2:0").await.expect("bind");
+    let burst = udp_burst(&attacker, dns, &name, 20_000, Duration::from_secs(1));
+    let (loaded, (full, truncated)) = tokio::join!(measure(pid, 10, ask), burst);
+    Row {
+        attack: "UDP burst 20000 q, one address",
+        work: "another client's UDP query",
+        unloaded,
+        loaded,
+        note: format!("attacker got {full} full, {truncated} TC answers"),
+    }
+}
+
+/// `bench/hostile.sh`: every attack of issue 14 against the real binary, the real work's
+/// latency (slowest of a few) and polestar's peak RSS, unloaded and under the attack.
+#[tokio::test]
+#[ignore = "a benchmark: bench/hostile.sh runs it"]
+async fn bench_hostile() {
+    let mut rows = Vec::new();
+    rows.push(bench_sentinel_flood().await);
+    rows.push(bench_anonymous_streams().await);
+    rows.push(bench_slow_bodies().await);
+    rows.push(bench_dns_tcp().await);
+    rows.push(bench_udp_burst().await);
+    let mut out = format!(
+        "{:<32} {:<36} {:>20} {:>20}  {}\n",
+        "attack", "real work (slowest)", "unloaded", "under attack", "notes"
+    );
+    for r in &rows {
+        let cell = |(d, kb): (Duration, u64)| {
+            format!("{:>8.1} ms {:>4} MB", d.as_secs_f64() * 1e3, kb / 1024)
+        };
+        out += &format!(
+            "{:<32} {:<36} {:>20} {:>20}  {}\n",
+            r.attack,
+            r.work,
+            cell(r.unloaded),
+            cell(r.loaded),
+            r.note
+        );
+    }
+    println!("\n{out}");
+    let _ = std::fs::write(concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-hostile.txt"), &out);
 }

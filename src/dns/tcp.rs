@@ -50,9 +50,12 @@ pub const TRANSFER_CONNECTIONS: usize = 32;
 /// Connections one client (an IPv4 address, an IPv6 /64) holds at once per listener.
 pub const CONNECTIONS_PER_CLIENT: usize = 32;
 /// How long a new connection waits for the slot of an idle one closed to make room.
-pub const SLOT_WAIT: Duration = Duration::from_secs(2);
-/// New connections waiting so at once; past that a new connection is closed.
-const WAITING: usize = 64;
+pub const SLOT_WAIT: Duration = Duration::from_secs(3);
+/// New connections waiting so at once, and per client; past that a new one is closed.
+const WAITING: usize = 256;
+const WAITING_PER_CLIENT: usize = 1;
+/// A connection that has not yet sent a first message is not shed this soon after it came.
+const FIRST_MESSAGE_GRACE: Duration = Duration::from_millis(500);
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 /// The slots of one listener.
@@ -61,6 +64,7 @@ struct Slots {
     transfer: Arc<Semaphore>,
     waiting: Arc<Semaphore>,
     clients: crate::limits::Clients,
+    waiting_clients: crate::limits::Clients,
     /// Bumped when every shared slot is taken; the idle connections of the shared pool hold
     /// receivers and close on a bump.
     shed: watch::Sender<u64>,
@@ -85,6 +89,7 @@ pub async fn serve_listener(
         transfer: Arc::new(Semaphore::new(TRANSFER_CONNECTIONS)),
         waiting: Arc::new(Semaphore::new(WAITING)),
         clients: crate::limits::Clients::new(CONNECTIONS_PER_CLIENT),
+        waiting_clients: crate::limits::Clients::new(WAITING_PER_CLIENT),
         shed: watch::channel(0).0,
     };
     let mut connections = JoinSet::new();
@@ -129,9 +134,10 @@ fn admit(
     let waiting = match ready {
         Some(_) => None,
         None => {
+            let share = slots.waiting_clients.admit(src.ip())?;
             let waiting = slots.waiting.clone().try_acquire_owned().ok()?;
             slots.shed.send_modify(|generation| *generation += 1);
-            Some(waiting)
+            Some((waiting, share))
         }
     };
     Some(futures::future::Either::Right(async move {
@@ -158,8 +164,33 @@ async fn serve_connection(
 ) {
     let (mut reader, writer) = stream.into_split();
     let responder = TcpResponder { writer: Arc::new(Mutex::new(writer)) };
+    let connected = tokio::time::Instant::now();
+    let mut answered = false;
     loop {
-        // Idle: until the next message begins, the idle timeout, or pressure on the slots.
+        if !idle(&mut reader, &mut held, connected, answered).await {
+            return;
+        }
+        let Ok(Some(message)) = read_message(&mut reader).await else { return };
+        answered = true;
+        let zone = zone.borrow().clone();
+        if !answer(&service, &zone, message, src, responder.clone()).await {
+            return;
+        }
+    }
+}
+
+/// Waits until the next message begins (`true`), or the idle timeout passes or pressure on
+/// the slots sheds the connection (`false`). A connection is shed once it has had its
+/// chance: an answer, or [`FIRST_MESSAGE_GRACE`] to send a first message.
+async fn idle(
+    reader: &mut OwnedReadHalf,
+    held: &mut Held,
+    connected: tokio::time::Instant,
+    answered: bool,
+) -> bool {
+    let idle = tokio::time::sleep(IDLE_TIMEOUT);
+    tokio::pin!(idle);
+    loop {
         let shed = async {
             match held.shed.as_mut() {
                 Some(shed) => shed.changed().await.is_ok(),
@@ -167,17 +198,14 @@ async fn serve_connection(
             }
         };
         tokio::select! {
-            ready = tokio::time::timeout(IDLE_TIMEOUT, reader.readable()) => {
-                if !matches!(ready, Ok(Ok(()))) {
-                    return;
+            biased;
+            ready = reader.readable() => return ready.is_ok(),
+            () = &mut idle => return false,
+            true = shed => {
+                if answered || connected.elapsed() >= FIRST_MESSAGE_GRACE {
+                    return false;
                 }
             }
-            true = shed => return,
-        }
-        let Ok(Some(message)) = read_message(&mut reader).await else { return };
-        let zone = zone.borrow().clone();
-        if !answer(&service, &zone, message, src, responder.clone()).await {
-            return;
         }
     }
 }
