@@ -209,6 +209,7 @@ async fn a_flooding_sentinel_costs_bounded_memory_and_delays_no_failover() {
     let mut config = PolestarConfig::for_lab(&lab);
     config.sentinels.push(flood.addr.to_string());
     let env = Env::with_config(lab, &config).await;
+    let baseline = rss_kb(env.ps.pid()).expect("polestar's RSS");
     let rss = RssWatch::start(env.ps.pid());
     let before = env.lab.primary().await.expect("the lab's primary");
     env.wait_api_primary(before, common::STARTUP).await;
@@ -229,11 +230,14 @@ async fn a_flooding_sentinel_costs_bounded_memory_and_delays_no_failover() {
     let published = started.elapsed();
     let flooded = flood.flooded.load(Ordering::Relaxed) >> 20;
     let peak = rss.peak_kb() / 1024;
+    let grown = peak.saturating_sub(baseline / 1024);
     eprintln!(
-        "flood: {flooded} MB sent, polestar peak RSS {peak} MB, Sentinel switched in \
-         {switched:?}, published in {published:?}"
+        "flood: {flooded} MB sent, polestar peak RSS {peak} MB (+{grown} MB), Sentinel \
+         switched in {switched:?}, published in {published:?}"
     );
-    assert!(peak < 150, "polestar's RSS reached {peak} MB under a {flooded} MB flood");
+    // Buffered (before issue 14), 142 MB of pushes grew it by 62 MB (2.16 GB in 24 s at
+    // full speed); dropped and reconciled, by none.
+    assert!(grown < 24, "polestar's RSS grew by {grown} MB under a {flooded} MB flood");
     let m = env.master().await.expect("the API answers");
     assert_eq!(primary_of(&m), Some(after), "{m}");
     assert!(flooded >= 128, "the flood went on");
