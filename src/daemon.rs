@@ -1,6 +1,6 @@
 //! `polestar run`: load, bind, spawn, wait for shutdown.
 //!
-//! Startup is a short sequence of named steps: bind every listener (so a busy port fails the
+//! Startup is a short sequence of named steps: raise the open-file limit, bind every listener (so a busy port fails the
 //! start, before anything is served), check the socket sweeper's permission, start the drain
 //! coordinator and the topology's writer (Sentinels or an upstream polestar), serve, and say
 //! `ready` once a first state is loaded. Shutdown cancels one token that every task holds.
@@ -30,6 +30,7 @@ const FIRST_STATE_DEADLINE: Duration = Duration::from_secs(10);
 /// Runs the daemon until `shutdown` is cancelled (or a component fails, which stops the rest).
 /// SIGHUP reloads `config.file`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    crate::limits::raise_open_files();
     crate::tls::install();
     let metrics = crate::metrics::install();
     let (writer, reader) = topology::channel();

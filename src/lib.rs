@@ -13,6 +13,7 @@ pub mod events;
 pub mod failover;
 pub mod http;
 pub mod lab;
+pub mod limits;
 pub mod log_output;
 pub mod metrics;
 pub mod node;

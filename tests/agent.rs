@@ -323,6 +323,7 @@ async fn a_lying_upstream_makes_the_agent_destroy_nothing_outside_the_data_nodes
         dns_notify: vec![],
         drain: false,
         admin_token: None,
+        agent_token: None,
         drain_settings: vec![],
         sentinel_settings: vec![],
         source: Some(format!("upstream: {url}")),

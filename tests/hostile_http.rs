@@ -276,9 +276,18 @@ async fn wrong_tokens_are_401_json() {
     assert_eq!(status, StatusCode::ACCEPTED);
 }
 
+/// A connection from 127.0.0.`2 + i % 8`: one client holds at most 512 connections
+/// (`CONNECTIONS_PER_CLIENT`), so floods spread over several loopback addresses.
+pub async fn connect_from(addr: SocketAddr, i: usize) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    let host = u8::try_from(2 + i % 8).expect("small");
+    socket.bind(([127, 0, 0, host], 0).into()).expect("bind a loopback address");
+    socket.connect(addr).await.expect("connect")
+}
+
 /// Opens a raw connection and sends `GET path`, without reading the answer.
-async fn hold(addr: SocketAddr, path: &str) -> TcpStream {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
+async fn hold(addr: SocketAddr, i: usize, path: &str) -> TcpStream {
+    let mut stream = connect_from(addr, i).await;
     let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
     stream.write_all(request.as_bytes()).await.expect("send");
     stream
@@ -286,12 +295,12 @@ async fn hold(addr: SocketAddr, path: &str) -> TcpStream {
 
 #[tokio::test]
 async fn more_long_polls_streams_and_waiting_failovers_than_the_cap_get_503_json() {
-    const CAP: usize = 1024; // http::MAX_WAITERS
+    const CAP: usize = 1024; // http::slots::ANONYMOUS_WAITERS
     let server = start().await;
     let mut held = Vec::with_capacity(CAP);
     for i in 0..CAP {
         let path = if i % 2 == 0 { "/v1/masters/mymaster?wait=60s" } else { "/v1/events/stream" };
-        held.push(hold(server.addr, path).await);
+        held.push(hold(server.addr, i, path).await);
     }
     // Once every held request has its slot, the next ones are refused at once.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -311,7 +320,7 @@ async fn more_long_polls_streams_and_waiting_failovers_than_the_cap_get_503_json
     server.assert_serving().await;
     let (status, _) = server.json(server.client.get(format!("{}/v1/masters", server.url))).await;
     assert_eq!(status, StatusCode::OK);
-    a_waiting_failover_counts_against_the_cap(&server).await;
+    waiting_failovers_have_a_cap_of_their_own(&server).await;
     // Closing the held ones frees their slots.
     drop(held);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -326,10 +335,28 @@ async fn more_long_polls_streams_and_waiting_failovers_than_the_cap_get_503_json
     }
 }
 
-/// Regression: `POST .../failover?wait=` held its request open outside the cap.
-async fn a_waiting_failover_counts_against_the_cap(server: &Server) {
+/// Regression: `POST .../failover?wait=` held its request open outside the cap. It now has
+/// the admin's own pool (64), which anonymous clients holding theirs cannot take.
+async fn waiting_failovers_have_a_cap_of_their_own(server: &Server) {
+    const ADMIN_CAP: usize = 64; // http::slots::ADMIN_WAITERS
+    let request = format!(
+        "POST /v1/masters/mymaster/failover?wait=30s HTTP/1.1\r\nHost: x\r\n\
+         Authorization: Bearer {TOKEN}\r\nContent-Length: 0\r\n\r\n"
+    );
+    let mut held = Vec::with_capacity(ADMIN_CAP);
+    for _ in 0..ADMIN_CAP {
+        let mut stream = TcpStream::connect(server.addr).await.expect("connect");
+        stream.write_all(request.as_bytes()).await.expect("send");
+        held.push(stream);
+    }
     let url = format!("{}/v1/masters/mymaster/failover?wait=3s", server.url);
-    let (status, body) = server.json(server.client.post(url).bearer_auth(TOKEN)).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert!(error_of(&body).contains("too many"), "{body}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let (status, body) = server.json(server.client.post(&url).bearer_auth(TOKEN)).await;
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "the admin cap never applied: {status} {body}");
+    };
+    assert!(error_of(&body).contains("too many admin"), "{body}");
 }

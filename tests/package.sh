@@ -69,7 +69,8 @@ unit=$(dpkg -L polestar | grep '/systemd/system/polestar.service$') || fail "no 
 for line in Type=notify "ExecStartPre=/usr/bin/polestar check -c /etc/polestar/polestar.yaml" \
     "ExecStart=/usr/bin/polestar run -c /etc/polestar/polestar.yaml" \
     'ExecReload=/bin/kill -HUP $MAINPID' Restart=on-failure User=polestar NoNewPrivileges=yes \
-    ProtectSystem=strict "CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_NET_ADMIN"; do
+    ProtectSystem=strict "CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_NET_ADMIN" \
+    MemoryMax=512M TasksMax=1024 LimitNOFILE=65536; do
   grep -qxF "$line" "$unit" || fail "$unit lacks $line"
 done
 grep -q '^WatchdogSec=' "$unit" || fail "$unit has no WatchdogSec"

@@ -26,6 +26,7 @@ mod fuzz_parsers;
 mod hostile_config;
 mod hostile_dns;
 mod hostile_http;
+mod hostile_load;
 mod hostile_sentinel;
 mod http_api;
 mod lab;

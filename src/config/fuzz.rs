@@ -94,6 +94,7 @@ const PATHS: &[&str] = &[
     "dns.nameservers",
     "dns.transfer_allow",
     "dns.notify",
+    "dns.rate_limit",
     "http",
     "http.listen",
     "http.admin_token_file",

@@ -149,6 +149,9 @@ pub struct Dns {
     pub nameservers: Vec<String>,
     pub transfer_allow: Vec<IpNet>,
     pub notify: Vec<SocketAddr>,
+    /// UDP answers a second per client prefix, name and type (response-rate limiting);
+    /// 0 turns it off.
+    pub rate_limit: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -543,6 +546,10 @@ fn check_label(label: &str) -> Result<String, String> {
     }
 }
 
+/// `dns.rate_limit` by default: far above what a resolver asks of one name (once per TTL),
+/// far below a reflected flood.
+pub const DEFAULT_RATE_LIMIT: u32 = 100;
+
 fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
     let mut s = Section::new("dns", value, p);
     let listen = s.take_list("listen", p, |a: String| parse_addr(&a));
@@ -552,6 +559,7 @@ fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
     let nameservers = s.take_list("nameservers", p, |n: String| parse_zone(&n));
     let transfer_allow = s.take_list("transfer_allow", p, |c: String| parse_cidr(&c));
     let notify = s.take_list("notify", p, |a: String| parse_addr(&a));
+    let rate_limit = s.take::<u32>("rate_limit", p).unwrap_or(DEFAULT_RATE_LIMIT);
     let (listen_path, zone_path) = (s.path("listen"), s.path("zone"));
     s.finish(p);
     if ttl.is_zero() || ttl.subsec_nanos() != 0 {
@@ -571,6 +579,7 @@ fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
         nameservers: nameservers.unwrap_or_default(),
         transfer_allow: transfer_allow.unwrap_or_default(),
         notify: notify.unwrap_or_default(),
+        rate_limit,
     })
 }
 

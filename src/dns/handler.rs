@@ -120,7 +120,8 @@ impl Service {
         }
     }
 
-    fn transfer_allowed(&self, ip: IpAddr) -> bool {
+    /// Whether `ip` may transfer the zone (`dns.transfer_allow`).
+    pub fn transfer_allowed(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
         self.transfer_allow.iter().any(|net| net.contains(&ip))
     }

@@ -4,13 +4,15 @@
 //! serial) and swapped in whole, so a query never sees half of a change and never takes a lock
 //! on the zone. UDP is served by one task per `SO_REUSEPORT` socket that decodes with
 //! hickory-server and answers through the same [`handler::Service`] that the connections of
-//! [`tcp`] use (where zone transfers happen). After each change NOTIFY goes to every
+//! [`tcp`] use (where zone transfers happen). UDP answers are rate-limited per client prefix
+//! and name ([`rrl`]), so polestar cannot be used to reflect a flood. After each change NOTIFY goes to every
 //! `dns.notify` target so standard secondaries follow by AXFR.
 
 mod batch;
 mod handler;
 mod listen;
 mod notify;
+mod rrl;
 mod server;
 mod tcp;
 mod udp;

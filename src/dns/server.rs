@@ -32,7 +32,7 @@ pub async fn serve(
         tasks.spawn(notify::notify_target(*target, zone_rx.clone()));
     }
     for socket in listeners.udp {
-        tasks.spawn(udp::serve_socket(socket, service.clone(), zone_rx.clone()));
+        tasks.spawn(udp::serve_socket(socket, service.clone(), zone_rx.clone(), cfg.rate_limit));
     }
     for listener in listeners.tcp {
         tasks.spawn(tcp::serve_listener(listener, service.clone(), zone_rx.clone()));

@@ -7,6 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use hickory_proto::ProtoError;
 use hickory_proto::op::{Header, Message, MessageType, ResponseCode};
@@ -21,6 +22,7 @@ use tokio::sync::watch;
 
 use super::batch::{self, RecvBuffers};
 use super::handler::{self, Service, UDP_PAYLOAD};
+use super::rrl::{Limiter, Verdict};
 use super::zone::Zone;
 
 /// Answers waiting to be sent at the end of the current batch. Only the socket's own task
@@ -34,10 +36,12 @@ pub async fn serve_socket(
     socket: Arc<UdpSocket>,
     service: Arc<Service>,
     mut zone_rx: watch::Receiver<Arc<Zone>>,
+    rate_limit: u32,
 ) {
     let mut zone = zone_rx.borrow_and_update().clone();
     let mut buffers = RecvBuffers::new();
     let outbox: Outbox = Arc::default();
+    let mut rrl = Limiter::new(rate_limit, Instant::now());
     loop {
         let batch = match batch::recv(&socket, &mut buffers).await {
             Ok(batch) => batch,
@@ -51,9 +55,11 @@ pub async fn serve_socket(
         if zone_rx.has_changed().unwrap_or(false) {
             zone = zone_rx.borrow_and_update().clone();
         }
+        let now = Instant::now();
         for datagram in batch {
             let packet = buffers.datagram(datagram.index, datagram.len);
-            handle_packet(&outbox, &service, &zone, packet, datagram.src).await;
+            let rrl = Rrl { limiter: &mut rrl, now };
+            handle_packet(&outbox, &service, &zone, packet, datagram.src, rrl).await;
         }
         let answers = std::mem::take(&mut *lock(&outbox));
         batch::send(&socket, &answers).await;
@@ -71,17 +77,26 @@ async fn handle_packet(
     zone: &Zone,
     packet: &[u8],
     src: SocketAddr,
+    rrl: Rrl<'_>,
 ) {
     let Ok(header) = Header::read(&mut BinDecoder::new(packet)) else { return };
     if header.metadata.message_type == MessageType::Response || src.port() == 0 {
         return;
     }
     match handler::decode(packet.to_vec(), src, Protocol::Udp) {
-        Some(request) => {
-            let responder =
-                UdpResponder { outbox: outbox.clone(), dst: src, max_size: max_size(&request) };
-            service.respond(zone, &request, responder).await;
-        }
+        Some(request) => match rrl.check(&request) {
+            Verdict::Answer => {
+                let max_size = max_size(&request);
+                let responder = UdpResponder { outbox: outbox.clone(), dst: src, max_size };
+                service.respond(zone, &request, responder).await;
+            }
+            Verdict::Slip => {
+                if let Some(bytes) = truncated(&header, &request) {
+                    lock(outbox).push((bytes, src));
+                }
+            }
+            Verdict::Drop => {}
+        },
         None => {
             service.count(ResponseCode::FormErr);
             if let Some(bytes) = error_message(&header, ResponseCode::FormErr) {
@@ -98,6 +113,35 @@ fn max_size(request: &Request) -> u16 {
         Some(_) => request.max_payload().min(UDP_PAYLOAD),
         None => 512,
     }
+}
+
+/// The rate limiter of one socket, and the time of the batch being answered.
+struct Rrl<'a> {
+    limiter: &'a mut Limiter,
+    now: Instant,
+}
+
+impl Rrl<'_> {
+    fn check(self, request: &Request) -> Verdict {
+        match request.queries.queries() {
+            [query] => {
+                self.limiter.check(request.src().ip(), query.name(), query.query_type(), self.now)
+            }
+            _ => Verdict::Answer, // FORMERR, as small as the query
+        }
+    }
+}
+
+/// The answer slipped past the rate: the question alone with TC set, no larger than the
+/// query, which tells a real resolver to ask again over TCP.
+fn truncated(header: &Header, request: &Request) -> Option<Vec<u8>> {
+    let [query] = request.queries.queries() else { return None };
+    let mut message = Message::response(header.metadata.id, header.metadata.op_code);
+    message.metadata.truncation = true;
+    message.metadata.authoritative = true;
+    message.metadata.recursion_desired = header.metadata.recursion_desired;
+    message.add_query(query.original().clone());
+    message.to_vec().ok()
 }
 
 /// A header-only error response, for requests hickory could not decode.

@@ -6,17 +6,18 @@
 use std::sync::Arc;
 
 use axum::Json;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::auth::Caller;
 use super::params::{self, Name, Params};
 use super::view::MasterView;
 use super::wait::{self, Waited};
-use super::{ApiError, Shared};
+use super::{ApiError, BODY_LIMIT, BODY_READ_TIMEOUT, Shared};
 use crate::config::duration;
 
 #[derive(Deserialize)]
@@ -36,9 +37,9 @@ pub async fn failover(
 ) -> Result<Response, ApiError> {
     super::auth::admin(&s, &headers)?;
     let limit = params::wait(query.wait.as_deref())?;
-    // A waiting failover is held open like a long-poll, so it counts against the same cap
-    // (taken before asking Sentinel, so a refused request has not started a failover).
-    let _slot = limit.map(|_| s.waiter()).transpose()?;
+    // A waiting failover is held open like a long-poll, from the admin's own pool (taken
+    // before asking Sentinel, so a refused request has not started a failover).
+    let _slot = limit.map(|_| s.waiter(Caller::Admin)).transpose()?;
     let before = s.master(&name)?.epoch;
     let sentinel = s.api.control.failover(&name).await?;
     tracing::info!(master = %name, %sentinel, "failover requested through the API");
@@ -63,12 +64,12 @@ pub async fn drain(
     State(s): State<Arc<Shared>>,
     Name(name): Name,
     headers: HeaderMap,
-    body: Result<axum::body::Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
+    // The token and the master first: the body of a caller without the token is never read.
     super::auth::admin(&s, &headers)?;
     s.master(&name)?;
-    // axum's own rejection (413 past the body limit) is plain text; errors here are JSON.
-    let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
+    let body = read_body(body).await?;
     let body: DrainBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!("body must be {{\"node\":\"ip:port\"}}: {e}"))
     })?;
@@ -81,6 +82,22 @@ pub async fn drain(
     };
     let report = handle.drain_now(&name, node).await.map_err(drain_error)?;
     Ok(Json(report).into_response())
+}
+
+/// The whole body, within [`BODY_LIMIT`] bytes and [`BODY_READ_TIMEOUT`] (408 past it).
+async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+    let read = axum::body::to_bytes(body, BODY_LIMIT);
+    match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "the body is too large")),
+        Err(_) => {
+            let waited = duration::format(BODY_READ_TIMEOUT);
+            Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("no whole body within {waited}"),
+            ))
+        }
+    }
 }
 
 fn drain_error(e: crate::drain::DrainError) -> ApiError {

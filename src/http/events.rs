@@ -45,9 +45,9 @@ pub async fn stream(
     headers: HeaderMap,
     Params(query): Params<SinceQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<sse::Event, Infallible>>>, ApiError> {
-    super::auth::reader(&s, &headers)?;
+    let caller = super::auth::reader(&s, &headers)?;
     let since = resume_from(&headers, &query)?;
-    let follower = Follower::start(&s.api.events, since, s.waiter()?);
+    let follower = Follower::start(&s.api.events, since, s.waiter(caller)?);
     let events = futures::stream::unfold(follower, Follower::next).map(|e| Ok(to_sse(&e)));
     let events = events.take_until(s.shutdown.clone().cancelled_owned());
     Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))

@@ -41,12 +41,12 @@ pub async fn one(
     headers: HeaderMap,
     Params(query): Params<WaitQuery>,
 ) -> Result<Json<MasterView>, ApiError> {
-    super::auth::reader(&s, &headers)?;
+    let caller = super::auth::reader(&s, &headers)?;
     let limit = params::wait(query.wait.as_deref())?;
     let after = params::number("after", query.after.as_deref())?;
     let master = s.master(&name)?;
     let Some(limit) = limit else { return Ok(Json(MasterView::from(&*master))) };
-    let _slot = s.waiter()?;
+    let _slot = s.waiter(caller)?;
     let floor = after.or(master.epoch);
     let waited = wait::epoch_above(&s.api.topology, &name, floor, limit, &s.shutdown).await?;
     let (Waited::Moved(m) | Waited::TimedOut(m) | Waited::Stopping(m)) = waited;

@@ -15,6 +15,7 @@ mod health;
 mod masters;
 mod page;
 mod params;
+mod slots;
 pub mod view;
 mod wait;
 
@@ -47,14 +48,15 @@ pub use error::ApiError;
 
 /// Request bodies are tiny (`{"node":"ip:port"}` at most); anything larger is refused.
 const BODY_LIMIT: usize = 64 * 1024;
-/// Long-polls and event streams held open at once; past this they answer 503 at once.
-const MAX_WAITERS: usize = 1024;
 /// A client has this long to send a request's headers (also how long an idle keep-alive
 /// connection stays open).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request's body (read only once its token has been checked) must arrive within this.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections served at once (long-polls and streams included); the rest wait in the
-/// listen backlog. Well under the usual open-file limits.
-const MAX_CONNECTIONS: usize = 4096;
+/// listen backlog. One client address holds at most [`slots::CONNECTIONS_PER_CLIENT`] of
+/// them. polestar raises its open-file limit at start to make room for them.
+const MAX_CONNECTIONS: usize = 16384;
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 /// What the daemon hands the API: read ends and handles, nothing it must give back.
@@ -115,7 +117,10 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
 pub async fn serve(listener: TcpListener, api: Api, shutdown: CancellationToken) -> io::Result<()> {
     let mut tls = Tls::new(api.tls.clone())?;
     let app = routes(Arc::new(Shared::new(api, shutdown.clone())));
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = Slots {
+        all: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+        clients: crate::limits::Clients::new(slots::CONNECTIONS_PER_CLIENT),
+    };
     let graceful = GracefulShutdown::new();
     while let Some((stream, slot)) = accept(&listener, &slots, &shutdown).await {
         let (app, watcher) = (app.clone(), graceful.watcher());
@@ -193,16 +198,29 @@ fn acceptor(tls: &ServerTls) -> Result<tokio_rustls::TlsAcceptor, crate::tls::Tl
     crate::tls::server_config(tls).map(tokio_rustls::TlsAcceptor::from)
 }
 
+/// The connections being served: all of them, and per client.
+struct Slots {
+    all: Arc<Semaphore>,
+    clients: crate::limits::Clients,
+}
+
+/// A connection's place among [`Slots`], given back when it is dropped.
+struct Slot {
+    _all: OwnedSemaphorePermit,
+    _client: crate::limits::ClientShare,
+}
+
 /// The next connection and its slot, or `None` at shutdown. Waits for a free slot first, so
-/// past [`MAX_CONNECTIONS`] new clients queue in the listen backlog instead of being served.
+/// past [`MAX_CONNECTIONS`] new clients queue in the listen backlog instead of being served;
+/// a client past its own share is closed at once.
 async fn accept(
     listener: &TcpListener,
-    slots: &Arc<Semaphore>,
+    slots: &Slots,
     shutdown: &CancellationToken,
-) -> Option<(tokio::net::TcpStream, OwnedSemaphorePermit)> {
+) -> Option<(tokio::net::TcpStream, Slot)> {
     loop {
         let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => slot.ok()?,
+            slot = slots.all.clone().acquire_owned() => slot.ok()?,
             () = shutdown.cancelled() => return None,
         };
         let accepted = tokio::select! {
@@ -210,7 +228,12 @@ async fn accept(
             () = shutdown.cancelled() => return None,
         };
         match accepted {
-            Ok((stream, _)) => return Some((stream, slot)),
+            Ok((stream, peer)) => match slots.clients.admit(peer.ip()) {
+                Some(client) => return Some((stream, Slot { _all: slot, _client: client })),
+                None => {
+                    tracing::debug!(%peer, "HTTP client holds its share of connections: closed")
+                }
+            },
             Err(error) => {
                 // EMFILE and the like: wait rather than spin; connections ending free slots.
                 tracing::warn!(%error, "HTTP accept failed");
@@ -262,13 +285,13 @@ struct Shared {
     api: Api,
     /// Cancelled at daemon shutdown: long-polls and streams end when it is.
     shutdown: CancellationToken,
-    /// One permit per open long-poll or stream.
-    waiters: Arc<Semaphore>,
+    /// One permit per open long-poll, stream or waiting failover, from its caller's pool.
+    waiters: slots::Waiters,
 }
 
 impl Shared {
     fn new(api: Api, shutdown: CancellationToken) -> Self {
-        Self { api, shutdown, waiters: Arc::new(Semaphore::new(MAX_WAITERS)) }
+        Self { api, shutdown, waiters: slots::Waiters::default() }
     }
 
     /// The master as published now, or 404.
@@ -277,9 +300,8 @@ impl Shared {
         snapshot.master(name).cloned().ok_or_else(|| ApiError::unknown_master(name))
     }
 
-    /// A slot for a request that will be held open, or 503 when too many already are.
-    fn waiter(&self) -> Result<OwnedSemaphorePermit, ApiError> {
-        let permit = self.waiters.clone().try_acquire_owned();
-        permit.map_err(|_| ApiError::unavailable("too many long-polls and event streams open"))
+    /// A slot for a request of `caller` that will be held open, or 503 when its pool is full.
+    fn waiter(&self, caller: auth::Caller) -> Result<OwnedSemaphorePermit, ApiError> {
+        self.waiters.take(caller)
     }
 }

@@ -15,7 +15,6 @@ use redis::{
 };
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 use tokio_rustls::TlsConnector;
 
 use crate::config::Auth;
@@ -53,12 +52,17 @@ impl Endpoint {
     }
 }
 
+/// Where a connection's pub/sub messages and disconnects go. Called by the connection's
+/// reader for every push, so it must not block (a bounded queue that drops what does not fit:
+/// see [`super::link`]); an `Err` stops the pushes.
+pub type PushSink = Box<dyn Fn(PushInfo) -> Result<(), ()> + Send + Sync>;
+
 /// Opens a RESP3 connection; with `push`, pub/sub messages and disconnects arrive there.
 /// Every failure, TLS ones included, is an error naming the endpoint (never a panic), and is
 /// recorded for `/readyz` ([`crate::reach`]) until a connect to the same endpoint succeeds.
 pub async fn connect(
     endpoint: &Endpoint,
-    push: Option<mpsc::UnboundedSender<PushInfo>>,
+    push: Option<PushSink>,
 ) -> RedisResult<MultiplexedConnection> {
     let mut config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))

@@ -5,6 +5,12 @@
 //! (10 ms per master, at most 30 s), so that 1,000 masters cost Sentinel and polestar a
 //! full picture every 10 s rather than 4,000 commands a second per Sentinel.
 //!
+//! Whatever the Sentinel sends costs bounded memory: its pushes wait in a bounded queue that
+//! the connection's reader never waits on, and the events it turns into observations are
+//! held to a budget; what does not fit is dropped and a full reconciliation (which reads the
+//! same truth) is asked for instead. Nothing in the event loop awaits the network, so a flood
+//! or a slow lookup cannot stall the `PING` deadline.
+//!
 //! A link never gives up: any error ends the session, the decider is told the Sentinel is
 //! down, and the link reconnects to the same address with backoff, forever. Links exist only
 //! for configured addresses (see the trust model in `super`).
@@ -14,15 +20,19 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
 
 use redis::aio::MultiplexedConnection;
 use redis::{PushInfo, PushKind, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::time::{MissedTickBehavior, interval, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 
-use super::conn::{Endpoint, connect};
+use super::conn::{Endpoint, PushSink, connect};
 use super::message::{
     Addr, Event, MasterRecord, PeerRecord, ReplicaRecord, master_addr, records, text,
 };
@@ -38,6 +48,16 @@ const RECONCILE_PER_MASTER: Duration = Duration::from_millis(10);
 const RESOLVE_DEADLINE: Duration = Duration::from_secs(1);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Pushes read from the connection but not yet handled; a flood past it is dropped.
+const PUSH_QUEUE: usize = 1024;
+/// Events waiting for a lookup (a hostname, an epoch) before they are passed on.
+const MAX_PENDING: usize = 64;
+/// Observations of events passed on per second on average (and in a burst).
+const EVENT_BUDGET: u16 = 1000;
+/// Dropped events are logged at most this often per Sentinel.
+const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
+/// Failovers whose epoch a session remembers.
+const MAX_FAILOVERS: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 enum LinkError {
@@ -88,8 +108,8 @@ impl Link {
     }
 
     async fn session(&self) -> Result<(), LinkError> {
-        let (push_tx, mut push_rx) = mpsc::unbounded_channel();
-        let mut conn = connect(&self.endpoint, Some(push_tx)).await?;
+        let (sink, mut pushes) = push_queue();
+        let mut conn = connect(&self.endpoint, Some(sink)).await?;
         let myid: Value = redis::cmd("SENTINEL").arg("MYID").query_async(&mut conn).await?;
         // Subscribe before the first reconciliation so that no change falls in between.
         conn.psubscribe("*").await?;
@@ -104,18 +124,22 @@ impl Link {
             timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
         every.reset();
-        // A reconciliation runs beside the event loop on a clone of the connection, so that
-        // a `+promoted-slave` arriving meanwhile is passed on at once.
-        let mut running: Option<Reconciling> = None;
+        // Nothing in this loop awaits the network: the PING, a reconciliation and the lookups
+        // an event needs (hostnames, an epoch) run beside it on clones of the connection, so
+        // the PING deadline holds and a `+promoted-slave` is passed on at once whatever else
+        // is in flight.
+        let mut pinging: Option<InFlight<()>> = None;
+        let mut running: Option<InFlight<Report>> = None;
+        let mut pending = Pending::default();
         let mut due = Due::default();
+        let mut drops = Drops::default();
         loop {
+            // Pushes come last: a flood of them must not starve the PING or the reports.
             tokio::select! {
                 biased;
-                push = push_rx.recv() => {
-                    let push = push.ok_or(LinkError::Closed)?;
-                    if let Some(scope) = self.on_push(push, &mut state, &mut conn).await? {
-                        due.add(scope);
-                    }
+                pong = async { pinging.as_mut().expect("guarded by the condition").await }, if pinging.is_some() => {
+                    pinging = None;
+                    pong?;
                 }
                 report = async { running.as_mut().expect("guarded by the condition").await }, if running.is_some() => {
                     running = None;
@@ -131,8 +155,32 @@ impl Link {
                     }
                     self.send(Observation::Report(report));
                 }
-                _ = ping.tick() => ping_once(&mut conn).await?,
+                Some(observation) = pending.queue.next(), if !pending.queue.is_empty() => {
+                    if let Some(observation) = observation? {
+                        self.send(observation);
+                    }
+                }
+                _ = ping.tick(), if pinging.is_none() => {
+                    pinging = Some(Box::pin(ping_once(conn.clone())));
+                }
                 _ = every.tick() => due.add(Scope::All),
+                () = pushes.lost.notified() => {
+                    if pushes.disconnected.load(Ordering::Relaxed) {
+                        return Err(LinkError::Closed);
+                    }
+                    drops.note(&self.endpoint, "sends events faster than they are read");
+                    due.add(Scope::All);
+                }
+                push = pushes.rx.recv() => {
+                    let push = push.ok_or(LinkError::Closed)?;
+                    if let Some(scope) = self.on_push(push, &mut state, &conn, &mut pending)? {
+                        due.add(scope);
+                    }
+                }
+            }
+            if pending.overflowed() {
+                drops.note(&self.endpoint, "sends more events than the budget");
+                due.add(Scope::All);
             }
             if running.is_none()
                 && let Some(scope) = due.take()
@@ -152,11 +200,12 @@ impl Link {
     }
 
     /// Handles one pushed message; returns what it asks to reconcile.
-    async fn on_push(
+    fn on_push(
         &self,
         push: PushInfo,
         state: &mut Session,
-        conn: &mut MultiplexedConnection,
+        conn: &MultiplexedConnection,
+        pending: &mut Pending,
     ) -> Result<Option<Scope>, LinkError> {
         let at = Instant::now();
         let (channel, payload) = match (push.kind, push.data.as_slice()) {
@@ -167,16 +216,19 @@ impl Link {
         let (Some(channel), Some(payload)) = (channel, payload) else { return Ok(None) };
         let Some(event) = Event::parse(&channel, &payload) else { return Ok(None) };
         tracing::debug!(sentinel = %self.endpoint.name(), %channel, %payload, "sentinel event");
-        self.on_event(event, at, state, conn).await
+        Ok(self.on_event(event, at, state, conn, pending))
     }
 
-    async fn on_event(
+    /// Turns one event into what the decider is told (now, or once its lookups are done, in
+    /// the order of the events) and what is to be reconciled.
+    fn on_event(
         &self,
         event: Event,
         at: Instant,
         state: &mut Session,
-        conn: &mut MultiplexedConnection,
-    ) -> Result<Option<Scope>, LinkError> {
+        conn: &MultiplexedConnection,
+        pending: &mut Pending,
+    ) -> Option<Scope> {
         let link = self.id;
         match event {
             Event::NewEpoch(epoch) => {
@@ -185,54 +237,59 @@ impl Link {
             }
             Event::FailoverStarted { master } => {
                 if let Some(epoch) = state.last_epoch {
-                    state.failover_epoch.insert(master.clone(), epoch);
+                    state.remember(&master, epoch);
                 }
-                self.send(Observation::Failover {
-                    link,
-                    master,
-                    in_progress: true,
-                    aborted: false,
-                });
+                let failover =
+                    Observation::Failover { link, master, in_progress: true, aborted: false };
+                pending.push(ready(failover));
             }
             Event::Promoting { master, replica, sent } => {
                 let epoch = state.failover_epoch.get(&master).copied().filter(|_| sent);
-                let promoted = match epoch {
-                    Some(epoch) => resolve(&replica).await.map(|node| (node, epoch)),
-                    None => None,
-                };
-                self.send(Observation::Promoting { link, master, replica, promoted, at });
+                pending.push(Box::pin(async move {
+                    let promoted = match epoch {
+                        Some(epoch) => resolve(&replica).await.map(|node| (node, epoch)),
+                        None => None,
+                    };
+                    Ok(Some(Observation::Promoting { link, master, replica, promoted, at }))
+                }));
             }
             Event::Promoted { master, primary } => {
-                let epoch = match state.failover_epoch.remove(&master) {
-                    Some(e) => e,
-                    None => config_epoch(conn, &master).await?,
-                };
-                if let Some(node) = resolve(&primary).await {
-                    self.send(Observation::Promoted { link, master, node, epoch, at });
-                }
+                let epoch = state.failover_epoch.remove(&master);
+                let mut conn = conn.clone();
+                pending.push(Box::pin(async move {
+                    let epoch = match epoch {
+                        Some(e) => e,
+                        None => config_epoch(&mut conn, &master).await?,
+                    };
+                    let node = resolve(&primary).await;
+                    Ok(node.map(|node| Observation::Promoted { link, master, node, epoch, at }))
+                }));
             }
             Event::FailoverEnded { master, aborted } => {
                 state.failover_epoch.remove(&master);
-                self.send(Observation::Failover {
+                let scope = self.scope(master.clone());
+                pending.push(ready(Observation::Failover {
                     link,
-                    master: master.clone(),
+                    master,
                     in_progress: false,
                     aborted,
-                });
-                return Ok(self.scope(master));
+                }));
+                return scope;
             }
             Event::NodeBack { master, node } => {
-                if let Some(node) = resolve(&node).await {
-                    self.send(Observation::NodeBack { link, master: master.clone(), node });
-                }
-                return Ok(self.scope(master));
+                let scope = self.scope(master.clone());
+                pending.push(Box::pin(async move {
+                    let node = resolve(&node).await;
+                    Ok(node.map(|node| Observation::NodeBack { link, master, node }))
+                }));
+                return scope;
             }
             Event::Switched { master, .. } | Event::Changed { master } => {
-                return Ok(self.scope(master));
+                return self.scope(master);
             }
-            Event::Topology => return Ok(Some(Scope::All)),
+            Event::Topology => return Some(Scope::All),
         }
-        Ok(None)
+        None
     }
 
     /// The reconciliation an event about `master` asks for: none for a master not served.
@@ -329,21 +386,130 @@ impl Due {
     }
 }
 
-/// A reconciliation in flight.
-type Reconciling = Pin<Box<dyn Future<Output = Result<Report, LinkError>> + Send>>;
-
 /// Per-session memory of the failover epochs announced on this connection.
 #[derive(Default)]
 struct Session {
     last_epoch: Option<u64>,
     /// Bound at `+try-failover`, which Sentinel announces right after the `+new-epoch` of the
-    /// failover; read at `+promoted-slave`.
+    /// failover; read at `+promoted-slave`. At most [`MAX_FAILOVERS`] names (they come from
+    /// the network); past that `+promoted-slave` asks Sentinel for the epoch instead.
     failover_epoch: HashMap<String, u64>,
 }
 
-async fn ping_once(conn: &mut MultiplexedConnection) -> Result<(), LinkError> {
+impl Session {
+    fn remember(&mut self, master: &str, epoch: u64) {
+        if self.failover_epoch.len() < MAX_FAILOVERS || self.failover_epoch.contains_key(master) {
+            self.failover_epoch.insert(master.to_owned(), epoch);
+        }
+    }
+}
+
+/// Events dropped in a session, logged at most every [`DROP_LOG_EVERY`] (a flood must not
+/// become a flood of log lines).
+#[derive(Default)]
+struct Drops {
+    count: u64,
+    logged: Option<Instant>,
+}
+
+impl Drops {
+    fn note(&mut self, endpoint: &Endpoint, why: &str) {
+        self.count += 1;
+        if self.logged.is_some_and(|at| at.elapsed() < DROP_LOG_EVERY) {
+            return;
+        }
+        self.logged = Some(Instant::now());
+        let (sentinel, dropped) = (endpoint.name(), std::mem::take(&mut self.count));
+        tracing::warn!(%sentinel, dropped, "Sentinel {why}: events dropped, reconciling instead");
+    }
+}
+
+/// A command in flight beside the event loop.
+type InFlight<T> = Pin<Box<dyn Future<Output = Result<T, LinkError>> + Send>>;
+
+/// What an event tells the decider once its lookups are done (`None`: nothing, e.g. a
+/// hostname that does not resolve).
+type Telling = InFlight<Option<Observation>>;
+
+fn ready(observation: Observation) -> Telling {
+    Box::pin(std::future::ready(Ok(Some(observation))))
+}
+
+/// The observations of events, in the order of the events, within a budget: at most
+/// [`MAX_PENDING`] waiting for a lookup and [`EVENT_BUDGET`] a second on average (bursts of as
+/// many), so that a Sentinel flooding events can neither grow this queue nor the decider's.
+/// What does not fit is dropped and a full reconciliation is asked for instead.
+struct Pending {
+    queue: FuturesOrdered<Telling>,
+    tokens: f64,
+    refilled: Instant,
+    dropped: bool,
+}
+
+impl Default for Pending {
+    fn default() -> Self {
+        let tokens = f64::from(EVENT_BUDGET);
+        Self { queue: FuturesOrdered::new(), tokens, refilled: Instant::now(), dropped: false }
+    }
+}
+
+impl Pending {
+    fn push(&mut self, telling: Telling) {
+        let now = Instant::now();
+        let budget = f64::from(EVENT_BUDGET);
+        let refill = now.duration_since(self.refilled).as_secs_f64() * budget;
+        self.tokens = (self.tokens + refill).min(budget);
+        self.refilled = now;
+        if self.tokens < 1.0 || self.queue.len() >= MAX_PENDING {
+            self.dropped = true;
+            return;
+        }
+        self.tokens -= 1.0;
+        self.queue.push_back(telling);
+    }
+
+    /// Whether events were dropped since the last call.
+    fn overflowed(&mut self) -> bool {
+        std::mem::take(&mut self.dropped)
+    }
+}
+
+/// The receiving end of a connection's pushes: at most [`PUSH_QUEUE`] of them wait. The
+/// connection's reader never waits on it: a push that does not fit is dropped and `lost` is
+/// notified (once for any number of drops), which the link answers with a full
+/// reconciliation; a disconnection that did not fit also sets `disconnected`.
+struct Pushes {
+    /// The connection's push sink holds the sender; it closes with the connection.
+    rx: mpsc::Receiver<PushInfo>,
+    lost: Arc<Notify>,
+    disconnected: Arc<AtomicBool>,
+}
+
+fn push_queue() -> (PushSink, Pushes) {
+    let (tx, rx) = mpsc::channel(PUSH_QUEUE);
+    let lost = Arc::new(Notify::new());
+    let disconnected = Arc::new(AtomicBool::new(false));
+    let pushes = Pushes { rx, lost: lost.clone(), disconnected: disconnected.clone() };
+    let sink: PushSink = Box::new(move |push: PushInfo| {
+        let is_disconnection = push.kind == PushKind::Disconnection;
+        match tx.try_send(push) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                if is_disconnection {
+                    disconnected.store(true, Ordering::Relaxed);
+                }
+                lost.notify_one();
+                Ok(())
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(()),
+        }
+    });
+    (sink, pushes)
+}
+
+async fn ping_once(mut conn: MultiplexedConnection) -> Result<(), LinkError> {
     let ping = redis::cmd("PING");
-    match timeout(PING_DEADLINE, ping.query_async::<Value>(conn)).await {
+    match timeout(PING_DEADLINE, ping.query_async::<Value>(&mut conn)).await {
         Ok(r) => r.map(drop).map_err(LinkError::from),
         Err(_) => Err(LinkError::PingTimeout(PING_DEADLINE)),
     }
@@ -430,6 +596,56 @@ mod tests {
         assert_eq!(full_every(3), Duration::from_secs(1));
         assert_eq!(full_every(1000), Duration::from_secs(10));
         assert_eq!(full_every(usize::MAX), RECONCILE_MAX);
+    }
+
+    fn pmessage() -> PushInfo {
+        let data = ["*", "+sdown", "x"].map(|s| Value::BulkString(s.into()));
+        PushInfo { kind: PushKind::PMessage, data: data.to_vec() }
+    }
+
+    #[tokio::test]
+    async fn a_push_flood_is_dropped_and_reported_not_buffered() {
+        let (sink, pushes) = push_queue();
+        for _ in 0..PUSH_QUEUE * 10 {
+            assert!(sink(pmessage()).is_ok(), "the reader is never refused while we live");
+        }
+        assert_eq!(pushes.rx.len(), PUSH_QUEUE, "only the queue's worth is held");
+        let lost = tokio::time::timeout(Duration::from_secs(1), pushes.lost.notified()).await;
+        assert!(lost.is_ok(), "the drops are reported");
+        assert!(!pushes.disconnected.load(Ordering::Relaxed));
+        assert!(sink(PushInfo { kind: PushKind::Disconnection, data: vec![] }).is_ok());
+        assert!(pushes.disconnected.load(Ordering::Relaxed), "a lost disconnection is kept");
+        drop(pushes);
+        assert!(sink(pmessage()).is_err(), "the link is gone: stop pushing");
+    }
+
+    #[test]
+    fn events_past_the_budget_are_dropped() {
+        let mut pending = Pending::default();
+        let up = || ready(Observation::Up { link: 0, myid: None });
+        for _ in 0..MAX_PENDING {
+            pending.push(up());
+        }
+        assert!(!pending.overflowed());
+        pending.push(up());
+        assert!(pending.overflowed(), "no more than MAX_PENDING wait");
+        assert!(!pending.overflowed(), "reported once");
+        assert_eq!(pending.queue.len(), MAX_PENDING);
+        pending.queue = FuturesOrdered::new();
+        pending.tokens = 0.5;
+        pending.push(up());
+        assert!(pending.overflowed(), "no more than the budget a second");
+    }
+
+    #[test]
+    fn the_failovers_remembered_are_bounded() {
+        let mut session = Session::default();
+        for i in 0..MAX_FAILOVERS * 2 {
+            session.remember(&format!("m{i}"), 1);
+        }
+        assert_eq!(session.failover_epoch.len(), MAX_FAILOVERS);
+        session.remember("m0", 7);
+        assert_eq!(session.failover_epoch.get("m0"), Some(&7), "a known one is updated");
     }
 
     #[test]

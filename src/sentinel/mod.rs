@@ -27,7 +27,7 @@ use std::time::Instant;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use conn::{Endpoint, connect};
+pub use conn::{Endpoint, PushSink, connect};
 pub use decider::Decider;
 use message::{Addr, PeerRecord};
 

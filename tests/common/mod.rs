@@ -44,6 +44,8 @@ pub struct PolestarConfig {
     pub dns_notify: Vec<String>,
     pub drain: bool,
     pub admin_token: Option<String>,
+    /// `http.agent_token_file`, written with this token.
+    pub agent_token: Option<String>,
     /// More `drain:` settings, one `key: value` per line (unindented).
     pub drain_settings: Vec<String>,
     /// Instead of `sentinels:`, this top-level YAML (an agent's `upstream: ...`).
@@ -67,6 +69,7 @@ impl PolestarConfig {
             dns_notify: Vec::new(),
             drain: false,
             admin_token: None,
+            agent_token: None,
             drain_settings: Vec::new(),
             source: None,
             http_settings: Vec::new(),
@@ -108,6 +111,11 @@ impl PolestarConfig {
             let file = dir.join("admin.token");
             std::fs::write(&file, format!("{token}\n")).expect("write the admin token file");
             let _ = writeln!(y, "  admin_token_file: {}", file.display());
+        }
+        if let Some(token) = &self.agent_token {
+            let file = dir.join("agent.token");
+            std::fs::write(&file, format!("{token}\n")).expect("write the agent token file");
+            let _ = writeln!(y, "  agent_token_file: {}", file.display());
         }
         let _ = writeln!(y, "drain:\n  enabled: {}", self.drain);
         for line in &self.drain_settings {
@@ -193,6 +201,7 @@ impl Polestar {
         lock(&self.log).iter().any(|l| l.trim_end().ends_with(": ready") || l.trim_end() == "ready")
     }
 
+    /// The daemon's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -37,6 +37,7 @@ pub fn dns_config() -> config::Dns {
         nameservers: vec!["ns1.redis.internal.".into()],
         transfer_allow: vec!["127.0.0.1/32".parse().unwrap()],
         notify: vec![],
+        rate_limit: config::DEFAULT_RATE_LIMIT,
     }
 }
 

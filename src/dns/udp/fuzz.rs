@@ -66,6 +66,7 @@ fn zone() -> Zone {
         nameservers: vec!["ns1.redis.internal.".into()],
         transfer_allow: vec!["127.0.0.1/32".parse().unwrap()],
         notify: vec![],
+        rate_limit: crate::config::DEFAULT_RATE_LIMIT,
     };
     Zone::build(&snapshot, &ZoneSettings::from_config(&cfg).unwrap(), 7)
 }
@@ -169,7 +170,10 @@ fn answer(service: &Service, zone: &Zone, packet: &[u8]) -> Vec<(Vec<u8>, Socket
     let outbox: Outbox = Arc::default();
     let src: SocketAddr = "127.0.0.1:5300".parse().unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    runtime.block_on(handle_packet(&outbox, service, zone, packet, src));
+    // A fresh limiter each time: one datagram is never past the rate.
+    let now = std::time::Instant::now();
+    let rrl = Rrl { limiter: &mut Limiter::new(crate::config::DEFAULT_RATE_LIMIT, now), now };
+    runtime.block_on(handle_packet(&outbox, service, zone, packet, src, rrl));
     std::mem::take(&mut *lock(&outbox))
 }
 

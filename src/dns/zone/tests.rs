@@ -17,6 +17,7 @@ fn settings(nameservers: &[&str]) -> ZoneSettings {
         nameservers: nameservers.iter().map(|s| s.to_string()).collect(),
         transfer_allow: vec![],
         notify: vec![],
+        rate_limit: crate::config::DEFAULT_RATE_LIMIT,
     };
     ZoneSettings::from_config(&cfg).unwrap()
 }
