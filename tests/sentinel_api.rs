@@ -650,6 +650,7 @@ async fn slow_subscribers_are_disconnected_not_buffered() {
         password: tokio::sync::watch::channel(None).1,
         max_connections: 100,
         idle_timeout: Duration::from_secs(60),
+        events: Arc::new(polestar::events::EventLog::new()),
     };
     let stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(polestar::sentinel_api::serve(listeners, api, stop.clone()));
@@ -762,6 +763,7 @@ async fn hostile_input_is_a_protocol_error_and_the_endpoint_keeps_serving() {
         password: tokio::sync::watch::channel(None).1,
         max_connections: 16,
         idle_timeout: Duration::from_secs(60),
+        events: Arc::new(polestar::events::EventLog::new()),
     };
     let stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(polestar::sentinel_api::serve(listeners, api, stop.clone()));
