@@ -494,6 +494,50 @@ async fn redis_py_and_ioredis_lose_nothing_through_a_hung_primary() {
     }
 }
 
+/// Issue 16: a hung primary's own `+sdown` and `+odown`, as the configured Sentinels announce
+/// them, reach polestar's `PSUBSCRIBE *` subscribers in Sentinel's format, once each although
+/// three Sentinels announce `+sdown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_primarys_own_sdown_and_odown_reach_subscribers_once() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let config = config(&lab, "");
+    let env = Env::with_config(lab, &config).await;
+    let (api, master) = (api_addr(&env.ps), env.master_name());
+    let heard = raw_subscriber(api, "PSUBSCRIBE *\r\n").await;
+    let text = || String::from_utf8_lossy(&lock(&heard)).into_owned();
+    env.wait_until(Duration::from_secs(10), "subscribed", || async {
+        anyhow::ensure!(text().contains("psubscribe"), "no reply yet: {:?}", text());
+        Ok(())
+    })
+    .await;
+    let old = env.lab.primary().await.expect("the primary");
+    let i = env.lab.index_of(old).expect("the primary is a lab node");
+    env.lab.stop_node(i).expect("SIGSTOP the primary");
+    let new = env.lab.wait_for_primary_change(old, FAILOVER * 2).await;
+    new.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
+
+    let (ip, port) = (old.ip(), old.port());
+    let sdown = format!("master {master} {ip} {port}");
+    let sdown = format!("$6\r\n+sdown\r\n${}\r\n{sdown}\r\n", sdown.len());
+    // `#quorum N/M`: how many agreed is Sentinel's to say (one digit each in a lab of three).
+    let odown = format!("master {master} {ip} {port} #quorum ");
+    let odown = format!("$6\r\n+odown\r\n${}\r\n{odown}", odown.len() + 3);
+    env.wait_until(FAILOVER * 2, "+sdown and +odown of the old primary", || async {
+        let text = text();
+        anyhow::ensure!(text.contains(&sdown), "no {sdown:?} in {text:?}");
+        anyhow::ensure!(text.contains(&odown), "no {odown:?} in {text:?}");
+        anyhow::ensure!(text.contains("+switch-master"), "no +switch-master in {text:?}");
+        Ok(())
+    })
+    .await;
+    // Late announcements of the other Sentinels would have arrived by now.
+    sleep(Duration::from_secs(2)).await;
+    let _ = env.lab.cont_node(i);
+    let text = text();
+    assert_eq!(text.matches(&sdown).count(), 1, "one +sdown of the primary: {text:?}");
+    assert_eq!(text.matches(&odown).count(), 1, "one +odown of the primary: {text:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bounded: a flood of subscribers, the connection cap, idle clients, slow readers.
 
