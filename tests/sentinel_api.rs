@@ -455,6 +455,10 @@ async fn clients_through(fault: Fault) -> Vec<(String, u64)> {
         if fault == Fault::Hung {
             // The hung old primary, once Sentinel lists it as a replica that is down.
             anyhow::ensure!(text.contains(&sdown), "no +sdown {sdown:?} in {text:?}");
+            // Before that, its own +sdown and +odown as the Sentinels announced them.
+            let (own_sdown, own_odown) = primary_down_frames(&master, old);
+            anyhow::ensure!(text.contains(&own_sdown), "no {own_sdown:?} in {text:?}");
+            anyhow::ensure!(text.contains(&own_odown), "no {own_odown:?} in {text:?}");
         }
         Ok(())
     })
@@ -494,6 +498,18 @@ async fn redis_py_and_ioredis_lose_nothing_through_a_hung_primary() {
     }
 }
 
+/// What a `PSUBSCRIBE *` subscriber reads of the `+sdown` and `+odown` of the primary `old`
+/// of `master` itself: the whole `+sdown` message, and the `+odown` one up to its `#quorum N/M`
+/// (how many agreed is Sentinel's to say: one digit each in a lab of three).
+fn primary_down_frames(master: &str, old: SocketAddr) -> (String, String) {
+    let (ip, port) = (old.ip(), old.port());
+    let sdown = format!("master {master} {ip} {port}");
+    let sdown = format!("$6\r\n+sdown\r\n${}\r\n{sdown}\r\n", sdown.len());
+    let odown = format!("master {master} {ip} {port} #quorum ");
+    let odown = format!("$6\r\n+odown\r\n${}\r\n{odown}", odown.len() + 3);
+    (sdown, odown)
+}
+
 /// Issue 16: a hung primary's own `+sdown` and `+odown`, as the configured Sentinels announce
 /// them, reach polestar's `PSUBSCRIBE *` subscribers in Sentinel's format, once each although
 /// three Sentinels announce `+sdown`.
@@ -516,12 +532,7 @@ async fn a_hung_primarys_own_sdown_and_odown_reach_subscribers_once() {
     let new = env.lab.wait_for_primary_change(old, FAILOVER * 2).await;
     new.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
 
-    let (ip, port) = (old.ip(), old.port());
-    let sdown = format!("master {master} {ip} {port}");
-    let sdown = format!("$6\r\n+sdown\r\n${}\r\n{sdown}\r\n", sdown.len());
-    // `#quorum N/M`: how many agreed is Sentinel's to say (one digit each in a lab of three).
-    let odown = format!("master {master} {ip} {port} #quorum ");
-    let odown = format!("$6\r\n+odown\r\n${}\r\n{odown}", odown.len() + 3);
+    let (sdown, odown) = primary_down_frames(&master, old);
     env.wait_until(FAILOVER * 2, "+sdown and +odown of the old primary", || async {
         let text = text();
         anyhow::ensure!(text.contains(&sdown), "no {sdown:?} in {text:?}");
