@@ -134,8 +134,9 @@ pub async fn follow_events(
     tx: broadcast::Sender<Arc<Message>>,
     shutdown: CancellationToken,
 ) {
-    let (_, mut live) = log.follow(log.last_id());
-    let mut last = log.last_id();
+    // The past is not this task's to send; it only marks where "from now on" starts.
+    let (past, mut live) = log.follow(None);
+    let mut last = past.last().map(|e| e.id);
     loop {
         let received = tokio::select! {
             received = live.recv() => received,
