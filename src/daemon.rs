@@ -109,6 +109,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             password: reload::project(&live, |c| c.sentinel_api.as_ref()?.password.clone()),
             max_connections: s.max_connections,
             idle_timeout: s.idle_timeout,
+            events: events.clone(),
         };
         let stop = shutdown.clone();
         tasks.spawn(async move {

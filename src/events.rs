@@ -20,7 +20,8 @@ pub struct Event {
     pub id: u64,
     /// Milliseconds since the Unix epoch.
     pub time_ms: u64,
-    /// e.g. `switch`, `sentinel_up`, `sentinel_down`, `stale`, `ok`, `fence`, `drain`.
+    /// e.g. `switch`, `sentinel_up`, `sentinel_down`, `stale`, `ok`, `fence`, `drain`,
+    /// `primary_down` (a primary's own `+sdown`/`-sdown`/`+odown`/`-odown`).
     pub kind: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub master: Option<String>,

@@ -455,6 +455,10 @@ async fn clients_through(fault: Fault) -> Vec<(String, u64)> {
         if fault == Fault::Hung {
             // The hung old primary, once Sentinel lists it as a replica that is down.
             anyhow::ensure!(text.contains(&sdown), "no +sdown {sdown:?} in {text:?}");
+            // Before that, its own +sdown and +odown as the Sentinels announced them.
+            let (own_sdown, own_odown) = primary_down_frames(&master, old);
+            anyhow::ensure!(text.contains(&own_sdown), "no {own_sdown:?} in {text:?}");
+            anyhow::ensure!(text.contains(&own_odown), "no {own_odown:?} in {text:?}");
         }
         Ok(())
     })
@@ -492,6 +496,57 @@ async fn redis_py_and_ioredis_lose_nothing_through_a_hung_primary() {
             assert!(*ms <= 1500, "{label}: {ms} ms from the promotion to the new primary");
         }
     }
+}
+
+/// What a `PSUBSCRIBE *` subscriber reads of the `+sdown` and `+odown` of the primary `old`
+/// of `master` itself: the whole `+sdown` message, and the `+odown` one up to its `#quorum N/M`
+/// (how many agreed is Sentinel's to say: one digit each in a lab of three).
+fn primary_down_frames(master: &str, old: SocketAddr) -> (String, String) {
+    let (ip, port) = (old.ip(), old.port());
+    let sdown = format!("master {master} {ip} {port}");
+    let sdown = format!("$6\r\n+sdown\r\n${}\r\n{sdown}\r\n", sdown.len());
+    let odown = format!("master {master} {ip} {port} #quorum ");
+    let odown = format!("$6\r\n+odown\r\n${}\r\n{odown}", odown.len() + 3);
+    (sdown, odown)
+}
+
+/// Issue 16: a hung primary's own `+sdown` and `+odown`, as the configured Sentinels announce
+/// them, reach polestar's `PSUBSCRIBE *` subscribers in Sentinel's format, once each although
+/// three Sentinels announce `+sdown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_primarys_own_sdown_and_odown_reach_subscribers_once() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let config = config(&lab, "");
+    let env = Env::with_config(lab, &config).await;
+    let (api, master) = (api_addr(&env.ps), env.master_name());
+    let heard = raw_subscriber(api, "PSUBSCRIBE *\r\n").await;
+    let text = || String::from_utf8_lossy(&lock(&heard)).into_owned();
+    env.wait_until(Duration::from_secs(10), "subscribed", || async {
+        anyhow::ensure!(text().contains("psubscribe"), "no reply yet: {:?}", text());
+        Ok(())
+    })
+    .await;
+    let old = env.lab.primary().await.expect("the primary");
+    let i = env.lab.index_of(old).expect("the primary is a lab node");
+    env.lab.stop_node(i).expect("SIGSTOP the primary");
+    let new = env.lab.wait_for_primary_change(old, FAILOVER * 2).await;
+    new.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
+
+    let (sdown, odown) = primary_down_frames(&master, old);
+    env.wait_until(FAILOVER * 2, "+sdown and +odown of the old primary", || async {
+        let text = text();
+        anyhow::ensure!(text.contains(&sdown), "no {sdown:?} in {text:?}");
+        anyhow::ensure!(text.contains(&odown), "no {odown:?} in {text:?}");
+        anyhow::ensure!(text.contains("+switch-master"), "no +switch-master in {text:?}");
+        Ok(())
+    })
+    .await;
+    // Late announcements of the other Sentinels would have arrived by now.
+    sleep(Duration::from_secs(2)).await;
+    let _ = env.lab.cont_node(i);
+    let text = text();
+    assert_eq!(text.matches(&sdown).count(), 1, "one +sdown of the primary: {text:?}");
+    assert_eq!(text.matches(&odown).count(), 1, "one +odown of the primary: {text:?}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -650,6 +705,7 @@ async fn slow_subscribers_are_disconnected_not_buffered() {
         password: tokio::sync::watch::channel(None).1,
         max_connections: 100,
         idle_timeout: Duration::from_secs(60),
+        events: Arc::new(polestar::events::EventLog::new()),
     };
     let stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(polestar::sentinel_api::serve(listeners, api, stop.clone()));
@@ -762,6 +818,7 @@ async fn hostile_input_is_a_protocol_error_and_the_endpoint_keeps_serving() {
         password: tokio::sync::watch::channel(None).1,
         max_connections: 16,
         idle_timeout: Duration::from_secs(60),
+        events: Arc::new(polestar::events::EventLog::new()),
     };
     let stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(polestar::sentinel_api::serve(listeners, api, stop.clone()));

@@ -15,14 +15,14 @@ use tokio_util::sync::CancellationToken;
 use super::conn::Endpoint;
 use super::core::{Action, Candidate, Evidence, Quorum, SentinelId, State, decide};
 use super::link::Link;
-use super::message::PeerRecord;
+use super::message::{Addr, Down, PeerRecord};
 use super::{LinkId, MasterReport, Observation, Report, Scope};
 use crate::config::{Auth, Config, HostPort};
 use crate::events::EventLog;
 use crate::failover::Signal;
 use crate::metrics as m;
 use crate::node::{Nodes, Role};
-use crate::topology::{Master, MasterState, Publisher, SentinelCounts, TopologyWriter};
+use crate::topology::{Master, MasterState, Node, Publisher, SentinelCounts, TopologyWriter};
 
 /// How long one `ROLE` answer of a watched node may take.
 const ROLE_DEADLINE: Duration = Duration::from_millis(1000);
@@ -47,6 +47,43 @@ struct Entry {
     peers: BTreeMap<LinkId, Vec<PeerRecord>>,
     /// Those of them that are not configured, as shown (kept with `peers`).
     discovered: BTreeSet<String>,
+    /// The primary's down states already recorded.
+    downs: Downs,
+}
+
+/// Which node's `+sdown` and `+odown` are recorded and not yet ended, so that a transition
+/// several Sentinels announce is recorded once (`+odown` once per episode).
+#[derive(Default)]
+struct Downs {
+    sdown: Option<Addr>,
+    odown: Option<Addr>,
+}
+
+impl Downs {
+    /// Whether `down` of `node` is a transition not recorded yet (and notes it if so).
+    fn note(&mut self, node: &Addr, down: &Down) -> bool {
+        let slot = if down.objective { &mut self.odown } else { &mut self.sdown };
+        match (down.began, slot.as_ref() == Some(node)) {
+            (true, false) => *slot = Some(node.clone()),
+            (false, true) => *slot = None,
+            _ => return false,
+        }
+        true
+    }
+
+    /// `node` is published as the primary (again): its next down is a new episode, even if
+    /// Sentinel never said the last one ended (after a failover it names it as a replica).
+    fn primary_is(&mut self, node: &Node) {
+        let is = |a: &Addr| {
+            let by_name = node.hostname.as_deref() == Some(a.host.as_str());
+            a.port == node.port && (by_name || a.host.parse() == Ok(node.ip))
+        };
+        for slot in [&mut self.sdown, &mut self.odown] {
+            if slot.as_ref().is_some_and(is) {
+                *slot = None;
+            }
+        }
+    }
 }
 
 /// One configured Sentinel.
@@ -233,12 +270,32 @@ impl Decider {
             Observation::NodeBack { link: from, master, node } => {
                 self.apply(&master, Evidence::NodeBack { from, node });
             }
+            Observation::MasterDown { link, master, node, down } => {
+                self.master_down(link, &master, &node, &down);
+            }
             Observation::Promoted { link: from, master, node, epoch, at } => {
                 self.epoch(from, epoch);
                 let target = Candidate { node, epoch };
                 self.apply(&master, Evidence::Promoted { from, target, at });
             }
         }
+    }
+
+    /// A master's own `+sdown`/`-sdown`/`+odown`/`-odown`, from a configured Sentinel: into
+    /// the event log (once per transition) for the Sentinel API's subscribers, nowhere else.
+    fn master_down(&mut self, link: LinkId, master: &str, node: &Addr, down: &Down) {
+        let Some(entry) = self.masters.get_mut(master) else { return };
+        if !entry.downs.note(node, down) {
+            return;
+        }
+        let (event, node) = (down.channel(), format!("{}:{}", node.host, node.port));
+        let sentinel = self.links.get(link).map(|l| l.addr.to_string());
+        tracing::info!(%master, %node, sentinel = sentinel.as_deref().unwrap_or("-"), "{event} of the primary");
+        let mut data = json!({ "event": event, "node": node, "sentinel": sentinel });
+        if let Some(q) = &down.quorum {
+            data["quorum"] = json!(q);
+        }
+        self.events.push("primary_down", Some(master), data);
     }
 
     /// Runs the rule on one piece of evidence about `master` and carries out what it decides.
@@ -257,6 +314,9 @@ impl Decider {
             Action::Switched { from, to, cause, at } => {
                 // The snapshot goes out before anything else is done with the change.
                 self.publish_snapshot();
+                if let Some(entry) = self.masters.get_mut(master) {
+                    entry.downs.primary_is(&to.node);
+                }
                 let latency = at.elapsed();
                 let from = from.as_ref().map(ToString::to_string);
                 let (to, epoch, via) = (to.node, to.epoch, cause.as_str());

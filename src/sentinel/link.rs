@@ -284,6 +284,11 @@ impl Link {
                 }));
                 return scope;
             }
+            Event::MasterDown { master, node, down } => {
+                let scope = self.scope(master.clone());
+                pending.push(ready(Observation::MasterDown { link, master, node, down }));
+                return scope;
+            }
             Event::Switched { master, .. } | Event::Changed { master } => {
                 return self.scope(master);
             }

@@ -43,10 +43,37 @@ pub enum Event {
     /// A node of the master is back or changed role (`-sdown`, `+convert-to-slave`,
     /// `+role-change`, `+reboot` of a replica): an old primary may be returning.
     NodeBack { master: String, node: Addr },
+    /// `+sdown`/`-sdown`/`+odown`/`-odown` of a master itself (`master <name> <ip> <port>`,
+    /// `+odown` with `#quorum N/M`). Shown to subscribers; it also asks for a reconciliation,
+    /// as [`Event::Changed`] does.
+    MasterDown { master: String, node: Addr, down: Down },
     /// Anything else about a master that a reconciliation should look at.
     Changed { master: String },
     /// Something about this Sentinel as a whole (`+monitor`, `-monitor`, `+reset-master`).
     Topology,
+}
+
+/// Which of a master's down states began or ended, as Sentinel names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Down {
+    /// `o_down` (the quorum agrees) rather than `s_down` (this Sentinel's own view).
+    pub objective: bool,
+    /// Began (`+`) or ended (`-`).
+    pub began: bool,
+    /// `+odown`'s `N/M` (`#quorum N/M`), when given.
+    pub quorum: Option<String>,
+}
+
+impl Down {
+    /// The channel name: `+sdown`, `-sdown`, `+odown` or `-odown`.
+    pub fn channel(&self) -> &'static str {
+        match (self.began, self.objective) {
+            (true, false) => "+sdown",
+            (false, false) => "-sdown",
+            (true, true) => "+odown",
+            (false, true) => "-odown",
+        }
+    }
 }
 
 /// `<type> <name> <ip> <port> [@ <master-name> <master-ip> <master-port>]`
@@ -80,14 +107,23 @@ impl Event {
             }
             "+switch-master" => switched(payload),
             "+monitor" | "-monitor" | "+reset-master" => Some(Event::Topology),
-            _ => instance_event(channel, instance(payload)?),
+            _ => instance_event(channel, payload, instance(payload)?),
         }
     }
 }
 
-fn instance_event(channel: &str, i: Instance<'_>) -> Option<Event> {
+fn instance_event(channel: &str, payload: &str, i: Instance<'_>) -> Option<Event> {
     let master = i.master.to_string();
     let event = match channel {
+        "+sdown" | "-sdown" | "+odown" | "-odown" if i.kind == "master" => {
+            let quorum = payload.split_once("#quorum ").map(|(_, q)| q.trim().to_string());
+            let (began, objective) = (channel.starts_with('+'), channel.ends_with("odown"));
+            let down = Down { objective, began, quorum: quorum.filter(|q| !q.is_empty()) };
+            match i.addr {
+                Some(node) => Event::MasterDown { master, node, down },
+                None => Event::Changed { master },
+            }
+        }
         "+try-failover" | "+elected-leader" => Event::FailoverStarted { master },
         "+selected-slave" | "+failover-state-send-slaveof-noone" if i.kind == "slave" => {
             let sent = channel == "+failover-state-send-slaveof-noone";
@@ -285,6 +321,36 @@ mod tests {
         assert_eq!(
             Event::parse("+monitor", "master m 10.0.0.2 7002 quorum 2"),
             Some(Event::Topology)
+        );
+    }
+
+    #[test]
+    fn a_masters_own_sdown_and_odown_are_typed() {
+        let down = |objective, began, quorum: Option<&str>| Down {
+            objective,
+            began,
+            quorum: quorum.map(str::to_string),
+        };
+        let m = |down| {
+            Some(Event::MasterDown { master: "m".into(), node: addr("10.0.0.1", 7001), down })
+        };
+        assert_eq!(Event::parse("+sdown", "master m 10.0.0.1 7001"), m(down(false, true, None)));
+        assert_eq!(Event::parse("-sdown", "master m 10.0.0.1 7001"), m(down(false, false, None)));
+        assert_eq!(
+            Event::parse("+odown", "master m 10.0.0.1 7001 #quorum 2/2"),
+            m(down(true, true, Some("2/2")))
+        );
+        assert_eq!(Event::parse("-odown", "master m 10.0.0.1 7001"), m(down(true, false, None)));
+        assert_eq!(down(true, true, None).channel(), "+odown");
+        assert_eq!(down(false, false, None).channel(), "-sdown");
+        // Without a usable address, or of a replica: a reconciliation only, as before.
+        assert_eq!(
+            Event::parse("+odown", "master m 10.0.0.1 0 #quorum 2/2"),
+            Some(Event::Changed { master: "m".into() })
+        );
+        assert_eq!(
+            Event::parse("+odown", "slave a:1 a 1 @ m 10.0.0.1 7001"),
+            Some(Event::Changed { master: "m".into() })
         );
     }
 

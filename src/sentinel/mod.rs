@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use conn::{Endpoint, PushSink, connect};
 pub use decider::Decider;
-use message::{Addr, PeerRecord};
+use message::{Addr, Down, PeerRecord};
 
 use crate::config::Config;
 use crate::events::EventLog;
@@ -79,6 +79,14 @@ pub enum Observation {
         link: LinkId,
         master: String,
         node: Node,
+    },
+    /// A master's own `+sdown`/`-sdown`/`+odown`/`-odown`: recorded for subscribers, never
+    /// evidence for the publication rule.
+    MasterDown {
+        link: LinkId,
+        master: String,
+        node: Addr,
+        down: Down,
     },
     /// The leader's `+promoted-slave`, with the failover's epoch.
     Promoted {

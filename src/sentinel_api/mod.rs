@@ -31,6 +31,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{HostPort, Secret};
+use crate::events::EventLog;
 use crate::metrics as m;
 use crate::topology::TopologyReader;
 
@@ -80,6 +81,9 @@ pub struct Api {
     pub password: watch::Receiver<Option<Secret>>,
     pub max_connections: usize,
     pub idle_timeout: Duration,
+    /// The event log, whose `primary_down` events (a primary's own `+sdown`, `+odown`, as the
+    /// configured Sentinels announced them) are published to subscribers.
+    pub events: Arc<EventLog>,
 }
 
 /// Serves until `shutdown`: one accept loop per listener, one task per connection, and the
@@ -106,7 +110,8 @@ pub async fn serve(
     });
     let slots = Arc::new(Semaphore::new(api.max_connections));
     let mut tasks = JoinSet::new();
-    tasks.spawn(publish::run(api.topology, messages, shutdown.clone()));
+    tasks.spawn(publish::run(api.topology, messages.clone(), shutdown.clone()));
+    tasks.spawn(publish::follow_events(api.events, messages, shutdown.clone()));
     for listener in listeners {
         tasks.spawn(accept_loop(listener, shared.clone(), slots.clone(), shutdown.clone()));
     }
@@ -191,7 +196,7 @@ fn describe_series() {
     for outcome in ["served", "refused_full"] {
         metrics::counter!(m::SENTINEL_API_ACCEPTED, "outcome" => outcome).increment(0);
     }
-    for channel in ["+switch-master", "+sdown", "-sdown"] {
+    for channel in ["+switch-master", "+sdown", "-sdown", "+odown", "-odown"] {
         metrics::counter!(m::SENTINEL_API_PUBLISHED, "channel" => channel).increment(0);
     }
     metrics::counter!(m::SENTINEL_API_DISCONNECTS, "reason" => "slow_subscriber").increment(0);

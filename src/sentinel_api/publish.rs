@@ -6,13 +6,17 @@
 //! provisional flip is withdrawn: a subscriber always hears how to reach what is published.
 //! `+sdown`/`-sdown slave` follow the health of the replicas polestar publishes, which is how
 //! the old primary of a failover shows up once Sentinel lists it as a replica that is down.
-//! What polestar does not publish (a primary's own `+sdown`, `+odown`) is not invented here.
+//! A primary's own `+sdown`/`-sdown`/`+odown`/`-odown` are what the configured Sentinels
+//! announced, once per transition: the decider records them in the event log
+//! (`primary_down`) and [`follow_events`] passes them on. Nothing here invents one.
 
 use std::sync::Arc;
 
-use tokio::sync::broadcast;
+use serde_json::Value;
+use tokio::sync::broadcast::{self, error::RecvError};
 use tokio_util::sync::CancellationToken;
 
+use crate::events::{Event, EventLog};
 use crate::topology::{Master, Node, Snapshot, TopologyReader};
 
 use super::view::host;
@@ -86,13 +90,72 @@ pub async fn run(
         }
         let now = topology.borrow_and_update().clone();
         for message in messages(&last, &now) {
-            tracing::debug!(channel = message.channel, payload = %message.payload, "sentinel API: publishing");
-            metrics::counter!(crate::metrics::SENTINEL_API_PUBLISHED, "channel" => message.channel)
-                .increment(1);
-            // No subscriber at all is not an error.
-            let _ = tx.send(Arc::new(message));
+            send(&tx, message);
         }
         last = now;
+    }
+}
+
+fn send(tx: &broadcast::Sender<Arc<Message>>, message: Message) {
+    tracing::debug!(channel = message.channel, payload = %message.payload, "sentinel API: publishing");
+    metrics::counter!(crate::metrics::SENTINEL_API_PUBLISHED, "channel" => message.channel)
+        .increment(1);
+    // No subscriber at all is not an error.
+    let _ = tx.send(Arc::new(message));
+}
+
+/// The Sentinel message of a `primary_down` event: `<+|->sdown master <name> <ip> <port>`,
+/// `+odown` with ` #quorum N/M` when Sentinel gave it. `None` for any other event.
+pub fn down_message(event: &Event) -> Option<Message> {
+    if event.kind != "primary_down" {
+        return None;
+    }
+    let master = event.master.as_deref()?;
+    let channel = match event.data.get("event")?.as_str()? {
+        "+sdown" => "+sdown",
+        "-sdown" => "-sdown",
+        "+odown" => "+odown",
+        "-odown" => "-odown",
+        _ => return None,
+    };
+    let (host, port) = event.data.get("node")?.as_str()?.rsplit_once(':')?;
+    let mut payload = format!("master {master} {host} {port}");
+    if let Some(quorum) = event.data.get("quorum").and_then(Value::as_str) {
+        payload = format!("{payload} #quorum {quorum}");
+    }
+    Some(Message { channel, payload })
+}
+
+/// Passes the event log's `primary_down` events on to subscribers until `shutdown`, from now
+/// on. Falling behind the log's broadcast, it catches up from the retained log, never sending
+/// an id twice.
+pub async fn follow_events(
+    log: Arc<EventLog>,
+    tx: broadcast::Sender<Arc<Message>>,
+    shutdown: CancellationToken,
+) {
+    // The past is not this task's to send; it only marks where "from now on" starts.
+    let (past, mut live) = log.follow(None);
+    let mut last = past.last().map(|e| e.id);
+    loop {
+        let received = tokio::select! {
+            received = live.recv() => received,
+            () = shutdown.cancelled() => return,
+        };
+        let events = match received {
+            Ok(event) => vec![event],
+            Err(RecvError::Lagged(_)) => log.since(last),
+            Err(RecvError::Closed) => return,
+        };
+        for event in events {
+            if last.is_some_and(|l| event.id <= l) {
+                continue;
+            }
+            last = Some(event.id);
+            if let Some(message) = down_message(&event) {
+                send(&tx, message);
+            }
+        }
     }
 }
 
@@ -216,6 +279,68 @@ mod tests {
         assert_eq!(messages(&a, &b), vec![sdown("+sdown", 1)]);
         assert_eq!(messages(&b, &c), vec![sdown("-sdown", 1)]);
         assert_eq!(messages(&c, &a), vec![]);
+    }
+
+    #[test]
+    fn a_primarys_recorded_downs_are_sentinel_messages() {
+        let log = EventLog::new();
+        let push = |event: &str, quorum: Option<&str>| {
+            let mut data =
+                serde_json::json!({"event": event, "node": "10.0.0.1:7001", "sentinel": "s:1"});
+            if let Some(q) = quorum {
+                data["quorum"] = q.into();
+            }
+            log.push("primary_down", Some("m"), data);
+        };
+        push("+sdown", None);
+        push("+odown", Some("2/3"));
+        push("-odown", None);
+        log.push("switch", Some("m"), serde_json::json!({"event": "+sdown"}));
+        let got: Vec<_> = log.since(None).iter().filter_map(down_message).collect();
+        let msg = |channel, payload: &str| Message { channel, payload: payload.into() };
+        assert_eq!(
+            got,
+            [
+                msg("+sdown", "master m 10.0.0.1 7001"),
+                msg("+odown", "master m 10.0.0.1 7001 #quorum 2/3"),
+                msg("-odown", "master m 10.0.0.1 7001"),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn recorded_downs_reach_subscribers() {
+        let log = Arc::new(EventLog::new());
+        let (tx, mut rx) = broadcast::channel(16);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(follow_events(log.clone(), tx, stop.clone()));
+        // Wait until it follows: an event pushed before is not its to send.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let data = serde_json::json!({"event": "+sdown", "node": "10.0.0.1:7001"});
+        let first = loop {
+            log.push("primary_down", Some("m"), data.clone());
+            let got = tokio::time::timeout(std::time::Duration::from_millis(50), rx.recv()).await;
+            if let Ok(Ok(m)) = got {
+                break m;
+            }
+            assert!(std::time::Instant::now() < deadline, "the follower never started");
+        };
+        assert_eq!(first.channel, "+sdown");
+        log.push(
+            "primary_down",
+            Some("m"),
+            serde_json::json!({"event": "-sdown", "node": "10.0.0.1:7001"}),
+        );
+        // (A probe of the wait above may still arrive late: skip those.)
+        let next = loop {
+            let m = rx.recv().await.expect("a message");
+            if m.channel != "+sdown" {
+                break m;
+            }
+        };
+        assert_eq!((next.channel, next.payload.as_str()), ("-sdown", "master m 10.0.0.1 7001"));
+        stop.cancel();
+        task.await.expect("ends at shutdown");
     }
 
     #[test]

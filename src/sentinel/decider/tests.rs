@@ -146,3 +146,67 @@ async fn a_link_task_that_ends_is_restarted() {
     d.tick();
     assert!(!d.links[0].task.is_finished(), "a new link task runs");
 }
+
+/// Issue 16: three Sentinels' `+sdown` of the primary are one `+sdown`, `+odown` is recorded
+/// once per episode, and none of it moves the publication.
+#[tokio::test]
+async fn a_primarys_down_is_recorded_once_per_transition() {
+    let (mut d, _r) = decider();
+    for l in 0..3 {
+        up(&mut d, l);
+    }
+    d.observe(report(0, 7001, 1, Vec::new()));
+    d.observe(report(1, 7001, 1, Vec::new()));
+    let old = Addr { host: "127.0.0.1".into(), port: 7001 };
+    let down = |link, objective, began| Observation::MasterDown {
+        link,
+        master: "m".into(),
+        node: old.clone(),
+        down: Down { objective, began, quorum: objective.then(|| "2/2".to_string()) },
+    };
+    let recorded = |d: &Decider| {
+        let events = d.events.since(None).into_iter().filter(|e| e.kind == "primary_down");
+        events.map(|e| e.data["event"].as_str().unwrap_or("?").to_string()).collect::<Vec<_>>()
+    };
+    for l in 0..3 {
+        d.observe(down(l, false, true));
+    }
+    d.observe(down(0, true, true));
+    d.observe(down(1, true, true));
+    assert_eq!(recorded(&d), ["+sdown", "+odown"]);
+    assert_eq!(primary(&mut d), Some((7001, 1)), "a down is no publication");
+    let odown =
+        d.events.since(None).into_iter().find(|e| e.data.get("event") == Some(&"+odown".into()));
+    let odown = odown.expect("recorded");
+    assert_eq!(odown.master.as_deref(), Some("m"));
+    assert_eq!(odown.data["node"], "127.0.0.1:7001");
+    assert_eq!(odown.data["sentinel"], "127.0.0.1:1");
+    assert_eq!(odown.data["quorum"], "2/2");
+    d.observe(down(2, true, false));
+    d.observe(down(0, true, false));
+    d.observe(down(1, false, false));
+    d.observe(down(2, false, false));
+    assert_eq!(recorded(&d), ["+sdown", "+odown", "-odown", "-sdown"]);
+    // A second episode is recorded again; a master polestar does not follow is not.
+    d.observe(down(1, false, true));
+    d.observe(Observation::MasterDown {
+        link: 0,
+        master: "other".into(),
+        node: old.clone(),
+        down: Down { objective: false, began: true, quorum: None },
+    });
+    assert_eq!(recorded(&d), ["+sdown", "+odown", "-odown", "-sdown", "+sdown"]);
+}
+
+#[test]
+fn a_primary_published_again_starts_a_new_down_episode() {
+    let mut downs = Downs::default();
+    let a = Addr { host: "127.0.0.1".into(), port: 7001 };
+    let sdown = Down { objective: false, began: true, quorum: None };
+    assert!(downs.note(&a, &sdown));
+    assert!(!downs.note(&a, &sdown));
+    downs.primary_is(&node(7002));
+    assert!(!downs.note(&a, &sdown), "another primary leaves the episode open");
+    downs.primary_is(&node(7001));
+    assert!(downs.note(&a, &sdown), "published again, its next down is news");
+}
