@@ -1,5 +1,6 @@
 //! The `polestar` command: parses the command line, sets up logging and calls the library.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -132,9 +133,13 @@ fn init_logging(format: LogFormat) {
         report("error: cannot start the log writer thread");
         return;
     };
+    // Colours only for a terminal (and never with NO_COLOR): a pipe, a file or journald gets
+    // plain text.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(out)
+        .with_ansi(ansi)
         .log_internal_errors(false);
     match format {
         LogFormat::Human => builder.init(),

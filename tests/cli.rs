@@ -9,6 +9,9 @@ use std::time::Duration;
 use common::*;
 
 const QUICK: Duration = Duration::from_secs(30);
+/// Demos prefer the fixed ports 8053 and 5353: one at a time (nextest's `demo` group does the
+/// same across processes).
+static DEMO: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test]
 async fn check_accepts_the_example_config() {
@@ -92,6 +95,7 @@ async fn status_against_no_api_fails_naming_the_address() {
 /// `polestar demo`: serves its own cluster, and Ctrl-C (SIGINT) removes every trace of it.
 #[tokio::test]
 async fn demo_serves_a_cluster_and_ctrl_c_cleans_up() {
+    let _one_demo = DEMO.lock().await;
     use nix::sys::signal::{Signal, kill};
     use std::process::{Command, Stdio};
     use std::sync::{Arc, Mutex};
@@ -151,6 +155,7 @@ fn no_process_works_in(dir: &Path) -> bool {
 /// stopped. The group here gets the SIGINT a terminal sends; everything must be gone quickly.
 #[tokio::test]
 async fn demo_wedged_on_ctrl_c_when_its_output_went_through_a_pipe() {
+    let _one_demo = DEMO.lock().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("demo.log");
     let line = format!("'{BIN}' demo 2>&1 | tee '{}' >/dev/null", log.display());
@@ -185,6 +190,38 @@ async fn run_wedged_on_sigint_when_its_log_pipe_went_away() {
     let group = PipedGroup::spawn(&line);
     group.wait_logged(&log, &[": ready"]).await;
     group.interrupt_and_wait_gone(Duration::from_secs(10), &log).await;
+}
+
+/// Found running the demo through `tee`: the human log format wrote ANSI colour codes into a
+/// pipe (and would into journald). Colours only go to a terminal.
+#[tokio::test]
+async fn logs_into_a_pipe_carried_ansi_colour_codes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("polestar.yaml");
+    let yaml = "sentinels:\n  addresses: [\"127.0.0.1:9\"]\nhttp:\n  listen: \"127.0.0.1:0\"\n";
+    std::fs::write(&config, yaml).expect("config");
+    let log = dir.path().join("run.log");
+    let file = std::fs::File::create(&log).expect("log file");
+    let mut child = std::process::Command::new(BIN)
+        .args(["run", "-c", &config.to_string_lossy()])
+        .env_remove("NO_COLOR")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(file)
+        .spawn()
+        .expect("polestar runs");
+    let end = tokio::time::Instant::now() + QUICK;
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("listening for HTTP on") || tokio::time::Instant::now() > end {
+            break text;
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(text.contains("listening for HTTP on"), "no listening line:\n{text}");
+    assert!(!text.contains('\u{1b}'), "colour codes in a pipe:\n{text:?}");
 }
 
 /// `sh -c LINE` as the leader of its own process group, as a shell runs a pipeline.
