@@ -14,6 +14,11 @@ pub fn infrastructure(list: &str) -> BTreeSet<SocketAddr> {
     list.lines().filter(|line| is_infrastructure(line)).filter_map(peer).collect()
 }
 
+/// The peers of every connection `CLIENT LIST` names.
+pub fn listed(list: &str) -> BTreeSet<SocketAddr> {
+    list.lines().filter_map(peer).collect()
+}
+
 fn field<'a>(line: &'a str, key: &str) -> &'a str {
     let found = line.split(' ').find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='));
     found.unwrap_or("")

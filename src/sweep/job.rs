@@ -48,10 +48,14 @@ pub async fn run(context: Arc<Context>, change: Change, target: Target) {
         if republished(&context, &change) {
             break;
         }
-        if let Some(now) = infrastructure(&context, &change, &target).await {
-            spared = now;
+        // A hung node does not answer: then the infrastructure it named last is spared and
+        // every other client swept.
+        let listing = infrastructure(&context, &change, &target).await;
+        if let Some((now, _)) = &listing {
+            spared = now.clone();
         }
-        total += sweep_once(&context, &change, &target.sparing(&spared), round).await;
+        let listed = listing.as_ref().map(|(_, all)| all);
+        total += sweep_once(&context, &change, &target.sparing(&spared, listed), round).await;
         let next = Instant::now() + context.interval;
         if next >= window_end.max(grace_end) {
             break;
@@ -134,12 +138,13 @@ async fn probe(context: &Context, change: &Change) -> Probe {
 }
 
 /// The peers of the connections the local node names as the infrastructure's (Sentinels,
-/// polestars, replication); `None` for a client-side target or when the node does not answer.
+/// polestars, replication), and of all it lists; `None` for a client-side target or when the
+/// node does not answer.
 async fn infrastructure(
     context: &Context,
     change: &Change,
     target: &Target,
-) -> Option<BTreeSet<SocketAddr>> {
+) -> Option<(BTreeSet<SocketAddr>, BTreeSet<SocketAddr>)> {
     if !matches!(target, Target::Local { .. }) {
         return None;
     }
@@ -150,7 +155,8 @@ async fn infrastructure(
         pipe.cmd("CLIENT").arg("SETNAME").arg(crate::node::CONNECTION_NAME).ignore();
         pipe.cmd("CLIENT").arg("LIST");
         let (list,): (String,) = pipe.query_async(&mut conn).await.ok()?;
-        Some(crate::node::clients::infrastructure(&list))
+        let clients = crate::node::clients::infrastructure(&list);
+        Some((clients, crate::node::clients::listed(&list)))
     };
     let spared = tokio::time::timeout(LIST_TIMEOUT, list).await.ok().flatten();
     if spared.is_none() {
@@ -231,6 +237,7 @@ mod tests {
             port: 6379,
             spared: BTreeSet::new(),
             peers: BTreeSet::new(),
+            listed: None,
             served: Served::Except(BTreeSet::new()),
         };
         use Probe::*;

@@ -196,7 +196,7 @@ fn targets(context: &Context, change: &Change) -> Vec<Target> {
         // The local addresses that reach O are found from the listeners when the job sweeps.
         let served = Served::Except(BTreeSet::new());
         let peers = BTreeSet::new();
-        targets.push(Target::Local { port: old.port, spared, peers, served });
+        targets.push(Target::Local { port: old.port, spared, peers, listed: None, served });
     }
     if context.sweep.remote {
         targets.push(Target::Remote { peer: old.addr() });

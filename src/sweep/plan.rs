@@ -49,8 +49,16 @@ pub enum Target {
     /// Node side: clients of the old primary's local port, except the spared peer hosts
     /// (replicas, Sentinels) and the spared peers (the Sentinels', polestars' and replication
     /// connections the node's own `CLIENT LIST` named), on the local addresses that reach
-    /// that node (`served`).
-    Local { port: u16, spared: BTreeSet<IpAddr>, peers: BTreeSet<SocketAddr>, served: Served },
+    /// that node (`served`). `listed`: when the node answered `CLIENT LIST` this round, only
+    /// the peers it listed; a connection made since (a polestar's fence or demotion opening
+    /// one at the flip) waits for the next round's listing, which names it.
+    Local {
+        port: u16,
+        spared: BTreeSet<IpAddr>,
+        peers: BTreeSet<SocketAddr>,
+        listed: Option<BTreeSet<SocketAddr>>,
+        served: Served,
+    },
     /// Client side: this host's sockets to the old primary.
     Remote { peer: SocketAddr },
 }
@@ -87,11 +95,12 @@ impl Served {
 impl Target {
     pub fn selects(&self, socket: &TcpSocket) -> bool {
         match self {
-            Self::Local { port, spared, peers, served } => {
+            Self::Local { port, spared, peers, listed, served } => {
                 socket.local.port() == *port
                     && served.contains(socket.local.ip().to_canonical())
                     && !spared.contains(&socket.peer.ip())
                     && !peers.contains(&canonical(socket.peer))
+                    && listed.as_ref().is_none_or(|l| l.contains(&canonical(socket.peer)))
             }
             Self::Remote { peer } => socket.peer == canonical(*peer),
         }
@@ -100,23 +109,30 @@ impl Target {
     /// The same target, its `served` addresses found afresh for `node` from `listeners`.
     pub fn with_listeners(&self, node: SocketAddr, listeners: &[TcpSocket]) -> Self {
         match self {
-            Self::Local { port, spared, peers, .. } => Self::Local {
+            Self::Local { port, spared, peers, listed, .. } => Self::Local {
                 port: *port,
                 spared: spared.clone(),
                 peers: peers.clone(),
+                listed: listed.clone(),
                 served: Served::find(node, listeners),
             },
             remote => remote.clone(),
         }
     }
 
-    /// The same target, sparing exactly these peers (a node-side target only).
-    pub fn sparing(&self, infrastructure: &BTreeSet<SocketAddr>) -> Self {
+    /// The same target, sparing exactly these peers and, when the node listed its clients this
+    /// round, keeping to those (a node-side target only).
+    pub fn sparing(
+        &self,
+        infrastructure: &BTreeSet<SocketAddr>,
+        listed: Option<&BTreeSet<SocketAddr>>,
+    ) -> Self {
         match self {
             Self::Local { port, spared, served, .. } => Self::Local {
                 port: *port,
                 spared: spared.clone(),
                 peers: infrastructure.iter().map(|p| canonical(*p)).collect(),
+                listed: listed.map(|l| l.iter().map(|p| canonical(*p)).collect()),
                 served: served.clone(),
             },
             remote => remote.clone(),
