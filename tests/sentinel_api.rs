@@ -746,19 +746,15 @@ async fn slow_subscribers_are_disconnected_not_buffered() {
     let before = rss_kib(std::process::id());
     for version in 1..=CHANGES as u64 {
         writer.send_replace(snapshot(version));
-        sleep(Duration::from_millis(3)).await;
-        // The reader (this test's task, not polestar) stays within half the backlog: on a busy
-        // machine it could otherwise fall behind by a whole backlog and be cut as a slow one.
+        // The next change once the reading subscriber has this one: the topology is a `watch`
+        // (the newest wins), so two changes published before polestar looked add up to none,
+        // and a 3 ms pause was this machine's speed, not polestar's. The ones that do not read
+        // fall a whole backlog behind all the same.
         let published = version as usize * REPLICAS as usize;
         let deadline = Instant::now() + Duration::from_secs(30);
-        let behind =
-            || published.saturating_sub(read_so_far.load(std::sync::atomic::Ordering::Relaxed));
-        while behind() > polestar::sentinel_api::SUBSCRIBER_BACKLOG / 2 {
-            assert!(
-                Instant::now() < deadline,
-                "the reading subscriber stalled {} behind",
-                behind()
-            );
+        let read = || read_so_far.load(std::sync::atomic::Ordering::Relaxed);
+        while read() < published {
+            assert!(Instant::now() < deadline, "version {version}: {} of {published} read", read());
             sleep(Duration::from_millis(1)).await;
         }
     }
