@@ -76,6 +76,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let start = move |c: &Config, w: TopologyWriter, e: Arc<EventLog>, s: CancellationToken| {
         crate::source::spawn(c, w, e, drain_tx.clone(), s)
     };
+    let (readiness_tx, readiness) = crate::readiness::channel();
+    let poll =
+        crate::readiness::poll::run(live.clone(), reader.clone(), readiness_tx, shutdown.clone());
+    tasks.spawn(poll.map(Ok));
     let watch = watcher::supervise(live.clone(), writer, events.clone(), shutdown.clone(), start);
     let watcher = tokio::spawn(watch);
     if let (Some(listeners), Some(d)) = (dns, &config.dns) {
@@ -93,6 +97,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             control: crate::source::control(live.clone()),
             metrics,
             drain: Some(drain),
+            readiness: readiness.clone(),
             tls: reload::project(&live, |c| c.http.as_ref()?.tls.clone()),
         };
         let stop = shutdown.clone();

@@ -19,6 +19,9 @@ pub const SENTINEL_API_ACCEPTED: &str = "polestar_sentinel_api_connections_total
 pub const SENTINEL_API_DISCONNECTS: &str = "polestar_sentinel_api_disconnects_total";
 pub const SENTINEL_API_COMMANDS: &str = "polestar_sentinel_api_commands_total";
 pub const SENTINEL_API_PUBLISHED: &str = "polestar_sentinel_api_published_total";
+pub const FAILOVER_READY: &str = "polestar_failover_ready";
+pub const FAILOVER_BLOCKED: &str = "polestar_failover_blocked";
+pub const REPLICA_LAG: &str = "polestar_replica_lag_bytes";
 
 /// The `method` label values of [`DRAIN_KILLED`].
 pub const KILL_METHODS: [&str; 2] = ["client_kill", "sock_destroy"];
@@ -83,4 +86,7 @@ fn describe() {
     );
     describe_counter!(SENTINEL_API_COMMANDS, "Sentinel API commands, by command");
     describe_counter!(SENTINEL_API_PUBLISHED, "Messages published to Sentinel API subscribers");
+    describe_gauge!(FAILOVER_READY, "1 while a failover of this master is possible now");
+    describe_gauge!(FAILOVER_BLOCKED, "1 while this reason keeps a failover from being possible");
+    describe_gauge!(REPLICA_LAG, Unit::Bytes, "Bytes of replication stream the replica is behind");
 }

@@ -4,7 +4,9 @@
 //! Secrets are read from their files here and kept in [`Secret`], whose `Debug` hides them.
 
 pub mod duration;
+pub mod readiness;
 pub mod sentinel_api;
+pub mod size;
 mod walk;
 
 use std::fmt;
@@ -206,6 +208,17 @@ pub struct SentinelApi {
     pub idle_timeout: Duration,
 }
 
+/// `readiness:`: what counts against a failover being possible (see [`crate::readiness`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Readiness {
+    /// A replica lagging more than this (bytes) is not promotable.
+    pub max_lag: u64,
+    /// A replica entry `s_down` longer than this is stale.
+    pub stale_after: Duration,
+    /// How often the Sentinels (and the nodes they name) are asked.
+    pub interval: Duration,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sweep {
     pub local_ports: Vec<u16>,
@@ -223,6 +236,7 @@ pub struct Config {
     pub drain: Drain,
     pub sweep: Option<Sweep>,
     pub sentinel_api: Option<SentinelApi>,
+    pub readiness: Readiness,
     /// The file it was loaded from (`None` when parsed from text): what SIGHUP reloads.
     pub file: Option<PathBuf>,
     /// What works but should be fixed, each as `path: message` (`polestar check` prints them,
@@ -331,6 +345,7 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
     let drain = drain(top.raw("drain").unwrap_or(Value::Null), ttl, p);
     let sweep = top.raw("sweep").map(|v| sweep(v, p));
     let sentinel_api = top.raw("sentinel_api").map(|v| sentinel_api::parse(v, base, p));
+    let readiness = top.raw("readiness").map(|v| readiness::parse(v, p)).unwrap_or_default();
     top.finish(p);
 
     // `nodes.tls` defaults to `sentinels.tls`: data nodes and Sentinels of one deployment
@@ -362,6 +377,7 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
         drain: drain?,
         sweep: sweep.flatten(),
         sentinel_api: sentinel_api.flatten(),
+        readiness,
         file: None,
         warnings: Vec::new(),
     })
