@@ -32,6 +32,7 @@ mod http_api;
 mod lab;
 mod metrics;
 mod operation;
+mod readiness;
 mod sentinel_api;
 mod status_page;
 mod sweep_netns;

@@ -149,7 +149,7 @@ mod tests {
         assert!(replicas(&bulk("x")).is_err());
         assert!(replicas(&Value::Array(vec![bulk("odd")])).is_err());
         let long = "x".repeat(1000);
-        assert!(ckquorum(&bulk(&long)).unwrap_err().len() < 200, "quotes are bounded");
+        assert!(ckquorum(&bulk(&long)).expect_err("long").len() < 200, "quotes are bounded");
         let binary = Value::BulkString(vec![0xff, 0xfe, 0]);
         assert!(ckquorum(&binary).is_err());
     }
