@@ -238,22 +238,26 @@ async fn tilt(addr: std::net::SocketAddr) -> Option<bool> {
     Some(info.contains("sentinel_tilt:1"))
 }
 
-/// Planned failovers one after another: the verdict is watched all along, and no blocker but
-/// the ones a failover in progress explains may stay (a replica resyncing is `master-link-
-/// status err` for a moment; the Sentinels disagree while they learn the new epoch).
+/// Planned failovers one after another: once every Sentinel and the API show the new primary,
+/// the master is ready again within seconds and stays so (a blocker then would be false:
+/// nothing is wrong). Every blocker seen on the way is printed.
 #[tokio::test]
 async fn planned_failovers_raise_no_false_blocker() {
     let env = start().await;
-    for round in 0..3 {
+    for round in 0..5 {
         env.failover().await;
-        wait_ready(&env, true, FAILOVER).await;
-        eprintln!("readiness: ready again after planned failover {round}");
-    }
-    // Settled: ready and stays so.
-    for _ in 0..10 {
-        let v = verdict(&env).await.expect("a verdict");
-        assert_eq!(v["ready"], true, "{v}");
-        sleep(Duration::from_millis(300)).await;
+        let started = Instant::now();
+        wait_ready(&env, true, FOLLOW).await;
+        let took = started.elapsed().as_secs_f64();
+        eprintln!("readiness: ready {took:.2}s after planned failover {round} was seen");
+        let end = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < end {
+            let v = verdict(&env).await.expect("a verdict");
+            if v["ready"] != true {
+                env.fail(&format!("a false blocker after failover {round}: {v}"));
+            }
+            sleep(Duration::from_millis(200)).await;
+        }
     }
 }
 

@@ -14,6 +14,10 @@ pub struct Facts {
     pub sentinels: Vec<SentinelFacts>,
     /// Bytes behind the primary, by replica `ip:port`; a replica absent here has no known lag.
     pub lags: BTreeMap<String, u64>,
+    /// How long the reachable Sentinels have disagreed without a break, as of this round
+    /// (zero when they agree, or just started to disagree): see
+    /// [`super::verdict::DISAGREE_GRACE`].
+    pub disagreeing_for: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

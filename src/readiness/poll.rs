@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
@@ -24,6 +25,7 @@ pub async fn run(
 ) {
     let mut conns = Connections::default();
     let mut registered = BTreeSet::new();
+    let mut disagreeing = Disagreements::default();
     loop {
         let config = live.borrow().clone();
         let next = Instant::now() + config.readiness.interval;
@@ -34,7 +36,7 @@ pub async fn run(
                 series::register_master(m);
             }
             let round = tokio::select! {
-                board = judge_all(&mut conns, &config, sentinels, &snapshot, &masters) => board,
+                board = judge_all(&mut conns, &mut disagreeing, &config, sentinels, &snapshot, &masters) => board,
                 () = shutdown.cancelled() => return,
             };
             publish(&writer, round);
@@ -54,8 +56,23 @@ fn master_names(config: &Config, snapshot: &Snapshot) -> Vec<String> {
     }
 }
 
+/// Since when the Sentinels of each master have disagreed without a break.
+#[derive(Default)]
+struct Disagreements(BTreeMap<String, Instant>);
+
+impl Disagreements {
+    fn lasting(&mut self, master: &str, now: bool) -> Duration {
+        if !now {
+            self.0.remove(master);
+            return Duration::ZERO;
+        }
+        self.0.entry(master.to_string()).or_insert_with(Instant::now).elapsed()
+    }
+}
+
 async fn judge_all(
     conns: &mut Connections,
+    disagreeing: &mut Disagreements,
     config: &Config,
     sentinels: &Sentinels,
     snapshot: &Snapshot,
@@ -69,6 +86,7 @@ async fn judge_all(
             snapshot.master(master).and_then(|m| m.primary.as_ref()).map(|p| p.to_string());
         let replicas = replica_addrs(&facts);
         facts.lags = ask::lags(conns, primary.as_deref(), &replicas, &config.nodes).await;
+        facts.disagreeing_for = disagreeing.lasting(master, verdict::disagreeing(&facts));
         let verdict = verdict::judge(&facts, &config.readiness);
         board.masters.insert(master.clone(), MasterReadiness { verdict, lags: facts.lags });
     }
@@ -86,6 +104,7 @@ fn facts_of(master: &str, sentinels: &Sentinels, replies: &[SentinelReplies]) ->
         configured: sentinels.addresses.len(),
         sentinels: answers.collect(),
         lags: BTreeMap::new(),
+        disagreeing_for: Duration::ZERO,
     }
 }
 

@@ -2,10 +2,16 @@
 //! one poll gathered ([`Facts`]) and the settings; the poller only gathers.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use super::facts::{Facts, ReplicaFacts, SentinelAnswer};
 use super::{Blocker, Reason, Verdict};
 use crate::config::{Readiness, size};
+
+/// Sentinels disagree for a moment after every failover: the leader switches first and the
+/// others learn the new configuration from its hello messages (every 2 s). A disagreement is a
+/// blocker once it has lasted this long.
+pub const DISAGREE_GRACE: Duration = Duration::from_secs(5);
 
 /// Judges the facts: every blocker found, in [`Reason::ALL`] order, at most one per reason.
 pub fn judge(facts: &Facts, settings: &Readiness) -> Verdict {
@@ -18,7 +24,7 @@ pub fn judge(facts: &Facts, settings: &Readiness) -> Verdict {
         (Reason::SentinelsUnreachable, unreachable(facts, answers.len())),
         (Reason::Ckquorum, ckquorum(&answers)),
         (Reason::SentinelTilt, tilt(&answers)),
-        (Reason::SentinelsDisagree, disagree(&answers)),
+        (Reason::SentinelsDisagree, disagree(&answers).filter(|_| lasting(facts))),
         (Reason::NoPromotableReplica, no_promotable(&answers, facts, settings)),
         (Reason::StaleReplicas, stale(&answers, settings)),
     ];
@@ -64,6 +70,20 @@ fn tilt(answers: &[(&str, &SentinelAnswer)]) -> Option<String> {
         })
         .collect();
     (!tilted.is_empty()).then(|| tilted.join("; "))
+}
+
+fn lasting(facts: &Facts) -> bool {
+    facts.disagreeing_for >= DISAGREE_GRACE
+}
+
+/// Whether the reachable Sentinels of these facts disagree (what the poller times).
+pub fn disagreeing(facts: &Facts) -> bool {
+    let answers: Vec<(&str, &SentinelAnswer)> = facts
+        .sentinels
+        .iter()
+        .filter_map(|s| s.answer.as_ref().ok().map(|a| (s.addr.as_str(), a)))
+        .collect();
+    disagree(&answers).is_some()
 }
 
 /// The reachable Sentinels do not all name the same primary at the same epoch (one that

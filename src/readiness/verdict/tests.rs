@@ -34,6 +34,7 @@ fn healthy() -> Facts {
             })
             .collect(),
         lags: [("10.0.0.2:6379".into(), 0), ("10.0.0.3:6379".into(), 10)].into(),
+        disagreeing_for: Duration::ZERO,
     }
 }
 
@@ -76,7 +77,17 @@ fn a_healthy_master_is_ready() {
 #[test]
 fn each_condition_sets_its_reason_alone() {
     type Inject = fn(&mut Facts);
-    let table: [(&str, Inject, &[Reason]); 12] = [
+    let table: [(&str, Inject, &[Reason]); 13] = [
+        (
+            "a disagreement as after every failover, not yet lasting",
+            |f| {
+                f.disagreeing_for = DISAGREE_GRACE - Duration::from_millis(1);
+                if let Ok(a) = &mut f.sentinels[1].answer {
+                    a.master = Ok(MasterFacts { primary: "10.0.0.2:6379".into(), epoch: 4 });
+                }
+            },
+            &[],
+        ),
         (
             "two of three Sentinels down",
             |f| {
@@ -122,6 +133,7 @@ fn each_condition_sets_its_reason_alone() {
         (
             "another primary",
             |f| {
+                f.disagreeing_for = DISAGREE_GRACE;
                 if let Ok(a) = &mut f.sentinels[1].answer {
                     a.master = Ok(MasterFacts { primary: "10.0.0.2:6379".into(), epoch: 3 });
                 }
@@ -131,6 +143,7 @@ fn each_condition_sets_its_reason_alone() {
         (
             "another epoch",
             |f| {
+                f.disagreeing_for = DISAGREE_GRACE;
                 if let Ok(a) = &mut f.sentinels[1].answer {
                     a.master = Ok(MasterFacts { primary: "10.0.0.1:6379".into(), epoch: 4 });
                 }
@@ -239,7 +252,7 @@ fn details_name_the_sentinels_and_what_they_said() {
         "1 of 3 configured Sentinels reachable (a majority is 2): 10.0.0.2:26379: connection \
          refused; 10.0.0.3:26379: no answer within 1s"
     );
-    let mut facts = healthy();
+    let mut facts = Facts { disagreeing_for: DISAGREE_GRACE, ..healthy() };
     if let Ok(a) = &mut facts.sentinels[1].answer {
         a.master = Err("ERR No such master with that name".into());
     }
