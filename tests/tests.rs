@@ -31,6 +31,7 @@ mod hostile_sentinel;
 mod http_api;
 mod lab;
 mod metrics;
+mod observability;
 mod operation;
 mod readiness;
 mod sentinel_api;
