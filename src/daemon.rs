@@ -83,7 +83,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let watch = watcher::supervise(live.clone(), writer, events.clone(), shutdown.clone(), start);
     let watcher = tokio::spawn(watch);
     if let (Some(listeners), Some(d)) = (dns, &config.dns) {
-        let (cfg, topology, stop) = (d.clone(), reader.clone(), shutdown.clone());
+        let (cfg, mut topology, stop) = (d.clone(), reader.clone(), shutdown.clone());
+        if let Some(max_lag) = d.replica_max_lag {
+            let follow = crate::readiness::lagging::follow;
+            let (filtered, feed) = follow(topology, readiness.clone(), max_lag, stop.clone());
+            tasks.spawn(feed.map(Ok));
+            topology = filtered;
+        }
         tasks.spawn(async move {
             crate::dns::serve(listeners, cfg, topology, stop).await.context("DNS server failed")
         });

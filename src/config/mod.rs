@@ -154,6 +154,9 @@ pub struct Dns {
     /// UDP answers a second per client prefix, name and type (response-rate limiting);
     /// 0 turns it off.
     pub rate_limit: u32,
+    /// `replicas.<label>` leaves out replicas lagging more than this many bytes (`None`: lag
+    /// does not matter).
+    pub replica_max_lag: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -576,6 +579,7 @@ fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
     let transfer_allow = s.take_list("transfer_allow", p, |c: String| parse_cidr(&c));
     let notify = s.take_list("notify", p, |a: String| parse_addr(&a));
     let rate_limit = s.take::<u32>("rate_limit", p).unwrap_or(DEFAULT_RATE_LIMIT);
+    let replica_max_lag = s.take_with("replica_max_lag", p, readiness::size_value);
     let (listen_path, zone_path) = (s.path("listen"), s.path("zone"));
     s.finish(p);
     if ttl.is_zero() || ttl.subsec_nanos() != 0 {
@@ -596,6 +600,7 @@ fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
         transfer_allow: transfer_allow.unwrap_or_default(),
         notify: notify.unwrap_or_default(),
         rate_limit,
+        replica_max_lag,
     })
 }
 

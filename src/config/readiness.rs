@@ -60,3 +60,45 @@ pub(super) fn size_value(value: Value) -> Result<u64, String> {
         other => Err(format!("{other:?} is not a size (write it like 1048576, 512KB, 1MB)")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::{Config, ParseError};
+
+    const BASE: &str = "sentinels:\n  addresses: [\"127.0.0.1:26379\"]\n";
+
+    #[test]
+    fn readiness_has_defaults_and_takes_sizes_as_numbers_or_text() {
+        let config = Config::parse(BASE, Path::new(".")).expect("valid");
+        assert_eq!(config.readiness, Readiness::default());
+        let text =
+            format!("{BASE}readiness:\n  max_lag: 512KB\n  stale_after: 5m\n  interval: 250ms\n");
+        let config = Config::parse(&text, Path::new(".")).expect("valid");
+        let want = Readiness {
+            max_lag: 512 << 10,
+            stale_after: Duration::from_secs(300),
+            interval: Duration::from_millis(250),
+        };
+        assert_eq!(config.readiness, want);
+        let text = format!("{BASE}readiness:\n  max_lag: 4096\n");
+        assert_eq!(Config::parse(&text, Path::new(".")).expect("valid").readiness.max_lag, 4096);
+    }
+
+    #[test]
+    fn every_bad_readiness_key_is_named() {
+        let text = format!(
+            "{BASE}readiness:\n  max_lag: -1\n  stale_after: 0s\n  interval: 1h\n  extra: 1\n"
+        );
+        let Err(ParseError::Invalid(problems)) = Config::parse(&text, Path::new(".")) else {
+            panic!("accepted");
+        };
+        for path in
+            ["readiness.max_lag", "readiness.stale_after", "readiness.interval", "readiness.extra"]
+        {
+            assert!(problems.iter().any(|p| p.starts_with(path)), "{path} in {problems:?}");
+        }
+    }
+}

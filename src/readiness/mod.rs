@@ -13,6 +13,7 @@
 mod ask;
 pub mod facts;
 pub mod lag;
+pub mod lagging;
 pub mod parse;
 pub mod poll;
 mod series;
