@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 
 use crate::config::duration;
 use crate::http::view::MasterView;
+use crate::readiness::Verdict;
 
 pub const DEFAULT_API: &str = "http://127.0.0.1:8053";
 
@@ -66,8 +67,32 @@ pub async fn failover(
 
 /// What `status` prints.
 pub async fn status_table(api: &str) -> anyhow::Result<String> {
-    let masters: Vec<MasterView> = Api::new(api)?.get(&["v1", "masters"], &[], None).await?;
-    Ok(table(&masters))
+    let api = Api::new(api)?;
+    let masters: Vec<MasterView> = api.get(&["v1", "masters"], &[], None).await?;
+    let mut verdicts = Vec::new();
+    for m in &masters {
+        verdicts.push((m.name.clone(), api.readiness(&m.name).await));
+    }
+    Ok(table(&masters) + &readiness_lines(&verdicts))
+}
+
+/// Below the table, whether each master can fail over now and what blocks it.
+fn readiness_lines(verdicts: &[(String, Result<Verdict, String>)]) -> String {
+    let width = verdicts.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    let mut out = String::from("\nFAILOVER\n");
+    for (name, verdict) in verdicts {
+        let said = match verdict {
+            Ok(v) if v.ready => "possible".to_owned(),
+            Ok(v) => {
+                let why: Vec<String> =
+                    v.blockers.iter().map(|b| format!("{}: {}", b.reason, b.detail)).collect();
+                format!("NOT POSSIBLE: {}", why.join(" | "))
+            }
+            Err(e) => format!("unknown: {e}"),
+        };
+        let _ = writeln!(out, "{name:<width$}  {said}");
+    }
+    out
 }
 
 /// What `wait` prints: the primary once the epoch has passed the floor.
@@ -219,6 +244,20 @@ impl Api {
         self.master(name, &query, Some(hold)).await
     }
 
+    /// The readiness verdict, which comes with 200 (possible) or 503 (not possible).
+    async fn readiness(&self, name: &str) -> Result<Verdict, String> {
+        let url = self.url(&["v1", "masters", name, "readiness"], &[]);
+        let request = self.http.get(url.clone()).timeout(REQUEST_TIMEOUT);
+        let response = request.send().await.map_err(|e| unreachable(&url, e).to_string())?;
+        let body = response.text().await.map_err(|e| unreachable(&url, e).to_string())?;
+        serde_json::from_str::<Verdict>(&body).map_err(|_| {
+            match serde_json::from_str::<ErrorBody>(&body) {
+                Ok(error) => error.error,
+                Err(_) => body.trim().chars().take(200).collect(),
+            }
+        })
+    }
+
     async fn get<T: DeserializeOwned>(
         &self,
         path: &[&str],
@@ -335,6 +374,30 @@ mymaster  10.0.0.1:6379  12     ok     1/2       2/3
 x         -              -      ok     2/2       2/3
 ";
         assert_eq!(table(&masters), expected);
+    }
+
+    #[test]
+    fn the_failover_lines_say_what_blocks_each_master() {
+        use crate::readiness::{Blocker, Reason};
+        let blocked = Verdict {
+            ready: false,
+            blockers: vec![Blocker {
+                reason: Reason::SentinelTilt,
+                detail: "s1 is in TILT mode".into(),
+            }],
+        };
+        let verdicts = [
+            ("mymaster".to_owned(), Ok(Verdict { ready: true, blockers: vec![] })),
+            ("x".to_owned(), Ok(blocked)),
+            ("y".to_owned(), Err("not judged yet".to_owned())),
+        ];
+        let expected = "
+FAILOVER
+mymaster  possible
+x         NOT POSSIBLE: sentinel_tilt: s1 is in TILT mode
+y         unknown: not judged yet
+";
+        assert_eq!(readiness_lines(&verdicts), expected);
     }
 
     #[test]

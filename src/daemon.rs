@@ -76,10 +76,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let start = move |c: &Config, w: TopologyWriter, e: Arc<EventLog>, s: CancellationToken| {
         crate::source::spawn(c, w, e, drain_tx.clone(), s)
     };
+    let (readiness_tx, readiness) = crate::readiness::channel();
+    let poll =
+        crate::readiness::poll::run(live.clone(), reader.clone(), readiness_tx, shutdown.clone());
+    tasks.spawn(poll.map(Ok));
     let watch = watcher::supervise(live.clone(), writer, events.clone(), shutdown.clone(), start);
     let watcher = tokio::spawn(watch);
     if let (Some(listeners), Some(d)) = (dns, &config.dns) {
-        let (cfg, topology, stop) = (d.clone(), reader.clone(), shutdown.clone());
+        let (cfg, mut topology, stop) = (d.clone(), reader.clone(), shutdown.clone());
+        if let Some(max_lag) = d.replica_max_lag {
+            let follow = crate::readiness::lagging::follow;
+            let (filtered, feed) = follow(topology, readiness.clone(), max_lag, stop.clone());
+            tasks.spawn(feed.map(Ok));
+            topology = filtered;
+        }
         tasks.spawn(async move {
             crate::dns::serve(listeners, cfg, topology, stop).await.context("DNS server failed")
         });
@@ -93,6 +103,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             control: crate::source::control(live.clone()),
             metrics,
             drain: Some(drain),
+            readiness: readiness.clone(),
             tls: reload::project(&live, |c| c.http.as_ref()?.tls.clone()),
         };
         let stop = shutdown.clone();

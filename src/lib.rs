@@ -18,6 +18,7 @@ pub mod log_output;
 pub mod metrics;
 pub mod node;
 pub mod reach;
+pub mod readiness;
 pub mod reload;
 pub mod sentinel;
 pub mod sentinel_api;

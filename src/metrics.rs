@@ -19,6 +19,10 @@ pub const SENTINEL_API_ACCEPTED: &str = "polestar_sentinel_api_connections_total
 pub const SENTINEL_API_DISCONNECTS: &str = "polestar_sentinel_api_disconnects_total";
 pub const SENTINEL_API_COMMANDS: &str = "polestar_sentinel_api_commands_total";
 pub const SENTINEL_API_PUBLISHED: &str = "polestar_sentinel_api_published_total";
+pub const FAILOVER_READY: &str = "polestar_failover_ready";
+pub const FAILOVER_BLOCKED: &str = "polestar_failover_blocked";
+pub const REPLICA_LAG: &str = "polestar_replica_lag_bytes";
+pub const OLD_PRIMARY_CLIENTS: &str = "polestar_old_primary_clients";
 
 /// The `method` label values of [`DRAIN_KILLED`].
 pub const KILL_METHODS: [&str; 2] = ["client_kill", "sock_destroy"];
@@ -27,6 +31,7 @@ pub const KILL_METHODS: [&str; 2] = ["client_kill", "sock_destroy"];
 /// existing counter keeps its value). The gauges are set by the decider with the state.
 pub fn register_master(master: &str) {
     metrics::counter!(PRIMARY_CHANGES, "master" => master.to_string()).increment(0);
+    metrics::gauge!(OLD_PRIMARY_CLIENTS, "master" => master.to_string()).increment(0.0);
     for method in KILL_METHODS {
         metrics::counter!(DRAIN_KILLED, "master" => master.to_string(), "method" => method)
             .increment(0);
@@ -83,4 +88,11 @@ fn describe() {
     );
     describe_counter!(SENTINEL_API_COMMANDS, "Sentinel API commands, by command");
     describe_counter!(SENTINEL_API_PUBLISHED, "Messages published to Sentinel API subscribers");
+    describe_gauge!(FAILOVER_READY, "1 while a failover of this master is possible now");
+    describe_gauge!(FAILOVER_BLOCKED, "1 while this reason keeps a failover from being possible");
+    describe_gauge!(
+        OLD_PRIMARY_CLIENTS,
+        "Clients (not spared) found on the node being drained at the latest pass; 0 once its episode ends"
+    );
+    describe_gauge!(REPLICA_LAG, Unit::Bytes, "Bytes of replication stream the replica is behind");
 }

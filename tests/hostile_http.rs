@@ -70,6 +70,7 @@ async fn start() -> Server {
         control: Arc::new(AcceptingControl),
         metrics: metrics_handle(),
         drain: None,
+        readiness: polestar::readiness::nothing(),
         tls: http::fixed_tls(None),
     };
     let listener = http::bind(([127, 0, 0, 1], 0).into()).await.expect("port 0 is free");

@@ -82,6 +82,7 @@ async fn start(admin_token: Option<&str>) -> Server {
         control: control.clone(),
         metrics: metrics_handle(),
         drain: None,
+        readiness: polestar::readiness::nothing(),
         tls: http::fixed_tls(None),
     };
     let addr: SocketAddr = ([127, 0, 0, 1], 0).into();

@@ -4,7 +4,9 @@
 //! Secrets are read from their files here and kept in [`Secret`], whose `Debug` hides them.
 
 pub mod duration;
+pub mod readiness;
 pub mod sentinel_api;
+pub mod size;
 mod walk;
 
 use std::fmt;
@@ -152,6 +154,9 @@ pub struct Dns {
     /// UDP answers a second per client prefix, name and type (response-rate limiting);
     /// 0 turns it off.
     pub rate_limit: u32,
+    /// `replicas.<label>` leaves out replicas lagging more than this many bytes (`None`: lag
+    /// does not matter).
+    pub replica_max_lag: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -206,6 +211,17 @@ pub struct SentinelApi {
     pub idle_timeout: Duration,
 }
 
+/// `readiness:`: what counts against a failover being possible (see [`crate::readiness`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Readiness {
+    /// A replica lagging more than this (bytes) is not promotable.
+    pub max_lag: u64,
+    /// A replica entry `s_down` longer than this is stale.
+    pub stale_after: Duration,
+    /// How often the Sentinels (and the nodes they name) are asked.
+    pub interval: Duration,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sweep {
     pub local_ports: Vec<u16>,
@@ -223,6 +239,7 @@ pub struct Config {
     pub drain: Drain,
     pub sweep: Option<Sweep>,
     pub sentinel_api: Option<SentinelApi>,
+    pub readiness: Readiness,
     /// The file it was loaded from (`None` when parsed from text): what SIGHUP reloads.
     pub file: Option<PathBuf>,
     /// What works but should be fixed, each as `path: message` (`polestar check` prints them,
@@ -331,6 +348,7 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
     let drain = drain(top.raw("drain").unwrap_or(Value::Null), ttl, p);
     let sweep = top.raw("sweep").map(|v| sweep(v, p));
     let sentinel_api = top.raw("sentinel_api").map(|v| sentinel_api::parse(v, base, p));
+    let readiness = top.raw("readiness").map(|v| readiness::parse(v, p)).unwrap_or_default();
     top.finish(p);
 
     // `nodes.tls` defaults to `sentinels.tls`: data nodes and Sentinels of one deployment
@@ -362,6 +380,7 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
         drain: drain?,
         sweep: sweep.flatten(),
         sentinel_api: sentinel_api.flatten(),
+        readiness,
         file: None,
         warnings: Vec::new(),
     })
@@ -560,6 +579,7 @@ fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
     let transfer_allow = s.take_list("transfer_allow", p, |c: String| parse_cidr(&c));
     let notify = s.take_list("notify", p, |a: String| parse_addr(&a));
     let rate_limit = s.take::<u32>("rate_limit", p).unwrap_or(DEFAULT_RATE_LIMIT);
+    let replica_max_lag = s.take_with("replica_max_lag", p, readiness::size_value);
     let (listen_path, zone_path) = (s.path("listen"), s.path("zone"));
     s.finish(p);
     if ttl.is_zero() || ttl.subsec_nanos() != 0 {
@@ -580,6 +600,7 @@ fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
         transfer_allow: transfer_allow.unwrap_or_default(),
         notify: notify.unwrap_or_default(),
         rate_limit,
+        replica_max_lag,
     })
 }
 

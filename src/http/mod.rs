@@ -15,6 +15,7 @@ mod health;
 mod masters;
 mod page;
 mod params;
+mod readiness;
 mod slots;
 pub mod view;
 mod wait;
@@ -73,6 +74,8 @@ pub struct Api {
     pub metrics: PrometheusHandle,
     /// Manual drains (`POST /v1/masters/{name}/drain`); `None` answers 501.
     pub drain: Option<crate::drain::DrainHandle>,
+    /// The readiness verdicts and replica lags ([`crate::readiness::nothing`] when none).
+    pub readiness: crate::readiness::Reader,
     /// `http.tls` as currently configured: HTTPS only while set; a reload that renews the
     /// certificate (or names another) applies to the next connection.
     pub tls: watch::Receiver<Option<ServerTls>>,
@@ -256,6 +259,9 @@ fn routes(shared: Arc<Shared>) -> Router {
         .route("/v1/masters/{name}/primary", get(masters::primary))
         .route("/v1/masters/{name}/failover", post(admin::failover))
         .route("/v1/masters/{name}/drain", post(admin::drain))
+        .route("/v1/masters/{name}/readiness", get(readiness::readiness))
+        .route("/v1/masters/{name}/replicas", get(readiness::replicas))
+        .route("/v1/masters/{name}/replica", get(readiness::replica))
         .route("/v1/events", get(events::list))
         .route("/v1/events/stream", get(events::stream))
         .route("/healthz", get(health::healthz))

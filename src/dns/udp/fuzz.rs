@@ -67,6 +67,7 @@ fn zone() -> Zone {
         transfer_allow: vec!["127.0.0.1/32".parse().unwrap()],
         notify: vec![],
         rate_limit: crate::config::DEFAULT_RATE_LIMIT,
+        replica_max_lag: None,
     };
     Zone::build(&snapshot, &ZoneSettings::from_config(&cfg).unwrap(), 7)
 }

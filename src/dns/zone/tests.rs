@@ -18,6 +18,7 @@ fn settings(nameservers: &[&str]) -> ZoneSettings {
         transfer_allow: vec![],
         notify: vec![],
         rate_limit: crate::config::DEFAULT_RATE_LIMIT,
+        replica_max_lag: None,
     };
     ZoneSettings::from_config(&cfg).unwrap()
 }
