@@ -13,7 +13,10 @@ pub const PRIMARY_CHANGES: &str = "polestar_primary_changes_total";
 pub const PUBLISH_LATENCY: &str = "polestar_publish_latency_seconds";
 pub const DRAIN_KILLED: &str = "polestar_drain_killed_total";
 pub const DNS_QUERIES: &str = "polestar_dns_queries_total";
+pub const DNS_RATE_LIMITED: &str = "polestar_dns_rate_limited_total";
+pub const DNS_RATE_LIMIT_EVICTIONS: &str = "polestar_dns_rate_limit_evictions_total";
 pub const HTTP_REQUESTS: &str = "polestar_http_requests_total";
+pub const HTTP_CONNECTIONS_REFUSED: &str = "polestar_http_connections_refused_total";
 pub const SENTINEL_API_CONNECTIONS: &str = "polestar_sentinel_api_connections";
 pub const SENTINEL_API_ACCEPTED: &str = "polestar_sentinel_api_connections_total";
 pub const SENTINEL_API_DISCONNECTS: &str = "polestar_sentinel_api_disconnects_total";
@@ -71,7 +74,19 @@ fn describe() {
     );
     describe_counter!(DRAIN_KILLED, "Client connections killed on old primaries");
     describe_counter!(DNS_QUERIES, "DNS queries answered, by response code");
+    describe_counter!(
+        DNS_RATE_LIMITED,
+        "UDP answers past dns.rate_limit, by action (slip: sent truncated; drop: not sent)"
+    );
+    describe_counter!(
+        DNS_RATE_LIMIT_EVICTIONS,
+        "Rate-limit keys forgotten because the table was full (their clients answered as new)"
+    );
     describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status code");
+    describe_counter!(
+        HTTP_CONNECTIONS_REFUSED,
+        "HTTP connections refused, by reason (per_client: its share held; connections_full: no token while every anonymous slot is taken)"
+    );
     describe_gauge!(SENTINEL_API_CONNECTIONS, "Open connections to the Sentinel API endpoint");
     describe_counter!(
         SENTINEL_API_ACCEPTED,

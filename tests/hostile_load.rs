@@ -625,7 +625,8 @@ async fn udp_burst(
 /// Found 5 of issue 14: no response-rate limiting, so polestar amplified a spoofed flood
 /// 2–3× (25× for a name with many replicas). A burst of 3000 queries for one name from one
 /// address gets at most the rate in full answers, and truncated ones (so a real resolver
-/// retries over TCP) past it; a client of another prefix asking meanwhile is unaffected.
+/// retries over TCP, no larger than the queries) past it; a client of another prefix asking
+/// meanwhile is unaffected.
 #[tokio::test]
 async fn a_udp_burst_from_one_address_is_rate_limited_with_slips_and_others_are_unaffected() {
     let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
@@ -650,8 +651,8 @@ async fn a_udp_burst_from_one_address_is_rate_limited_with_slips_and_others_are_
     );
     // 100 a second per socket: the burst spans a second or two of windows.
     assert!(full <= 400, "{full} full answers to one address's burst");
-    assert!(truncated >= 500, "only {truncated} truncated answers: no slip");
-    assert!(full + truncated < 3000, "nothing dropped");
+    // Every limited answer slips by default (issue 26): none dropped on purpose.
+    assert!(truncated >= 1500, "only {truncated} truncated answers: limited answers dropped");
 }
 
 /// One row of `bench/hostile.sh`: the real work's latency and polestar's peak RSS, unloaded

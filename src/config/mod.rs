@@ -152,6 +152,9 @@ pub struct Dns {
     /// UDP answers a second per client prefix, name and type (response-rate limiting);
     /// 0 turns it off.
     pub rate_limit: u32,
+    /// Past the rate, one answer in this many is sent truncated, the others dropped
+    /// (`dns.rate_limit_slip`); 1: every one truncated, 0: every one dropped.
+    pub rate_limit_slip: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -549,6 +552,10 @@ fn check_label(label: &str) -> Result<String, String> {
 /// `dns.rate_limit` by default: far above what a resolver asks of one name (once per TTL),
 /// far below a reflected flood.
 pub const DEFAULT_RATE_LIMIT: u32 = 100;
+/// `dns.rate_limit_slip` by default: every answer past the rate is sent truncated, so every
+/// client that can retry over TCP gets its answer (a fleet's reconnect storm included), and a
+/// forged flood is reflected past the rate with answers no larger than its queries.
+pub const DEFAULT_SLIP: u32 = 1;
 
 fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
     let mut s = Section::new("dns", value, p);
@@ -560,6 +567,7 @@ fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
     let transfer_allow = s.take_list("transfer_allow", p, |c: String| parse_cidr(&c));
     let notify = s.take_list("notify", p, |a: String| parse_addr(&a));
     let rate_limit = s.take::<u32>("rate_limit", p).unwrap_or(DEFAULT_RATE_LIMIT);
+    let rate_limit_slip = s.take::<u32>("rate_limit_slip", p).unwrap_or(DEFAULT_SLIP);
     let (listen_path, zone_path) = (s.path("listen"), s.path("zone"));
     s.finish(p);
     if ttl.is_zero() || ttl.subsec_nanos() != 0 {
@@ -580,6 +588,7 @@ fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
         transfer_allow: transfer_allow.unwrap_or_default(),
         notify: notify.unwrap_or_default(),
         rate_limit,
+        rate_limit_slip,
     })
 }
 

@@ -38,6 +38,7 @@ pub fn dns_config() -> config::Dns {
         transfer_allow: vec!["127.0.0.1/32".parse().unwrap()],
         notify: vec![],
         rate_limit: config::DEFAULT_RATE_LIMIT,
+        rate_limit_slip: config::DEFAULT_SLIP,
     }
 }
 
