@@ -22,6 +22,7 @@ pub const SENTINEL_API_ACCEPTED: &str = "polestar_sentinel_api_connections_total
 pub const SENTINEL_API_DISCONNECTS: &str = "polestar_sentinel_api_disconnects_total";
 pub const SENTINEL_API_COMMANDS: &str = "polestar_sentinel_api_commands_total";
 pub const SENTINEL_API_PUBLISHED: &str = "polestar_sentinel_api_published_total";
+pub const SENTINEL_API_LIMITED: &str = "polestar_sentinel_api_limited_total";
 
 /// The `method` label values of [`DRAIN_KILLED`].
 pub const KILL_METHODS: [&str; 2] = ["client_kill", "sock_destroy"];
@@ -98,4 +99,8 @@ fn describe() {
     );
     describe_counter!(SENTINEL_API_COMMANDS, "Sentinel API commands, by command");
     describe_counter!(SENTINEL_API_PUBLISHED, "Messages published to Sentinel API subscribers");
+    describe_counter!(
+        SENTINEL_API_LIMITED,
+        "Sentinel API limits hit, by limit (subscriptions: a subscription refused; per_client: a connection past its address's share)"
+    );
 }
