@@ -14,6 +14,7 @@ pub mod failover;
 pub mod http;
 pub mod lab;
 pub mod limits;
+pub mod log_every;
 pub mod log_output;
 pub mod metrics;
 pub mod node;

@@ -13,7 +13,10 @@ pub const PRIMARY_CHANGES: &str = "polestar_primary_changes_total";
 pub const PUBLISH_LATENCY: &str = "polestar_publish_latency_seconds";
 pub const DRAIN_KILLED: &str = "polestar_drain_killed_total";
 pub const DNS_QUERIES: &str = "polestar_dns_queries_total";
+pub const DNS_RATE_LIMITED: &str = "polestar_dns_rate_limited_total";
+pub const DNS_RATE_LIMIT_EVICTIONS: &str = "polestar_dns_rate_limit_evictions_total";
 pub const HTTP_REQUESTS: &str = "polestar_http_requests_total";
+pub const HTTP_CONNECTIONS_REFUSED: &str = "polestar_http_connections_refused_total";
 pub const SENTINEL_API_CONNECTIONS: &str = "polestar_sentinel_api_connections";
 pub const SENTINEL_API_ACCEPTED: &str = "polestar_sentinel_api_connections_total";
 pub const SENTINEL_API_DISCONNECTS: &str = "polestar_sentinel_api_disconnects_total";
@@ -23,6 +26,7 @@ pub const FAILOVER_READY: &str = "polestar_failover_ready";
 pub const FAILOVER_BLOCKED: &str = "polestar_failover_blocked";
 pub const REPLICA_LAG: &str = "polestar_replica_lag_bytes";
 pub const OLD_PRIMARY_CLIENTS: &str = "polestar_old_primary_clients";
+pub const SENTINEL_API_LIMITED: &str = "polestar_sentinel_api_limited_total";
 
 /// The `method` label values of [`DRAIN_KILLED`].
 pub const KILL_METHODS: [&str; 2] = ["client_kill", "sock_destroy"];
@@ -76,7 +80,19 @@ fn describe() {
     );
     describe_counter!(DRAIN_KILLED, "Client connections killed on old primaries");
     describe_counter!(DNS_QUERIES, "DNS queries answered, by response code");
+    describe_counter!(
+        DNS_RATE_LIMITED,
+        "UDP answers past dns.rate_limit, by action (slip: sent truncated; drop: not sent)"
+    );
+    describe_counter!(
+        DNS_RATE_LIMIT_EVICTIONS,
+        "Rate-limit keys forgotten because the table was full (their clients answered as new)"
+    );
     describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status code");
+    describe_counter!(
+        HTTP_CONNECTIONS_REFUSED,
+        "HTTP connections refused, by reason (per_client: its share held; connections_full: no token while every anonymous slot is taken)"
+    );
     describe_gauge!(SENTINEL_API_CONNECTIONS, "Open connections to the Sentinel API endpoint");
     describe_counter!(
         SENTINEL_API_ACCEPTED,
@@ -95,4 +111,8 @@ fn describe() {
         "Clients (not spared) found on the node being drained at the latest pass; 0 once its episode ends"
     );
     describe_gauge!(REPLICA_LAG, Unit::Bytes, "Bytes of replication stream the replica is behind");
+    describe_counter!(
+        SENTINEL_API_LIMITED,
+        "Sentinel API limits hit, by limit (subscriptions: a subscription refused; per_client: a connection past its address's share)"
+    );
 }

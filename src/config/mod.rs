@@ -157,6 +157,9 @@ pub struct Dns {
     /// `replicas.<label>` leaves out replicas lagging more than this many bytes (`None`: lag
     /// does not matter).
     pub replica_max_lag: Option<u64>,
+    /// Past the rate, one answer in this many is sent truncated, the others dropped
+    /// (`dns.rate_limit_slip`); 1: every one truncated, 0: every one dropped.
+    pub rate_limit_slip: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -568,6 +571,10 @@ fn check_label(label: &str) -> Result<String, String> {
 /// `dns.rate_limit` by default: far above what a resolver asks of one name (once per TTL),
 /// far below a reflected flood.
 pub const DEFAULT_RATE_LIMIT: u32 = 100;
+/// `dns.rate_limit_slip` by default: every answer past the rate is sent truncated, so every
+/// client that can retry over TCP gets its answer (a fleet's reconnect storm included), and a
+/// forged flood is reflected past the rate with answers no larger than its queries.
+pub const DEFAULT_SLIP: u32 = 1;
 
 fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
     let mut s = Section::new("dns", value, p);
@@ -580,6 +587,7 @@ fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
     let notify = s.take_list("notify", p, |a: String| parse_addr(&a));
     let rate_limit = s.take::<u32>("rate_limit", p).unwrap_or(DEFAULT_RATE_LIMIT);
     let replica_max_lag = s.take_with("replica_max_lag", p, readiness::size_value);
+    let rate_limit_slip = s.take::<u32>("rate_limit_slip", p).unwrap_or(DEFAULT_SLIP);
     let (listen_path, zone_path) = (s.path("listen"), s.path("zone"));
     s.finish(p);
     if ttl.is_zero() || ttl.subsec_nanos() != 0 {
@@ -601,6 +609,7 @@ fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
         notify: notify.unwrap_or_default(),
         rate_limit,
         replica_max_lag,
+        rate_limit_slip,
     })
 }
 

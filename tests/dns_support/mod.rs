@@ -39,6 +39,7 @@ pub fn dns_config() -> config::Dns {
         notify: vec![],
         rate_limit: config::DEFAULT_RATE_LIMIT,
         replica_max_lag: None,
+        rate_limit_slip: config::DEFAULT_SLIP,
     }
 }
 

@@ -19,6 +19,7 @@ fn settings(nameservers: &[&str]) -> ZoneSettings {
         notify: vec![],
         rate_limit: crate::config::DEFAULT_RATE_LIMIT,
         replica_max_lag: None,
+        rate_limit_slip: crate::config::DEFAULT_SLIP,
     };
     ZoneSettings::from_config(&cfg).unwrap()
 }
