@@ -19,6 +19,8 @@ pub const SENTINEL_API_ACCEPTED: &str = "polestar_sentinel_api_connections_total
 pub const SENTINEL_API_DISCONNECTS: &str = "polestar_sentinel_api_disconnects_total";
 pub const SENTINEL_API_COMMANDS: &str = "polestar_sentinel_api_commands_total";
 pub const SENTINEL_API_PUBLISHED: &str = "polestar_sentinel_api_published_total";
+pub const SWITCHOVERS: &str = "polestar_switchovers_total";
+pub const SWITCHOVER_WAIT: &str = "polestar_switchover_wait_seconds";
 
 /// The `method` label values of [`DRAIN_KILLED`].
 pub const KILL_METHODS: [&str; 2] = ["client_kill", "sock_destroy"];
@@ -53,6 +55,15 @@ pub fn install() -> PrometheusHandle {
 }
 
 fn describe() {
+    describe_counter!(
+        SWITCHOVERS,
+        "polestar's switchovers, by outcome (failed_over, not_caught_up, too_far_behind, refused)"
+    );
+    describe_histogram!(
+        SWITCHOVER_WAIT,
+        Unit::Seconds,
+        "How long a switchover held the primary fenced until its replicas had all of it"
+    );
     describe_gauge!(SENTINEL_UP, "1 while polestar is connected to this Sentinel");
     describe_gauge!(
         SENTINELS_DISCOVERED,

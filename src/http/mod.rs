@@ -12,6 +12,7 @@ mod auth;
 mod error;
 mod events;
 mod health;
+mod maintenance;
 mod masters;
 mod page;
 mod params;
@@ -256,6 +257,7 @@ fn routes(shared: Arc<Shared>) -> Router {
         .route("/v1/masters/{name}/primary", get(masters::primary))
         .route("/v1/masters/{name}/failover", post(admin::failover))
         .route("/v1/masters/{name}/drain", post(admin::drain))
+        .route("/v1/nodes/{node}/handoff", post(maintenance::handoff))
         .route("/v1/events", get(events::list))
         .route("/v1/events/stream", get(events::stream))
         .route("/healthz", get(health::healthz))
