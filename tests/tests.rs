@@ -35,5 +35,6 @@ mod operation;
 mod sentinel_api;
 mod status_page;
 mod sweep_netns;
+mod switchover_netns;
 mod tls;
 mod trust;
