@@ -223,3 +223,87 @@ async fn scenario(cluster: &Cluster) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Whether polestar lists `node` as a healthy replica (so Sentinel does too, and its handoff
+/// is over).
+async fn listed_healthy(cluster: &Cluster, node: SocketAddr) -> bool {
+    let url = format!("http://{}:{HTTP_PORT}/v1/masters/mymaster", cluster.ctl.ip);
+    let Some(m) = crate::netns::get_json(&cluster.ctl, url).await else { return false };
+    let replicas = m["replicas"].as_array().cloned().unwrap_or_default();
+    replicas.iter().any(|r| {
+        r["ip"].as_str() == Some(&node.ip().to_string())
+            && r["port"].as_u64() == Some(u64::from(node.port()))
+            && r["healthy"] == true
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_with_handoffs_loses_no_write_and_fails_over_once() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::start(20_000).await.unwrap();
+    let result = rolling_restart(&cluster).await;
+    cluster.net.with_logs(result).unwrap();
+}
+
+async fn rolling_restart(cluster: &Cluster) -> anyhow::Result<()> {
+    let token = cluster.net.dir.path().join("admin.token");
+    std::fs::write(&token, TOKEN)?;
+    let listen = format!("{}:{HTTP_PORT}", cluster.ctl.ip);
+    let extra = format!("  admin_token_file: {}\n", token.display());
+    cluster.polestar(&cluster.ctl, "central", &cluster.sentinels_yaml(), &listen, &extra).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let limit = Duration::from_secs(240);
+    let writer = writer(&cluster.app, cluster.central_url(), stop.clone(), acked.clone(), limit);
+    until("the writer to write", Duration::from_secs(10), || async {
+        (acked.load(Ordering::SeqCst) > 200).then_some(())
+    })
+    .await?;
+    let started = tokio::time::Instant::now();
+    let first = acked.load(Ordering::SeqCst);
+    // The replicas first, then the primary: one failover in all.
+    for i in [1, 2, 0] {
+        let node = SocketAddr::new(cluster.db[i].ip, 6379);
+        let url = format!("http://{}:{HTTP_PORT}/v1/nodes/{node}/handoff?wait=30s", cluster.ctl.ip);
+        let (status, body) = post(&cluster.ctl, url.clone()).await?;
+        anyhow::ensure!(status == 200, "handoff of {node}: {status} {body}");
+        let (status, again) = post(&cluster.ctl, url).await?;
+        anyhow::ensure!(status == 200 && again["already"] == true, "again: {status} {again}");
+        anyhow::ensure!(!listed_healthy(cluster, node).await, "{node} still listed healthy");
+        cluster.net.stop(&format!("redis-{i}"));
+        let primary = primary(cluster).await.ok_or_else(|| anyhow::anyhow!("no primary"))?;
+        cluster.start_redis_of(i, Some(primary.ip()))?;
+        until(&format!("{node} healthy again"), Duration::from_secs(60), || async {
+            listed_healthy(cluster, node).await.then_some(())
+        })
+        .await?;
+    }
+    let elapsed = started.elapsed();
+    let during = acked.load(Ordering::SeqCst) - first;
+    stop.store(true, Ordering::SeqCst);
+    let written = writer.await??;
+    let final_primary = primary(cluster).await.ok_or_else(|| anyhow::anyhow!("no primary"))?;
+    let kept = stored(cluster, final_primary);
+    let lost = written.ids.iter().filter(|id| !kept.contains(id)).count();
+    let url = format!("http://{}:{HTTP_PORT}/v1/events", cluster.ctl.ip);
+    let events = crate::netns::get_json(&cluster.ctl, url).await.unwrap_or_default();
+    let switches = events
+        .as_array()
+        .map_or(0, |e| e.iter().filter(|e| e["kind"] == "switch" && !e["from"].is_null()).count());
+    let rate = during as f64 / elapsed.as_secs_f64();
+    eprintln!(
+        "rolling restart: {} acknowledged ({rate:.0}/s over {elapsed:?}), lost {lost}, longest gap \
+         {:?}, failovers {switches}",
+        written.ids.len(),
+        written.longest_gap
+    );
+    anyhow::ensure!(lost == 0, "{lost} acknowledged writes lost");
+    anyhow::ensure!(switches == 1, "{switches} failovers, not one");
+    anyhow::ensure!(
+        written.longest_gap <= Duration::from_secs(1),
+        "a gap of {:?}",
+        written.longest_gap
+    );
+    anyhow::ensure!(rate >= 1000.0, "the writer managed only {rate:.0} writes/s");
+    Ok(())
+}

@@ -40,6 +40,10 @@ pub async fn handoff(
     options: SwitchoverOptions,
     wait: Duration,
 ) -> Result<HandedOff, SwitchoverError> {
+    // A node handed off already (an old primary Sentinel does not list as a replica yet).
+    if let Some(master) = maintenance.handoffs.master_of(node) {
+        return replica(maintenance, deps, &master, node).await;
+    }
     let (master, role) = locate(deps, node)?;
     match role {
         Role::Primary => primary(maintenance, deps, &master, node, options, wait).await,

@@ -42,6 +42,11 @@ impl Handoffs {
         self.tx.borrow().iter().filter(|(m, _)| m == master).map(|(_, n)| *n).collect()
     }
 
+    /// The master whose handoff of `node` is under way, if any.
+    pub fn master_of(&self, node: SocketAddr) -> Option<String> {
+        self.tx.borrow().iter().find(|(_, n)| *n == node).map(|(m, _)| m.clone())
+    }
+
     /// Takes `node` out; false if it already was.
     pub fn take_out(&self, master: &str, node: SocketAddr) -> bool {
         self.tx.send_if_modified(|out| out.insert((master.to_string(), node)))
