@@ -80,8 +80,6 @@ pub struct Switched {
     pub lag_bytes: u64,
     /// How long the fenced primary waited for them.
     pub waited_ms: u64,
-    /// `SENTINEL FAILOVER <master> COORDINATED` (Valkey 9 or later everywhere).
-    pub coordinated: bool,
 }
 
 /// What a handoff of a node did.

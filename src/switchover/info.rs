@@ -1,6 +1,6 @@
 //! The few `INFO` fields a switchover reads, parsed from the text a node answers: the
-//! primary's replication offset and what it knows of each replica's, a replica's own offset,
-//! and the server's make and version.
+//! primary's replication offset and what it knows of each replica's, and a replica's own
+//! offset.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -46,17 +46,6 @@ pub fn replica_offset(info: &str) -> Option<u64> {
     fields.get("slave_repl_offset")?.parse().ok()
 }
 
-/// Whether `INFO server` is a Valkey of major version 9 or later (`valkey_version:9.0.1`, or
-/// `server_name:valkey` with `redis_version`, which Valkey keeps at 7.2.4 for clients).
-pub fn valkey_9(info: &str) -> bool {
-    let fields = fields(info);
-    let major = |v: &&str| v.split('.').next().and_then(|m| m.parse::<u32>().ok());
-    match fields.get("valkey_version").and_then(major) {
-        Some(major) => major >= 9,
-        None => false,
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // tests fail loudly on purpose
 mod tests {
@@ -84,14 +73,5 @@ mod tests {
         assert_eq!(replica_offset(info), Some(77));
         assert_eq!(replica_offset("role:master\r\nslave_repl_offset:77\r\n"), None);
         assert_eq!(replica_offset("garbage"), None);
-    }
-
-    #[test]
-    fn valkey_9_is_told_from_its_own_version_field() {
-        assert!(valkey_9("server_name:valkey\r\nredis_version:7.2.4\r\nvalkey_version:9.1.2\r\n"));
-        assert!(valkey_9("valkey_version:10.0.0\r\n"));
-        assert!(!valkey_9("server_name:valkey\r\nredis_version:7.2.4\r\nvalkey_version:8.1.8\r\n"));
-        assert!(!valkey_9("redis_version:7.0.15\r\n"), "Redis is no Valkey");
-        assert!(!valkey_9(""));
     }
 }

@@ -10,9 +10,8 @@
 //! (at most `max_wait`), and only then asks the same Sentinel to fail over, keeping the fence
 //! until the new primary is published (the drain side takes over from the leader's
 //! `+selected-slave`: flip, drain, demote). If the replicas do not catch up in time the fence
-//! is lifted and nothing fails over. With Valkey 9 or later everywhere it asks for `SENTINEL
-//! FAILOVER <master> COORDINATED`, whose `FAILOVER` on the primary waits for the replica
-//! itself.
+//! is lifted and nothing fails over. The fence is held for at most 40% of Sentinel's
+//! `down-after-milliseconds` ([`run::fence_bound`]).
 //!
 //! The handoff of a replica takes it out of every replica answer at once ([`mask`]: it is
 //! published unhealthy), drains its clients, and lets it back once Sentinel reports it

@@ -31,7 +31,6 @@ struct Plan {
     sentinel: Link,
     down_after: Duration,
     choice: Choice,
-    replicas: Vec<Replica>,
 }
 
 pub async fn switchover(
@@ -60,7 +59,6 @@ async fn attempt(
     if let Some(max_lag) = options.max_lag.filter(|max| lag_bytes > *max) {
         return Err(SwitchoverError::TooFarBehind { replica: worst, lag_bytes, max_lag });
     }
-    let coordinated = valkey_9_everywhere(deps, primary, &plan.replicas).await;
     let max_wait = fence_bound(options.max_wait, plan.down_after);
     let limit = max_wait + HOLD_AFTER;
     let fence =
@@ -71,18 +69,8 @@ async fn attempt(
         return Err(e);
     }
     let waited = started.elapsed();
-    let fence = if coordinated {
-        // Valkey's FAILOVER, which Sentinel sends the primary, pauses it and waits for the
-        // replica itself; our pause would hold it behind Sentinel's own hello PUBLISH.
-        let _ = fence.lift().await;
-        None
-    } else {
-        Some(fence)
-    };
-    if let Err(e) = failover(&mut plan.sentinel, master, coordinated).await {
-        if let Some(fence) = fence {
-            lift(deps, fence, master, &mut plan.sentinel).await;
-        }
+    if let Err(e) = failover(&mut plan.sentinel, master).await {
+        lift(deps, fence, master, &mut plan.sentinel).await;
         return Err(e);
     }
     let switched = Switched {
@@ -91,9 +79,8 @@ async fn attempt(
         replicas: plan.choice.wait_for.clone(),
         lag_bytes,
         waited_ms: waited.as_millis() as u64,
-        coordinated,
     };
-    if let Some(fence) = fence {
+    {
         let mut topology = deps.topology.clone();
         let name = master.to_string();
         let published = async move {
@@ -175,7 +162,7 @@ async fn plan_with(
     let replicas: Vec<Replica> = records(&reply).iter().filter_map(Replica::from_record).collect();
     let choice = choose(&replicas, down_after)
         .map_err(|why| SwitchoverError::NoCandidate { master: master.to_string(), why })?;
-    Ok(Plan { sentinel, down_after, choice, replicas })
+    Ok(Plan { sentinel, down_after, choice })
 }
 
 async fn sentinel_master(
@@ -203,17 +190,10 @@ fn unreachable(sentinel: &Link, e: redis::RedisError) -> SwitchoverError {
     ControlError::Unreachable(format!("{}: {e}", sentinel.name())).into()
 }
 
-/// `SENTINEL FAILOVER <master> [COORDINATED]` on the Sentinel that planned it.
-async fn failover(
-    sentinel: &mut Link,
-    master: &str,
-    coordinated: bool,
-) -> Result<(), SwitchoverError> {
+/// `SENTINEL FAILOVER <master>` on the Sentinel that planned it.
+async fn failover(sentinel: &mut Link, master: &str) -> Result<(), SwitchoverError> {
     let mut cmd = redis::cmd("SENTINEL");
     cmd.arg("FAILOVER").arg(master);
-    if coordinated {
-        cmd.arg("COORDINATED");
-    }
     sentinel.query::<Value>(cmd).await.map(drop).map_err(|e| {
         ControlError::Refused { sentinel: sentinel.name().to_string(), message: e.to_string() }
             .into()
@@ -317,30 +297,6 @@ impl Offsets {
     }
 }
 
-/// Whether every configured Sentinel, the primary and every replica Sentinel lists answer
-/// `INFO server` as Valkey 9 or later. Anything that does not answer counts as older.
-async fn valkey_9_everywhere(deps: &Deps, primary: SocketAddr, replicas: &[Replica]) -> bool {
-    for address in &deps.sentinels.addresses {
-        let endpoint = Endpoint::new(address.host.clone(), address.port, &deps.sentinels.auth);
-        if !is_valkey_9(Link::open(&endpoint).await).await {
-            return false;
-        }
-    }
-    for node in std::iter::once(primary).chain(replicas.iter().map(|r| r.addr)) {
-        if !is_valkey_9(Link::node(node, &deps.nodes).await).await {
-            return false;
-        }
-    }
-    true
-}
-
-async fn is_valkey_9(link: Result<Link, String>) -> bool {
-    match link {
-        Ok(mut link) => link.info("server").await.is_ok_and(|i| info::valkey_9(&i)),
-        Err(_) => false,
-    }
-}
-
 /// The event and the metrics of one switchover, whatever its outcome.
 fn report(
     deps: &Deps,
@@ -360,7 +316,7 @@ fn report(
         Ok(s) => {
             metrics::histogram!(m::SWITCHOVER_WAIT, "master" => master.to_string())
                 .record(s.waited_ms as f64 / 1000.0);
-            tracing::info!(master, %primary, lag_bytes = s.lag_bytes, waited_ms = s.waited_ms, coordinated = s.coordinated, "switchover: the replicas caught up; Sentinel fails over");
+            tracing::info!(master, %primary, lag_bytes = s.lag_bytes, waited_ms = s.waited_ms, "switchover: the replicas caught up; Sentinel fails over");
             let mut data = serde_json::to_value(s).unwrap_or_default();
             data["outcome"] = json!(outcome);
             deps.events.push("switchover", Some(master), data);
