@@ -29,6 +29,7 @@ pub struct Written {
 /// and reconnects. Runs until `stop`; bounded by `limit`.
 pub fn writer(
     app: &Host,
+    key: &'static str,
     primary_url: String,
     stop: Arc<AtomicBool>,
     acked: Arc<AtomicU64>,
@@ -53,7 +54,7 @@ pub fn writer(
             let id = ids.len() as u64 + 1;
             let mut pipe = redis::pipe();
             pipe.cmd("SETRANGE").arg("blob").arg((id % 256) * 4096).arg(&payload[..]).ignore();
-            pipe.cmd("RPUSH").arg("ids").arg(id).ignore();
+            pipe.cmd("RPUSH").arg(key).arg(id).ignore();
             let step = tokio::time::timeout(Duration::from_secs(2), pipe.query_async::<()>(c));
             match step.await {
                 Ok(Ok(())) => {
@@ -91,9 +92,9 @@ pub async fn post(host: &Host, url: String) -> anyhow::Result<(u16, Value)> {
 }
 
 /// The ids the node at `addr` holds, read from `host`'s namespace.
-pub fn stored(cluster: &Cluster, addr: SocketAddr) -> std::collections::HashSet<u64> {
+pub fn stored(cluster: &Cluster, addr: SocketAddr, key: &str) -> std::collections::HashSet<u64> {
     let host = cluster.db.iter().find(|h| h.ip == addr.ip()).unwrap();
-    let out = cluster.cli(host, addr.port(), &["LRANGE", "ids", "0", "-1"]);
+    let out = cluster.cli(host, addr.port(), &["LRANGE", key, "0", "-1"]);
     out.lines().filter_map(|l| l.trim().parse().ok()).collect()
 }
 
@@ -109,7 +110,7 @@ pub async fn primary(cluster: &Cluster) -> Option<SocketAddr> {
 
 /// Starts the cluster, shapes the links toward both replicas, and the central polestar with
 /// the admin token.
-pub async fn start(cluster: &Cluster) -> anyhow::Result<()> {
+pub async fn start_shaped(cluster: &Cluster) -> anyhow::Result<()> {
     for replica in &cluster.db[1..] {
         cluster.net.shape(replica, RATE)?;
     }
@@ -134,12 +135,13 @@ async fn a_switchover_under_replication_lag_loses_no_acknowledged_write() {
 }
 
 async fn scenario(cluster: &Cluster) -> anyhow::Result<()> {
-    start(cluster).await?;
+    start_shaped(cluster).await?;
     let old = cluster.primary();
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(AtomicU64::new(0));
     let writer = writer(
         &cluster.app,
+        "ids",
         cluster.central_url(),
         stop.clone(),
         acked.clone(),
@@ -189,7 +191,7 @@ async fn scenario(cluster: &Cluster) -> anyhow::Result<()> {
     for replica in &cluster.db[1..] {
         cluster.net.unshape(replica)?;
     }
-    let kept = stored(cluster, new);
+    let kept = stored(cluster, new, "ids");
     let lost: Vec<u64> = written.ids.iter().copied().filter(|id| !kept.contains(id)).collect();
     let events = crate::netns::get_json(
         &cluster.ctl,
@@ -254,7 +256,8 @@ async fn rolling_restart(cluster: &Cluster) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(AtomicU64::new(0));
     let limit = Duration::from_secs(240);
-    let writer = writer(&cluster.app, cluster.central_url(), stop.clone(), acked.clone(), limit);
+    let writer =
+        writer(&cluster.app, "ids", cluster.central_url(), stop.clone(), acked.clone(), limit);
     until("the writer to write", Duration::from_secs(10), || async {
         (acked.load(Ordering::SeqCst) > 200).then_some(())
     })
@@ -283,7 +286,7 @@ async fn rolling_restart(cluster: &Cluster) -> anyhow::Result<()> {
     stop.store(true, Ordering::SeqCst);
     let written = writer.await??;
     let final_primary = primary(cluster).await.ok_or_else(|| anyhow::anyhow!("no primary"))?;
-    let kept = stored(cluster, final_primary);
+    let kept = stored(cluster, final_primary, "ids");
     let lost = written.ids.iter().filter(|id| !kept.contains(id)).count();
     let url = format!("http://{}:{HTTP_PORT}/v1/events", cluster.ctl.ip);
     let events = crate::netns::get_json(&cluster.ctl, url).await.unwrap_or_default();

@@ -13,6 +13,7 @@ mod netns;
 mod agent;
 mod bench_drain;
 mod bench_haproxy;
+mod bench_switchover;
 mod chaos_netns;
 mod cli;
 mod clients_netns;
