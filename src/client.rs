@@ -52,8 +52,9 @@ pub async fn failover(
     master: &str,
     wait: bool,
     token: Option<String>,
+    limits: Limits,
 ) -> anyhow::Result<()> {
-    match request_failover(api, master, wait, token).await? {
+    match request_failover_with(api, master, wait, token, limits).await? {
         Failover::Accepted { sentinel } => {
             println!("Sentinel {sentinel} accepted the failover of {master}")
         }
@@ -133,6 +134,28 @@ pub enum Failover {
     Done(Box<MasterView>),
 }
 
+/// What a switchover may cost (`--max-wait`, `--max-lag`); the server's defaults when unset.
+#[derive(Clone, Debug, Default)]
+pub struct Limits {
+    pub max_wait: Option<Duration>,
+    /// As the operator wrote it (`1MB`): the server checks it.
+    pub max_lag: Option<String>,
+}
+
+impl Limits {
+    fn query(&self) -> Vec<(&'static str, String)> {
+        let mut query = Vec::new();
+        query.extend(self.max_wait.map(|w| ("max_wait", duration::format(w))));
+        query.extend(self.max_lag.clone().map(|l| ("max_lag", l)));
+        query
+    }
+
+    /// How long the server may hold the request for the switchover's own wait.
+    fn hold(&self) -> Duration {
+        self.max_wait.unwrap_or(crate::control::DEFAULT_MAX_WAIT)
+    }
+}
+
 /// `POST /v1/masters/{master}/failover`, with `?wait=` when `wait`.
 pub async fn request_failover(
     api: &str,
@@ -140,14 +163,56 @@ pub async fn request_failover(
     wait: bool,
     token: Option<String>,
 ) -> anyhow::Result<Failover> {
+    request_failover_with(api, master, wait, token, Limits::default()).await
+}
+
+/// The same with the switchover's `limits`.
+pub async fn request_failover_with(
+    api: &str,
+    master: &str,
+    wait: bool,
+    token: Option<String>,
+    limits: Limits,
+) -> anyhow::Result<Failover> {
     let api = Api::new(api)?.with_token(token);
     let path = ["v1", "masters", master, "failover"];
+    let mut query = limits.query();
     if !wait {
-        let accepted: Accepted = api.post(&path, &[], None).await?;
+        let accepted: Accepted = api.post(&path, &query, Some(limits.hold())).await?;
         return Ok(Failover::Accepted { sentinel: accepted.sentinel });
     }
-    let query = [("wait", duration::format(FAILOVER_WAIT))];
-    Ok(Failover::Done(Box::new(api.post(&path, &query, Some(FAILOVER_WAIT)).await?)))
+    query.push(("wait", duration::format(FAILOVER_WAIT)));
+    let hold = FAILOVER_WAIT + limits.hold();
+    Ok(Failover::Done(Box::new(api.post(&path, &query, Some(hold)).await?)))
+}
+
+/// `POST /v1/nodes/{node}/handoff?wait=`: prints what was done (JSON) once the node is safe
+/// to stop.
+pub async fn handoff(
+    api: &str,
+    node: &str,
+    wait: Duration,
+    token: Option<String>,
+    limits: Limits,
+) -> anyhow::Result<()> {
+    let answer = request_handoff(api, node, wait, token, limits).await?;
+    println!("{answer}");
+    Ok(())
+}
+
+/// The handoff's answer.
+pub async fn request_handoff(
+    api: &str,
+    node: &str,
+    wait: Duration,
+    token: Option<String>,
+    limits: Limits,
+) -> anyhow::Result<serde_json::Value> {
+    let api = Api::new(api)?.with_token(token);
+    let mut query = limits.query();
+    query.push(("wait", duration::format(wait.max(Duration::from_millis(1)))));
+    let hold = wait + limits.hold();
+    api.post(&["v1", "nodes", node, "handoff"], &query, Some(hold)).await
 }
 
 /// The 202 answer of a failover without `?wait=`.

@@ -27,5 +27,6 @@ pub mod service;
 pub mod source;
 pub mod supervise;
 pub mod sweep;
+pub mod switchover;
 pub mod tls;
 pub mod topology;

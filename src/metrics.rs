@@ -27,6 +27,8 @@ pub const FAILOVER_BLOCKED: &str = "polestar_failover_blocked";
 pub const REPLICA_LAG: &str = "polestar_replica_lag_bytes";
 pub const OLD_PRIMARY_CLIENTS: &str = "polestar_old_primary_clients";
 pub const SENTINEL_API_LIMITED: &str = "polestar_sentinel_api_limited_total";
+pub const SWITCHOVERS: &str = "polestar_switchovers_total";
+pub const SWITCHOVER_WAIT: &str = "polestar_switchover_wait_seconds";
 
 /// The `method` label values of [`DRAIN_KILLED`].
 pub const KILL_METHODS: [&str; 2] = ["client_kill", "sock_destroy"];
@@ -62,6 +64,15 @@ pub fn install() -> PrometheusHandle {
 }
 
 fn describe() {
+    describe_counter!(
+        SWITCHOVERS,
+        "polestar's switchovers, by outcome (failed_over, not_caught_up, too_far_behind, refused)"
+    );
+    describe_histogram!(
+        SWITCHOVER_WAIT,
+        Unit::Seconds,
+        "How long a switchover held the primary fenced until its replicas had all of it"
+    );
     describe_gauge!(SENTINEL_UP, "1 while polestar is connected to this Sentinel");
     describe_gauge!(
         SENTINELS_DISCOVERED,

@@ -13,6 +13,7 @@ mod auth;
 mod error;
 mod events;
 mod health;
+mod maintenance;
 mod masters;
 mod page;
 mod params;
@@ -267,6 +268,7 @@ fn routes(shared: Arc<Shared>) -> Router {
         .route("/v1/masters/{name}/readiness", get(readiness::readiness))
         .route("/v1/masters/{name}/replicas", get(readiness::replicas))
         .route("/v1/masters/{name}/replica", get(readiness::replica))
+        .route("/v1/nodes/{node}/handoff", post(maintenance::handoff))
         .route("/v1/events", get(events::list))
         .route("/v1/events/stream", get(events::stream))
         .route("/healthz", get(health::healthz))
