@@ -16,6 +16,7 @@ mod bench_haproxy;
 mod chaos_netns;
 mod cli;
 mod clients_netns;
+mod clients_sentinel;
 mod discovery;
 mod dns_cluster;
 mod dns_server;
