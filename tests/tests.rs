@@ -17,6 +17,7 @@ mod bench_switchover;
 mod chaos_netns;
 mod cli;
 mod clients_netns;
+mod clients_sentinel;
 mod discovery;
 mod dns_cluster;
 mod dns_server;

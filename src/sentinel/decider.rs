@@ -570,7 +570,7 @@ impl Decider {
         let state = match () {
             _ if primary.is_none() => MasterState::Unknown,
             _ if !self.links.iter().any(|l| l.up) => MasterState::Stale,
-            _ if !e.state.failover.is_empty() => MasterState::Failover,
+            _ if e.state.failing_over_published(&self.quorum) => MasterState::Failover,
             _ => MasterState::Ok,
         };
         let sentinels = SentinelCounts {
