@@ -107,7 +107,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Checked here for a clear usage error; sent as written.
 fn parse_size(text: &str) -> Result<String, String> {
-    config::bytes::parse(text).map(|_| text.trim().to_string())
+    config::size::parse(text).map(|_| text.trim().to_string())
 }
 
 fn main() -> ExitCode {

@@ -3,7 +3,6 @@
 //!
 //! Secrets are read from their files here and kept in [`Secret`], whose `Debug` hides them.
 
-pub mod bytes;
 pub mod duration;
 pub mod readiness;
 pub mod sentinel_api;

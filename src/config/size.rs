@@ -1,7 +1,8 @@
-//! Sizes as operators write them (`1MB`, `512KB`, `1048576`): replication lag limits.
+//! Sizes as Redis operators write them (replication lag limits in the config, the HTTP API and
+//! the CLI): `1048576`, `512kb`, `1mb`, `2gb` (powers of 1024), `1k`, `1m`, `1g` (powers of
+//! 1000, as in `redis.conf`), `KiB`/`MiB`/`GiB`; any case.
 
-/// Parses bytes, or a number with `B`, `KB`, `MB` or `GB` (binary: `1KB` is 1024 bytes, as
-/// in `redis.conf`'s `1kb`; `KiB`, `MiB`, `GiB` are accepted too), in any case.
+/// Parses a size in bytes.
 pub fn parse(text: &str) -> Result<u64, String> {
     let bad = || format!("{text:?} is not a size (write it like 1048576, 512KB, 1MB)");
     let trimmed = text.trim();
@@ -9,9 +10,12 @@ pub fn parse(text: &str) -> Result<u64, String> {
     let (number, unit) = trimmed.split_at(split);
     let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
-        "kb" | "kib" | "k" => 1 << 10,
-        "mb" | "mib" | "m" => 1 << 20,
-        "gb" | "gib" | "g" => 1 << 30,
+        "k" => 1_000,
+        "kb" | "kib" => 1 << 10,
+        "m" => 1_000_000,
+        "mb" | "mib" => 1 << 20,
+        "g" => 1_000_000_000,
+        "gb" | "gib" => 1 << 30,
         _ => return Err(bad()),
     };
     let value: u64 = number.parse().map_err(|_| bad())?;
@@ -40,11 +44,14 @@ mod tests {
         assert_eq!(parse("2 GiB"), Ok(2 << 30));
         assert_eq!(parse("0"), Ok(0));
         assert_eq!(parse("10B"), Ok(10));
+        // redis.conf: `1k` is 1000 bytes, `1kb` 1024.
+        assert_eq!(parse("1m"), Ok(1_000_000));
+        assert_eq!(parse(" 3gb "), Ok(3 << 30));
     }
 
     #[test]
     fn bad_sizes_are_named() {
-        for bad in ["", "MB", "1.5MB", "-1", "1TB", "lots", "1 M B"] {
+        for bad in ["", "MB", "1.5MB", "-1", "1TB", "lots", "1 M B", "1MBx"] {
             let error = parse(bad).expect_err(bad);
             assert!(error.contains(&format!("{bad:?}")), "{error}");
         }

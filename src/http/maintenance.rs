@@ -15,7 +15,7 @@ use serde_json::json;
 use super::auth::Caller;
 use super::params::{self, Params};
 use super::{ApiError, Shared};
-use crate::config::{bytes, duration};
+use crate::config::{duration, size};
 use crate::control::{SwitchoverError, SwitchoverOptions};
 
 /// How long a handoff waits for the new primary when `?wait=` names no time.
@@ -33,7 +33,7 @@ pub fn options(
         options.max_wait = wait.min(params::MAX_WAIT);
     }
     if let Some(text) = max_lag {
-        let lag = bytes::parse(text).map_err(|e| ApiError::bad_request(format!("max_lag: {e}")))?;
+        let lag = size::parse(text).map_err(|e| ApiError::bad_request(format!("max_lag: {e}")))?;
         options.max_lag = Some(lag);
     }
     Ok(options)
