@@ -18,6 +18,7 @@ pub mod admin;
 mod conn;
 mod core;
 mod decider;
+mod hello_acl;
 mod link;
 pub mod message;
 
@@ -46,6 +47,12 @@ pub enum Observation {
         myid: Option<String>,
     },
     Down {
+        link: LinkId,
+        reason: String,
+    },
+    /// The address answered, but refused `SENTINEL` commands: it is something other than a
+    /// Sentinel, and does not count towards the majority (until it answers as one).
+    NotSentinel {
         link: LinkId,
         reason: String,
     },
@@ -123,6 +130,9 @@ pub struct MasterReport {
     pub epoch: u64,
     pub failover_in_progress: bool,
     pub replicas: Vec<Replica>,
+    /// The replicas that say they replicate, and from where (the lineage check of a new
+    /// primary reads them).
+    pub followers: Vec<core::Follower>,
     /// The other Sentinels it knows for this master (`SENTINEL SENTINELS`; full
     /// reconciliations only): shown, never trusted.
     pub peers: Vec<PeerRecord>,

@@ -22,8 +22,12 @@ fn quorum(epoch: u64) -> Quorum {
     Quorum { voters: (0..3).collect(), epochs: (0..3).map(|s| (s, epoch)).collect() }
 }
 
+/// `from` reports `port` at `epoch`, the lab's other nodes (7001 to 7003) replicating from it.
 fn report(from: SentinelId, port: u16, epoch: u64) -> Evidence {
-    Evidence::Report { from, primary: cand(port, epoch), failover: false, replicas: Vec::new() }
+    let others = (7001..=7003).filter(|p| *p != port);
+    let followers = others.map(|p| Follower { node: node(p), upstream: addr(port) }).collect();
+    let primary = cand(port, epoch);
+    Evidence::Report { from, primary, failover: false, replicas: Vec::new(), followers }
 }
 
 fn promoting(from: SentinelId, port: u16, epoch: Option<u64>) -> Evidence {
@@ -342,3 +346,6 @@ fn a_majority_of_another_node_replaces_a_provisional_flip() {
     assert!(!provisional(&state));
     assert_eq!(signals, [S::Flipped { new: 7003, epoch: 3, provisional: false }]);
 }
+
+#[path = "trust_tests.rs"]
+mod trust;
