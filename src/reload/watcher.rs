@@ -122,7 +122,7 @@ async fn warm_up(
     // watcher starting, not the world changing: only later ones are forwarded.
     let (_, live) = side_events.follow(side_events.last_id());
     let writer = topology::Publisher::new(writer.clone());
-    floors = floors.into_iter().filter(|(_, m)| m.epoch.is_some()).collect();
+    floors.retain(|_, m| m.epoch.is_some());
     let forward = Forward { side, live, writer, events: events.clone(), floors };
     let forward = Some(tokio::spawn(forward.run(stop.clone())));
     Some(Generation { handle, stop, forward })
