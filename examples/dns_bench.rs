@@ -31,6 +31,8 @@ async fn main() -> anyhow::Result<()> {
         // knotd serves the comparison without RRL: the same here, and dnsperf asks few names
         // from one address, which RRL would turn into truncated answers.
         rate_limit: 0,
+        replica_max_lag: None,
+        rate_limit_slip: config::DEFAULT_SLIP,
     };
     let (writer, reader) = topology::channel();
     writer.send_replace(Arc::new(snapshot(masters, 0)));

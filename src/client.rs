@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 
 use crate::config::duration;
 use crate::http::view::MasterView;
+use crate::readiness::Verdict;
 
 pub const DEFAULT_API: &str = "http://127.0.0.1:8053";
 
@@ -51,8 +52,9 @@ pub async fn failover(
     master: &str,
     wait: bool,
     token: Option<String>,
+    limits: Limits,
 ) -> anyhow::Result<()> {
-    match request_failover(api, master, wait, token).await? {
+    match request_failover_with(api, master, wait, token, limits).await? {
         Failover::Accepted { sentinel } => {
             println!("Sentinel {sentinel} accepted the failover of {master}")
         }
@@ -66,8 +68,32 @@ pub async fn failover(
 
 /// What `status` prints.
 pub async fn status_table(api: &str) -> anyhow::Result<String> {
-    let masters: Vec<MasterView> = Api::new(api)?.get(&["v1", "masters"], &[], None).await?;
-    Ok(table(&masters))
+    let api = Api::new(api)?;
+    let masters: Vec<MasterView> = api.get(&["v1", "masters"], &[], None).await?;
+    let mut verdicts = Vec::new();
+    for m in &masters {
+        verdicts.push((m.name.clone(), api.readiness(&m.name).await));
+    }
+    Ok(table(&masters) + &readiness_lines(&verdicts))
+}
+
+/// Below the table, whether each master can fail over now and what blocks it.
+fn readiness_lines(verdicts: &[(String, Result<Verdict, String>)]) -> String {
+    let width = verdicts.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    let mut out = String::from("\nFAILOVER\n");
+    for (name, verdict) in verdicts {
+        let said = match verdict {
+            Ok(v) if v.ready => "possible".to_owned(),
+            Ok(v) => {
+                let why: Vec<String> =
+                    v.blockers.iter().map(|b| format!("{}: {}", b.reason, b.detail)).collect();
+                format!("NOT POSSIBLE: {}", why.join(" | "))
+            }
+            Err(e) => format!("unknown: {e}"),
+        };
+        let _ = writeln!(out, "{name:<width$}  {said}");
+    }
+    out
 }
 
 /// What `wait` prints: the primary once the epoch has passed the floor.
@@ -108,6 +134,28 @@ pub enum Failover {
     Done(Box<MasterView>),
 }
 
+/// What a switchover may cost (`--max-wait`, `--max-lag`); the server's defaults when unset.
+#[derive(Clone, Debug, Default)]
+pub struct Limits {
+    pub max_wait: Option<Duration>,
+    /// As the operator wrote it (`1MB`): the server checks it.
+    pub max_lag: Option<String>,
+}
+
+impl Limits {
+    fn query(&self) -> Vec<(&'static str, String)> {
+        let mut query = Vec::new();
+        query.extend(self.max_wait.map(|w| ("max_wait", duration::format(w))));
+        query.extend(self.max_lag.clone().map(|l| ("max_lag", l)));
+        query
+    }
+
+    /// How long the server may hold the request for the switchover's own wait.
+    fn hold(&self) -> Duration {
+        self.max_wait.unwrap_or(crate::control::DEFAULT_MAX_WAIT)
+    }
+}
+
 /// `POST /v1/masters/{master}/failover`, with `?wait=` when `wait`.
 pub async fn request_failover(
     api: &str,
@@ -115,14 +163,56 @@ pub async fn request_failover(
     wait: bool,
     token: Option<String>,
 ) -> anyhow::Result<Failover> {
+    request_failover_with(api, master, wait, token, Limits::default()).await
+}
+
+/// The same with the switchover's `limits`.
+pub async fn request_failover_with(
+    api: &str,
+    master: &str,
+    wait: bool,
+    token: Option<String>,
+    limits: Limits,
+) -> anyhow::Result<Failover> {
     let api = Api::new(api)?.with_token(token);
     let path = ["v1", "masters", master, "failover"];
+    let mut query = limits.query();
     if !wait {
-        let accepted: Accepted = api.post(&path, &[], None).await?;
+        let accepted: Accepted = api.post(&path, &query, Some(limits.hold())).await?;
         return Ok(Failover::Accepted { sentinel: accepted.sentinel });
     }
-    let query = [("wait", duration::format(FAILOVER_WAIT))];
-    Ok(Failover::Done(Box::new(api.post(&path, &query, Some(FAILOVER_WAIT)).await?)))
+    query.push(("wait", duration::format(FAILOVER_WAIT)));
+    let hold = FAILOVER_WAIT + limits.hold();
+    Ok(Failover::Done(Box::new(api.post(&path, &query, Some(hold)).await?)))
+}
+
+/// `POST /v1/nodes/{node}/handoff?wait=`: prints what was done (JSON) once the node is safe
+/// to stop.
+pub async fn handoff(
+    api: &str,
+    node: &str,
+    wait: Duration,
+    token: Option<String>,
+    limits: Limits,
+) -> anyhow::Result<()> {
+    let answer = request_handoff(api, node, wait, token, limits).await?;
+    println!("{answer}");
+    Ok(())
+}
+
+/// The handoff's answer.
+pub async fn request_handoff(
+    api: &str,
+    node: &str,
+    wait: Duration,
+    token: Option<String>,
+    limits: Limits,
+) -> anyhow::Result<serde_json::Value> {
+    let api = Api::new(api)?.with_token(token);
+    let mut query = limits.query();
+    query.push(("wait", duration::format(wait.max(Duration::from_millis(1)))));
+    let hold = wait + limits.hold();
+    api.post(&["v1", "nodes", node, "handoff"], &query, Some(hold)).await
 }
 
 /// The 202 answer of a failover without `?wait=`.
@@ -217,6 +307,20 @@ impl Api {
         let mut query = vec![("wait", duration::format(hold.max(Duration::from_millis(1))))];
         query.extend(floor.map(|f| ("after", f.to_string())));
         self.master(name, &query, Some(hold)).await
+    }
+
+    /// The readiness verdict, which comes with 200 (possible) or 503 (not possible).
+    async fn readiness(&self, name: &str) -> Result<Verdict, String> {
+        let url = self.url(&["v1", "masters", name, "readiness"], &[]);
+        let request = self.http.get(url.clone()).timeout(REQUEST_TIMEOUT);
+        let response = request.send().await.map_err(|e| unreachable(&url, e).to_string())?;
+        let body = response.text().await.map_err(|e| unreachable(&url, e).to_string())?;
+        serde_json::from_str::<Verdict>(&body).map_err(|_| {
+            match serde_json::from_str::<ErrorBody>(&body) {
+                Ok(error) => error.error,
+                Err(_) => body.trim().chars().take(200).collect(),
+            }
+        })
     }
 
     async fn get<T: DeserializeOwned>(
@@ -335,6 +439,30 @@ mymaster  10.0.0.1:6379  12     ok     1/2       2/3
 x         -              -      ok     2/2       2/3
 ";
         assert_eq!(table(&masters), expected);
+    }
+
+    #[test]
+    fn the_failover_lines_say_what_blocks_each_master() {
+        use crate::readiness::{Blocker, Reason};
+        let blocked = Verdict {
+            ready: false,
+            blockers: vec![Blocker {
+                reason: Reason::SentinelTilt,
+                detail: "s1 is in TILT mode".into(),
+            }],
+        };
+        let verdicts = [
+            ("mymaster".to_owned(), Ok(Verdict { ready: true, blockers: vec![] })),
+            ("x".to_owned(), Ok(blocked)),
+            ("y".to_owned(), Err("not judged yet".to_owned())),
+        ];
+        let expected = "
+FAILOVER
+mymaster  possible
+x         NOT POSSIBLE: sentinel_tilt: s1 is in TILT mode
+y         unknown: not judged yet
+";
+        assert_eq!(readiness_lines(&verdicts), expected);
     }
 
     #[test]

@@ -33,7 +33,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     crate::limits::raise_open_files();
     crate::tls::install();
     let metrics = crate::metrics::install();
+    // The writer's own view (`raw`) and, masked by the handoffs under way, what everyone reads.
+    let (raw_writer, raw) = topology::channel();
     let (writer, reader) = topology::channel();
+    let maintenance = Arc::new(crate::switchover::Maintenance::default());
     let events = Arc::new(EventLog::new());
     let dns = match &config.dns {
         Some(d) => Some(crate::dns::Listeners::bind(d).await?),
@@ -62,6 +65,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     });
     tasks.spawn(reload::on_sighup(reloader, shutdown.clone()));
     tasks.spawn(register_master_series(&config, reader.clone(), shutdown.clone()));
+    let handoffs = maintenance.handoffs.subscribe();
+    let mask = crate::switchover::mask::run(raw.clone(), handoffs, writer, shutdown.clone());
+    tasks.spawn(mask.map(Ok));
     let (drain_tx, drain_rx) = mpsc::unbounded_channel();
     let coordinator = Coordinator::new(
         config.drain.clone(),
@@ -76,10 +82,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let start = move |c: &Config, w: TopologyWriter, e: Arc<EventLog>, s: CancellationToken| {
         crate::source::spawn(c, w, e, drain_tx.clone(), s)
     };
-    let watch = watcher::supervise(live.clone(), writer, events.clone(), shutdown.clone(), start);
+    let (readiness_tx, readiness) = crate::readiness::channel();
+    let poll =
+        crate::readiness::poll::run(live.clone(), reader.clone(), readiness_tx, shutdown.clone());
+    tasks.spawn(poll.map(Ok));
+    let watch =
+        watcher::supervise(live.clone(), raw_writer, events.clone(), shutdown.clone(), start);
     let watcher = tokio::spawn(watch);
     if let (Some(listeners), Some(d)) = (dns, &config.dns) {
-        let (cfg, topology, stop) = (d.clone(), reader.clone(), shutdown.clone());
+        let (cfg, mut topology, stop) = (d.clone(), reader.clone(), shutdown.clone());
+        if let Some(max_lag) = d.replica_max_lag {
+            let follow = crate::readiness::lagging::follow;
+            let (filtered, feed) = follow(topology, readiness.clone(), max_lag, stop.clone());
+            tasks.spawn(feed.map(Ok));
+            topology = filtered;
+        }
         tasks.spawn(async move {
             crate::dns::serve(listeners, cfg, topology, stop).await.context("DNS server failed")
         });
@@ -90,9 +107,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             events: events.clone(),
             admin_token: reload::project(&live, |c| c.http.as_ref()?.admin_token.clone()),
             agent_token: reload::project(&live, |c| c.http.as_ref()?.agent_token.clone()),
-            control: crate::source::control(live.clone()),
+            control: crate::source::maintenance_control(
+                live.clone(),
+                maintenance.clone(),
+                (reader.clone(), raw.clone()),
+                events.clone(),
+                Some(drain.clone()),
+            ),
             metrics,
             drain: Some(drain),
+            readiness: readiness.clone(),
             tls: reload::project(&live, |c| c.http.as_ref()?.tls.clone()),
         };
         let stop = shutdown.clone();

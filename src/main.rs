@@ -60,11 +60,36 @@ enum Command {
         #[arg(long, default_value = client::DEFAULT_API)]
         api: String,
     },
-    /// Planned switchover through the API (SENTINEL FAILOVER); with --wait, print the new primary.
+    /// Planned switchover through the API, lossless: the primary is fenced until the replicas
+    /// have all of it, then SENTINEL FAILOVER; with --wait, print the new primary.
     Failover {
         master: String,
         #[arg(long)]
         wait: bool,
+        /// How long the fenced primary may wait for its replicas (default 5s).
+        #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+        max_wait: Option<Duration>,
+        /// Refuse up front when the replica is further behind than this (1MB, 512KB, bytes).
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        max_lag: Option<String>,
+        #[arg(long, default_value = client::DEFAULT_API)]
+        api: String,
+        /// The admin token (default: $POLESTAR_ADMIN_TOKEN, else /etc/polestar/admin.token).
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+    },
+    /// Make a node safe to stop (run it just before stopping it): a lossless switchover away
+    /// from a primary, or a replica out of every replica answer and drained. Prints what was done.
+    Handoff {
+        /// The node, as ip:port.
+        node: String,
+        /// How long to wait for the new primary to be published (a primary's handoff).
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        wait: Duration,
+        #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+        max_wait: Option<Duration>,
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        max_lag: Option<String>,
         #[arg(long, default_value = client::DEFAULT_API)]
         api: String,
         /// The admin token (default: $POLESTAR_ADMIN_TOKEN, else /etc/polestar/admin.token).
@@ -78,6 +103,11 @@ enum Command {
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
     config::duration::parse(text)
+}
+
+/// Checked here for a clear usage error; sent as written.
+fn parse_size(text: &str) -> Result<String, String> {
+    config::bytes::parse(text).map(|_| text.trim().to_string())
 }
 
 fn main() -> ExitCode {
@@ -96,13 +126,32 @@ fn command(command: Command) -> ExitCode {
         Command::Wait { master, after, timeout, api } => {
             runtime(async move { client::wait(&api, &master, after, timeout).await })
         }
-        Command::Failover { master, wait, api, token_file } => match admin_token(token_file) {
-            Ok(token) => runtime(async move { client::failover(&api, &master, wait, token).await }),
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(2)
+        Command::Failover { master, wait, max_wait, max_lag, api, token_file } => {
+            let limits = client::Limits { max_wait, max_lag };
+            match admin_token(token_file) {
+                Ok(token) => {
+                    runtime(
+                        async move { client::failover(&api, &master, wait, token, limits).await },
+                    )
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(2)
+                }
             }
-        },
+        }
+        Command::Handoff { node, wait, max_wait, max_lag, api, token_file } => {
+            let limits = client::Limits { max_wait, max_lag };
+            match admin_token(token_file) {
+                Ok(token) => {
+                    runtime(async move { client::handoff(&api, &node, wait, token, limits).await })
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Demo => runtime(async {
             let shutdown = CancellationToken::new();
             tokio::spawn(signals(shutdown.clone()));

@@ -13,12 +13,22 @@ pub const PRIMARY_CHANGES: &str = "polestar_primary_changes_total";
 pub const PUBLISH_LATENCY: &str = "polestar_publish_latency_seconds";
 pub const DRAIN_KILLED: &str = "polestar_drain_killed_total";
 pub const DNS_QUERIES: &str = "polestar_dns_queries_total";
+pub const DNS_RATE_LIMITED: &str = "polestar_dns_rate_limited_total";
+pub const DNS_RATE_LIMIT_EVICTIONS: &str = "polestar_dns_rate_limit_evictions_total";
 pub const HTTP_REQUESTS: &str = "polestar_http_requests_total";
+pub const HTTP_CONNECTIONS_REFUSED: &str = "polestar_http_connections_refused_total";
 pub const SENTINEL_API_CONNECTIONS: &str = "polestar_sentinel_api_connections";
 pub const SENTINEL_API_ACCEPTED: &str = "polestar_sentinel_api_connections_total";
 pub const SENTINEL_API_DISCONNECTS: &str = "polestar_sentinel_api_disconnects_total";
 pub const SENTINEL_API_COMMANDS: &str = "polestar_sentinel_api_commands_total";
 pub const SENTINEL_API_PUBLISHED: &str = "polestar_sentinel_api_published_total";
+pub const FAILOVER_READY: &str = "polestar_failover_ready";
+pub const FAILOVER_BLOCKED: &str = "polestar_failover_blocked";
+pub const REPLICA_LAG: &str = "polestar_replica_lag_bytes";
+pub const OLD_PRIMARY_CLIENTS: &str = "polestar_old_primary_clients";
+pub const SENTINEL_API_LIMITED: &str = "polestar_sentinel_api_limited_total";
+pub const SWITCHOVERS: &str = "polestar_switchovers_total";
+pub const SWITCHOVER_WAIT: &str = "polestar_switchover_wait_seconds";
 
 /// The `method` label values of [`DRAIN_KILLED`].
 pub const KILL_METHODS: [&str; 2] = ["client_kill", "sock_destroy"];
@@ -27,6 +37,7 @@ pub const KILL_METHODS: [&str; 2] = ["client_kill", "sock_destroy"];
 /// existing counter keeps its value). The gauges are set by the decider with the state.
 pub fn register_master(master: &str) {
     metrics::counter!(PRIMARY_CHANGES, "master" => master.to_string()).increment(0);
+    metrics::gauge!(OLD_PRIMARY_CLIENTS, "master" => master.to_string()).increment(0.0);
     for method in KILL_METHODS {
         metrics::counter!(DRAIN_KILLED, "master" => master.to_string(), "method" => method)
             .increment(0);
@@ -53,6 +64,15 @@ pub fn install() -> PrometheusHandle {
 }
 
 fn describe() {
+    describe_counter!(
+        SWITCHOVERS,
+        "polestar's switchovers, by outcome (failed_over, not_caught_up, too_far_behind, refused)"
+    );
+    describe_histogram!(
+        SWITCHOVER_WAIT,
+        Unit::Seconds,
+        "How long a switchover held the primary fenced until its replicas had all of it"
+    );
     describe_gauge!(SENTINEL_UP, "1 while polestar is connected to this Sentinel");
     describe_gauge!(
         SENTINELS_DISCOVERED,
@@ -71,7 +91,19 @@ fn describe() {
     );
     describe_counter!(DRAIN_KILLED, "Client connections killed on old primaries");
     describe_counter!(DNS_QUERIES, "DNS queries answered, by response code");
+    describe_counter!(
+        DNS_RATE_LIMITED,
+        "UDP answers past dns.rate_limit, by action (slip: sent truncated; drop: not sent)"
+    );
+    describe_counter!(
+        DNS_RATE_LIMIT_EVICTIONS,
+        "Rate-limit keys forgotten because the table was full (their clients answered as new)"
+    );
     describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status code");
+    describe_counter!(
+        HTTP_CONNECTIONS_REFUSED,
+        "HTTP connections refused, by reason (per_client: its share held; connections_full: no token while every anonymous slot is taken)"
+    );
     describe_gauge!(SENTINEL_API_CONNECTIONS, "Open connections to the Sentinel API endpoint");
     describe_counter!(
         SENTINEL_API_ACCEPTED,
@@ -83,4 +115,15 @@ fn describe() {
     );
     describe_counter!(SENTINEL_API_COMMANDS, "Sentinel API commands, by command");
     describe_counter!(SENTINEL_API_PUBLISHED, "Messages published to Sentinel API subscribers");
+    describe_gauge!(FAILOVER_READY, "1 while a failover of this master is possible now");
+    describe_gauge!(FAILOVER_BLOCKED, "1 while this reason keeps a failover from being possible");
+    describe_gauge!(
+        OLD_PRIMARY_CLIENTS,
+        "Clients (not spared) found on the node being drained at the latest pass; 0 once its episode ends"
+    );
+    describe_gauge!(REPLICA_LAG, Unit::Bytes, "Bytes of replication stream the replica is behind");
+    describe_counter!(
+        SENTINEL_API_LIMITED,
+        "Sentinel API limits hit, by limit (subscriptions: a subscription refused; per_client: a connection past its address's share)"
+    );
 }

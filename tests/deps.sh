@@ -20,6 +20,7 @@ command -v chromium       >/dev/null || need+=(chromium)     # the status page, 
 command -v runuser        >/dev/null || need+=(util-linux)   # tests/package.sh
 command -v unbound        >/dev/null || need+=(unbound)      # a caching resolver on app hosts
 command -v npm            >/dev/null || need+=(npm)
+command -v promtool       >/dev/null || need+=(prometheus)   # contrib/prometheus: rules, a real scrape
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 fi
 if [ ${#need[@]} -gt 0 ]; then
@@ -56,7 +57,7 @@ if [ "${1:-}" != demo ]; then
 fi
 # The packaged services are not used (every test starts its own processes on free ports);
 # stop them where they were started so they do not hold memory or ports.
-for svc in redis-server redis-sentinel knot unbound; do
+for svc in redis-server redis-sentinel knot unbound prometheus; do
   if command -v systemctl >/dev/null && systemctl is-active --quiet "$svc" 2>/dev/null; then
     systemctl stop "$svc" || true
   fi

@@ -92,6 +92,27 @@ fn writer(dns: SocketAddr, acked: Arc<AtomicU64>, stop: Arc<AtomicBool>) -> Join
     })
 }
 
+/// The name the held clients give themselves first, so that the node can list them.
+const HELD: &str = "CLIENT SETNAME held";
+
+/// Until `node` lists `n` clients named `held` that are past their `CLIENT SETNAME` (their
+/// setup reached the node): a fault injected after this finds them in place, however slowly
+/// this machine spawned them (a fixed sleep raced that).
+async fn until_held(env: &Env, node: SocketAddr, n: usize) {
+    env.wait_until(FAILOVER, "the held clients on the node", || async {
+        let client = redis::Client::open(format!("redis://{node}/"))?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let list: String = redis::cmd("CLIENT").arg("LIST").query_async(&mut conn).await?;
+        let held = list
+            .lines()
+            .filter(|l| l.contains(" name=held ") && !l.contains(" cmd=client|setname "))
+            .count();
+        ensure!(held >= n, "{held} of {n} held clients listed");
+        Ok(())
+    })
+    .await;
+}
+
 async fn counter(addr: SocketAddr) -> anyhow::Result<u64> {
     let client = redis::Client::open(format!("redis://{addr}/"))?;
     let mut conn = client.get_multiplexed_async_connection().await?;
@@ -123,14 +144,15 @@ async fn planned_failover_on(opts: LabOptions) {
     let mut clients = Vec::new();
     for i in 0..60 {
         let setup = match i % 4 {
-            0 => vec!["PING"],
-            1 => vec!["BLPOP nothing-comes 0"],
-            2 => vec!["SUBSCRIBE news"],
-            _ => vec!["SET k v", "GET k"],
+            0 => vec![HELD, "PING"],
+            1 => vec![HELD, "BLPOP nothing-comes 0"],
+            2 => vec![HELD, "SUBSCRIBE news"],
+            _ => vec![HELD, "SET k v", "GET k"],
         };
         clients.push(tokio::spawn(held_client(old, setup, stop.clone())));
     }
     let spared = tokio::spawn(held_client(old, vec!["CLIENT SETNAME keepme"], stop.clone()));
+    until_held(&env, old, 60).await;
     let acked = Arc::new(AtomicU64::new(0));
     let writing = writer(dns, acked.clone(), stop.clone());
     env.wait_until(FAILOVER, "the writer writes", || async {
@@ -179,8 +201,8 @@ async fn a_returning_old_primary_is_demoted_and_drained() {
     let old = env.lab.primary().await.expect("primary");
     let i = env.lab.index_of(old).expect("index");
     let stop = Arc::new(AtomicBool::new(false));
-    let held = tokio::spawn(held_client(old, vec!["PING"], stop.clone()));
-    sleep(Duration::from_millis(200)).await;
+    let held = tokio::spawn(held_client(old, vec![HELD, "PING"], stop.clone()));
+    until_held(&env, old, 1).await;
     env.lab.stop_node(i).expect("SIGSTOP the primary");
     let new =
         env.lab.wait_for_primary_change(old, FAILOVER * 2).await.expect("Sentinel fails over");
@@ -209,7 +231,8 @@ async fn losing_every_sentinel_pauses_and_kills_nothing() {
     let env = start().await;
     let primary = env.lab.primary().await.expect("primary");
     let stop = Arc::new(AtomicBool::new(false));
-    let held = tokio::spawn(held_client(primary, vec!["PING"], stop.clone()));
+    let held = tokio::spawn(held_client(primary, vec![HELD, "PING"], stop.clone()));
+    until_held(&env, primary, 1).await;
     for s in 0..env.lab.sentinel_addrs().len() {
         env.lab.stop_sentinel(s).expect("stop a Sentinel");
     }
@@ -221,7 +244,8 @@ async fn losing_every_sentinel_pauses_and_kills_nothing() {
         let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
         let mut set = redis::cmd("SET");
         set.arg("alive").arg("1");
-        let set = timeout(Duration::from_millis(500), set.query_async::<()>(&mut conn)).await;
+        // A fence would hold it for seconds (FENCE_HOLD, 5 s); 2 s leaves a busy machine room.
+        let set = timeout(Duration::from_secs(2), set.query_async::<()>(&mut conn)).await;
         set.expect("not paused").expect("SET");
         sleep(Duration::from_millis(200)).await;
     }
@@ -390,11 +414,17 @@ async fn a_late_reader_stays(env: &Env, old: SocketAddr, flip: SystemTime) {
         Ok(())
     })
     .await;
+    // Four seconds and 20 reads at least (one every 50 ms, slower on a busy machine): the drain
+    // sweeps several times meanwhile.
     sleep(Duration::from_secs(4)).await;
+    env.wait_until(FAILOVER, "the reader reads on", || async {
+        ensure!(log.successes() > 20, "{} reads", log.successes());
+        Ok(())
+    })
+    .await;
     stop.cancel();
     let _ = timeout(Duration::from_secs(5), task).await;
     assert_eq!(log.error_count(), 0, "the reader of the old node lost its connection");
-    assert!(log.successes() > 20, "the reader read {} times", log.successes());
 }
 
 const EVERY_KIND: [Finds; 4] = [

@@ -49,6 +49,12 @@ fn metrics_handle() -> PrometheusHandle {
 }
 
 async fn start() -> Server {
+    start_with(http::Caps::default()).await
+}
+
+const AGENT_TOKEN: &str = "agent-token";
+
+async fn start_with(caps: http::Caps) -> Server {
     let (writer, reader) = topology::channel();
     let master = Master {
         name: "mymaster".into(),
@@ -66,16 +72,17 @@ async fn start() -> Server {
         topology: reader,
         events: Arc::new(EventLog::new()),
         admin_token: http::fixed_token(Some(polestar::config::Secret::new(TOKEN))),
-        agent_token: http::fixed_token(None),
+        agent_token: http::fixed_token(Some(polestar::config::Secret::new(AGENT_TOKEN))),
         control: Arc::new(AcceptingControl),
         metrics: metrics_handle(),
         drain: None,
+        readiness: polestar::readiness::nothing(),
         tls: http::fixed_tls(None),
     };
     let listener = http::bind(([127, 0, 0, 1], 0).into()).await.expect("port 0 is free");
     let addr = listener.local_addr().expect("bound");
     let shutdown = CancellationToken::new();
-    tokio::spawn(http::serve(listener, api, shutdown.clone()));
+    tokio::spawn(http::serve_with(listener, api, caps, shutdown.clone()));
     let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("ok");
     Server { addr, url: format!("http://{addr}"), client, shutdown, _writer: writer }
 }
@@ -359,4 +366,51 @@ async fn waiting_failovers_have_a_cap_of_their_own(server: &Server) {
         assert!(Instant::now() < deadline, "the admin cap never applied: {status} {body}");
     };
     assert!(error_of(&body).contains("too many admin"), "{body}");
+}
+
+/// Found 3 of issue 26: anonymous clients (32 addresses of 512 keep-alive connections) took
+/// every connection slot before any token was read, so agents and the admin API were locked
+/// out. Scaled down here (32 addresses of 8 take the 256 anonymous slots): a token holder's
+/// connection is still served at once, an anonymous one gets 503 JSON and is closed.
+#[tokio::test]
+async fn anonymous_connections_cannot_lock_out_token_holders() {
+    const ADDRESSES: u8 = 32;
+    const PER_CLIENT: usize = 8;
+    let caps = http::Caps {
+        anonymous: usize::from(ADDRESSES) * PER_CLIENT,
+        per_client: PER_CLIENT + 4,
+        probation: 8,
+        probation_per_client: 4,
+        token: 8,
+    };
+    let server = start_with(caps).await;
+    let mut held = Vec::new();
+    for a in 0..ADDRESSES {
+        for _ in 0..PER_CLIENT {
+            let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+            socket.bind(([127, 0, 27, 1 + a], 0).into()).expect("bind a loopback address");
+            let mut stream = socket.connect(server.addr).await.expect("connect");
+            let request = "GET /v1/masters/mymaster?wait=60s HTTP/1.1\r\nHost: x\r\n\r\n";
+            stream.write_all(request.as_bytes()).await.expect("send");
+            held.push(stream);
+        }
+    }
+    // Every anonymous slot is taken once the last held connection's long-poll is waiting.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A new client (so a new connection) for each request.
+    let quick = || reqwest::Client::builder().timeout(Duration::from_secs(3)).build().expect("ok");
+    let url = format!("{}/v1/masters/mymaster", server.url);
+    for (who, token) in [("agent", AGENT_TOKEN), ("admin", TOKEN)] {
+        let response = quick().get(&url).bearer_auth(token).send().await;
+        let response = response.unwrap_or_else(|e| panic!("the {who} was locked out: {e}"));
+        assert_eq!(response.status(), StatusCode::OK, "the {who}");
+    }
+    let response = quick().get(&url).send().await.expect("an anonymous client hears why");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = response.json().await.expect("JSON");
+    assert!(error_of(&body).contains("too many connections"), "{body}");
+    let stream = quick().get(format!("{}/v1/events/stream", server.url)).bearer_auth(AGENT_TOKEN);
+    let stream = stream.send().await.expect("an agent's event stream");
+    assert_eq!(stream.status(), StatusCode::OK);
+    drop(held);
 }

@@ -197,50 +197,110 @@ async fn flood_connection(
     }
 }
 
+/// How long the fake Sentinel floods before the failover starts (and it goes on flooding
+/// through it): a fixed time at whatever rate this machine allows. The bytes are reported,
+/// not required: the flooder's speed is the attacker's, not polestar's.
+const FLOOD_FOR: Duration = Duration::from_secs(20);
+/// A flood under this says nothing about polestar's memory (the bounded link holds about a
+/// megabyte whatever comes, the buffered one grew by a few under it): the test fails saying
+/// the flood was too weak, not polestar. The debug binary reads 2–4 MB/s on a 2-core machine.
+const MEANINGFUL_FLOOD_MB: u64 = 8;
+/// polestar's RSS may grow by at most this, however much was flooded.
+const MAX_GROWTH_MB: u64 = 24;
+/// ... and by at most this share of the bytes flooded (1/4): the buffered link kept about
+/// half (62 MB of 142), the bounded one a queue's worth.
+const MAX_GROWTH_PER_FLOODED: f64 = 0.25;
+/// From the Sentinels' switch to polestar's API naming the new primary, flood or not.
+const PUBLISHED_WITHIN: Duration = Duration::from_secs(5);
+
+/// What a flood of `flooded_kb` that grew polestar by `grown_kb` says: `Err` with why the test
+/// fails (polestar held too much, or the flood was too weak to tell).
+fn flood_verdict(flooded_kb: u64, grown_kb: u64) -> Result<(), String> {
+    let (flooded, grown) = (flooded_kb / 1024, grown_kb as f64 / 1024.0);
+    if flooded < MEANINGFUL_FLOOD_MB {
+        return Err(format!(
+            "the fake Sentinel flooded only {flooded} MB in {FLOOD_FOR:?}: too weak a flood to \
+             say anything about polestar (at least {MEANINGFUL_FLOOD_MB} MB needed; is the \
+             machine overloaded?)"
+        ));
+    }
+    let allowed = (MAX_GROWTH_MB as f64).min(flooded as f64 * MAX_GROWTH_PER_FLOODED);
+    if grown > allowed {
+        return Err(format!(
+            "polestar's RSS grew by {grown:.1} MB under a {flooded} MB flood (at most \
+             {allowed:.1} MB: {MAX_GROWTH_MB} MB and {MAX_GROWTH_PER_FLOODED} of the flood)"
+        ));
+    }
+    Ok(())
+}
+
+/// The figures measured on the buffered link (before issue 14) fail; the bounded link's pass;
+/// a flood too weak to tell fails as such, whatever polestar did.
+#[test]
+fn the_flood_verdict_fails_a_buffering_link_and_a_flood_too_weak_to_tell() {
+    let mb = |n: u64| n * 1024;
+    assert!(flood_verdict(mb(142), mb(62)).is_err(), "the buffered link of issue 14");
+    assert!(flood_verdict(mb(40), mb(17)).is_err(), "the same share of a smaller flood");
+    assert!(flood_verdict(mb(2000), mb(30)).is_err(), "past the absolute bound");
+    assert!(flood_verdict(mb(121), mb(3)).is_ok(), "a slow machine's flood, bounded link");
+    assert!(flood_verdict(mb(29), mb(1)).is_ok(), "a busy machine's flood, bounded link");
+    assert!(flood_verdict(mb(8), mb(1)).is_ok(), "the weakest meaningful flood");
+    let weak = flood_verdict(mb(5), 0).expect_err("too weak");
+    assert!(weak.contains("too weak"), "{weak}");
+}
+
 /// Found 1 of issue 14: a Sentinel flooding pub/sub messages grew polestar to 2.16 GB in 24 s
 /// (an unbounded push channel) and stalled the subscription's PING. Beside the lab's three
-/// real Sentinels, a fake one floods for the whole test: polestar's memory stays bounded and
-/// a real failover is published within seconds.
+/// real Sentinels, a fake one floods for a fixed time and on through a real failover:
+/// polestar's memory grows by a bounded amount, far below what was flooded, and the failover
+/// is published within seconds of the Sentinels' switch.
 #[tokio::test]
 async fn a_flooding_sentinel_costs_bounded_memory_and_delays_no_failover() {
     let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
     // At most 4 GB per connection and two minutes: far more than the test lasts.
     let flood = FloodingSentinel::start(lab.master_name(), 4 << 30).await;
+    flood.flooding.store(false, Ordering::Relaxed);
     let mut config = PolestarConfig::for_lab(&lab);
     config.sentinels.push(flood.addr.to_string());
     let env = Env::with_config(lab, &config).await;
-    let baseline = rss_kb(env.ps.pid()).expect("polestar's RSS");
-    let rss = RssWatch::start(env.ps.pid());
     let before = env.lab.primary().await.expect("the lab's primary");
     env.wait_api_primary(before, common::STARTUP).await;
-    // The flood is under way: over a hundred megabytes through polestar's link.
-    let start = Instant::now();
-    while flood.flooded.load(Ordering::Relaxed) < 128 << 20 {
-        if start.elapsed() > Duration::from_secs(30) {
-            let mb = flood.flooded.load(Ordering::Relaxed) >> 20;
-            env.fail(&format!("the fake Sentinel flooded only {mb} MB in 30 s, not 128"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The baseline before the flood (the fake is linked and subscribed, and quiet).
+    env.wait_reachable(4, common::STARTUP).await;
+    let baseline = rss_kb(env.ps.pid()).expect("polestar's RSS");
+    let rss = RssWatch::start(env.ps.pid());
+    flood.flooding.store(true, Ordering::Relaxed);
+    // The attack's length, not a wait for anything; the flood must still be coming at its end.
+    tokio::time::sleep(FLOOD_FOR - Duration::from_secs(2)).await;
+    let late = flood.flooded.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let at_failover = flood.flooded.load(Ordering::Relaxed);
     let started = Instant::now();
     env.lab.failover().await.expect("a failover starts");
     let after = env.lab.wait_for_primary_change(before, common::FAILOVER * 2).await.expect("new");
     let switched = started.elapsed();
-    env.wait_api_primary(after, Duration::from_secs(5)).await;
-    let published = started.elapsed();
-    let flooded = flood.flooded.load(Ordering::Relaxed) >> 20;
-    let peak = rss.peak_kb() / 1024;
-    let grown = peak.saturating_sub(baseline / 1024);
+    env.wait_api_primary(after, PUBLISHED_WITHIN).await;
+    let published = started.elapsed() - switched;
+    let flooded_kb = flood.flooded.load(Ordering::Relaxed) / 1024;
+    let peak_kb = rss.peak_kb();
+    let grown_kb = peak_kb.saturating_sub(baseline);
     eprintln!(
-        "flood: {flooded} MB sent, polestar peak RSS {peak} MB (+{grown} MB), Sentinel \
-         switched in {switched:?}, published in {published:?}"
+        "flood: {} MB in {:?} ({:.1} MB/s before the failover), polestar peak RSS {} MB \
+         (+{:.1} MB over {} MB); Sentinel switched in {switched:?}, polestar published \
+         {published:?} after ({} MB flooded meanwhile)",
+        flooded_kb / 1024,
+        FLOOD_FOR + started.elapsed(),
+        (at_failover >> 20) as f64 / FLOOD_FOR.as_secs_f64(),
+        peak_kb / 1024,
+        grown_kb as f64 / 1024.0,
+        baseline / 1024,
+        flooded_kb.saturating_sub(at_failover / 1024) / 1024
     );
-    // Buffered (before issue 14), 142 MB of pushes grew it by 62 MB (2.16 GB in 24 s at
-    // full speed); dropped and reconciled, by none.
-    assert!(grown < 24, "polestar's RSS grew by {grown} MB under a {flooded} MB flood");
+    // (polestar reads the flooding link last, so it may read little of it during a failover.)
+    assert!(at_failover > late, "the flood had stopped before the failover");
+    flood_verdict(flooded_kb, grown_kb).unwrap_or_else(|why| env.fail(&why));
     let m = env.master().await.expect("the API answers");
     assert_eq!(primary_of(&m), Some(after), "{m}");
-    assert!(flooded >= 128, "the flood went on");
     assert!(!env.ps.logged("panicked"), "{}", env.ps.log_tail(40));
 }
 
@@ -571,20 +631,31 @@ async fn held_dns_tcp_connections_lock_out_no_fresh_query_and_no_axfr() {
     drop(held);
 }
 
+/// What a burst got back, and how long its sending took (the sender's speed is this
+/// machine's, not polestar's: the limits it meets are judged against it).
+#[derive(Debug)]
+struct Burst {
+    full: usize,
+    truncated: usize,
+    sent_in: Duration,
+}
+
 /// Sends a query for `name` (with ids 0..n) from `socket` as fast as it goes while
-/// collecting the answers, until `linger` after the last: (full answers, truncated answers).
+/// collecting the answers, until every query is answered or `linger` after the last one
+/// passed without an answer.
 async fn udp_burst(
     socket: &tokio::net::UdpSocket,
     dns: SocketAddr,
     name: &str,
     n: u16,
     linger: Duration,
-) -> (usize, usize) {
+) -> Burst {
     use hickory_proto::rr::RecordType;
     let query = crate::dns_support::query(name, RecordType::A);
     let size = query.to_vec().expect("encodes").len();
     let sent = AtomicBool::new(false);
     let send = async {
+        let started = Instant::now();
         let mut query = query.clone();
         for id in 0..n {
             query.metadata.id = id;
@@ -594,12 +665,13 @@ async fn udp_burst(
             }
         }
         sent.store(true, Ordering::Relaxed);
+        started.elapsed()
     };
     let receive = async {
         let (mut full, mut truncated) = (0, 0);
         let mut buf = vec![0u8; 4096];
         let mut last = Instant::now();
-        loop {
+        while full + truncated < usize::from(n) {
             let wait = tokio::time::timeout(Duration::from_millis(50), socket.recv(&mut buf));
             match wait.await {
                 Ok(Ok(len)) => {
@@ -613,19 +685,26 @@ async fn udp_burst(
                     }
                 }
                 _ if !sent.load(Ordering::Relaxed) => last = Instant::now(),
-                _ if last.elapsed() > linger => return (full, truncated),
+                _ if last.elapsed() > linger => break,
                 _ => {}
             }
         }
+        (full, truncated)
     };
-    let ((), answers) = tokio::join!(send, receive);
-    answers
+    let (sent_in, (full, truncated)) = tokio::join!(send, receive);
+    Burst { full, truncated, sent_in }
 }
+
+/// polestar's DNS `rate_limit` default: full answers per second per client prefix, name and
+/// type (`dns::rrl`, fixed windows of a second).
+const RATE: usize = 100;
 
 /// Found 5 of issue 14: no response-rate limiting, so polestar amplified a spoofed flood
 /// 2–3× (25× for a name with many replicas). A burst of 3000 queries for one name from one
-/// address gets at most the rate in full answers, and truncated ones (so a real resolver
-/// retries over TCP) past it; a client of another prefix asking meanwhile is unaffected.
+/// address gets at most the rate in full answers per second it spans, and truncated ones (so
+/// a real resolver retries over TCP, no larger than the queries) past it; a client of another
+/// prefix asking meanwhile is unaffected. The bounds follow how long this machine took to send
+/// the burst.
 #[tokio::test]
 async fn a_udp_burst_from_one_address_is_rate_limited_with_slips_and_others_are_unaffected() {
     let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
@@ -639,19 +718,35 @@ async fn a_udp_burst_from_one_address_is_rate_limited_with_slips_and_others_are_
     let burst = udp_burst(&attacker, dns, &name, 3000, Duration::from_secs(2));
     let steady = async {
         for _ in 0..20 {
-            let answered = udp_burst(&normal, dns, &name, 1, Duration::from_millis(300)).await;
-            assert_eq!(answered, (1, 0), "the normal client was limited");
+            // Answered at once; the linger is only how long a lost answer is waited for.
+            let answered = udp_burst(&normal, dns, &name, 1, Duration::from_secs(2)).await;
+            assert_eq!(
+                (answered.full, answered.truncated),
+                (1, 0),
+                "the normal client was limited"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await; // spread over the burst
         }
     };
-    let ((full, truncated), ()) = tokio::join!(burst, steady);
+    let (Burst { full, truncated, sent_in }, ()) = tokio::join!(burst, steady);
     eprintln!(
-        "UDP burst of 3000 from one address: {full} full answers, {truncated} truncated; a \
-         normal client's answers meanwhile all full"
+        "UDP burst of 3000 from one address, sent in {sent_in:?}: {full} full answers, \
+         {truncated} truncated; a normal client's answers meanwhile all full"
     );
-    // 100 a second per socket: the burst spans a second or two of windows.
-    assert!(full <= 400, "{full} full answers to one address's burst");
-    assert!(truncated >= 500, "only {truncated} truncated answers: no slip");
-    assert!(full + truncated < 3000, "nothing dropped");
+    // Sent slower than a few times the rate, a burst cannot show the limit.
+    let windows = sent_in.as_secs() as usize + 2; // the fixed windows the burst touched
+    assert!(
+        3000 / windows >= 3 * RATE,
+        "the burst took {sent_in:?}: too slow to tell a rate limit of {RATE}/s"
+    );
+    assert!(full <= RATE * windows, "{full} full answers to one address's burst in {sent_in:?}");
+    // Every limited answer slips by default (issue 26): none is dropped on purpose, so all that
+    // was over the rate comes back truncated, less what the test's socket buffer may have lost.
+    let over = 3000 - full.min(3000);
+    assert!(
+        truncated >= over / 2,
+        "only {truncated} truncated answers of {over} over the rate: limited answers dropped"
+    );
 }
 
 /// One row of `bench/hostile.sh`: the real work's latency and polestar's peak RSS, unloaded
@@ -818,7 +913,9 @@ async fn bench_dns_tcp() -> Row {
     let (pid, dns) = (env.ps.pid(), env.ps.dns.expect("DNS"));
     let unloaded = measure(pid, 10, || query_and_axfr(dns)).await;
     let held = HeldTcp::start(dns, 1100).await;
+    let start = Instant::now();
     while held.answered.load(Ordering::Relaxed) < 1000 {
+        assert!(start.elapsed() < Duration::from_secs(60), "the attackers were not served");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let loaded = measure(pid, 10, || query_and_axfr(dns)).await;
@@ -842,17 +939,17 @@ async fn bench_udp_burst() -> Row {
     let lost = std::cell::Cell::new(0);
     let ask = || async {
         let started = Instant::now();
-        let linger = Duration::from_millis(300);
-        if udp_burst(&normal, dns, &name, 1, linger).await != (1, 0) {
+        let answered = udp_burst(&normal, dns, &name, 1, Duration::from_millis(300)).await;
+        if (answered.full, answered.truncated) != (1, 0) {
             lost.set(lost.get() + 1);
         }
-        started.elapsed().saturating_sub(linger)
+        started.elapsed()
     };
     let unloaded = measure(pid, 10, ask).await;
     let lost_unloaded = lost.replace(0);
     let attacker = tokio::net::UdpSocket::bind("127.0.0.2:0").await.expect("bind");
     let burst = udp_burst(&attacker, dns, &name, 20_000, Duration::from_secs(1));
-    let (loaded, (full, truncated)) = tokio::join!(measure(pid, 10, ask), burst);
+    let (loaded, Burst { full, truncated, .. }) = tokio::join!(measure(pid, 10, ask), burst);
     Row {
         attack: "UDP burst 20000 q, one address",
         work: "another client's UDP query",

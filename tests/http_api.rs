@@ -82,6 +82,7 @@ async fn start(admin_token: Option<&str>) -> Server {
         control: control.clone(),
         metrics: metrics_handle(),
         drain: None,
+        readiness: polestar::readiness::nothing(),
         tls: http::fixed_tls(None),
     };
     let addr: SocketAddr = ([127, 0, 0, 1], 0).into();
@@ -130,6 +131,22 @@ impl Server {
 
     fn publish_one(&self, primary: Option<&str>, epoch: Option<u64>) {
         self.publish(vec![master("mymaster", primary, epoch)], true);
+    }
+
+    /// How many hold the topology: the API's own reader, and one more per request waiting for
+    /// an epoch (a long-poll, a waiting failover) once its floor is taken.
+    fn topology_readers(&self) -> usize {
+        self.writer.receiver_count()
+    }
+
+    /// Until one more request waits on the topology than `before` readers: a publication
+    /// after this wakes it (a fixed sleep raced a slow client on a busy machine).
+    async fn until_waiting(&self, before: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.topology_readers() <= before {
+            assert!(Instant::now() < deadline, "the request never waited on the topology");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     async fn get(&self, path: &str) -> (StatusCode, String) {
@@ -276,10 +293,12 @@ async fn a_long_poll_wakes_as_soon_as_a_higher_epoch_is_published() {
     let server = Arc::new(start(None).await);
     server.publish_one(Some("10.0.0.1:6379"), Some(1));
     let poller = server.clone();
+    let readers = server.topology_readers();
     let poll = tokio::spawn(async move {
         let answer = poller.get_json("/v1/masters/mymaster?wait=30s&after=1").await;
         (answer, Instant::now())
     });
+    server.until_waiting(readers).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!poll.is_finished(), "the long-poll answered before the epoch moved");
     server.publish_one(Some("10.0.0.1:6379"), Some(1)); // a change that is not a new epoch
@@ -302,7 +321,9 @@ async fn a_long_poll_without_after_waits_for_the_next_epoch() {
     let server = Arc::new(start(None).await);
     server.publish_one(Some("10.0.0.1:6379"), Some(5));
     let poller = server.clone();
+    let readers = server.topology_readers();
     let poll = tokio::spawn(async move { poller.get_json("/v1/masters/mymaster?wait=30s").await });
+    server.until_waiting(readers).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!poll.is_finished());
     server.publish_one(Some("10.0.0.2:6379"), Some(6));
@@ -427,7 +448,9 @@ async fn failover_is_accepted_with_the_token() {
     server.publish_one(Some("10.0.0.1:6379"), Some(1));
     let (status, body) = server.post("/v1/masters/mymaster/failover", Some(TOKEN)).await;
     assert_eq!(status, StatusCode::ACCEPTED);
-    assert_eq!(body, json!({"sentinel": "127.0.0.1:26379", "epoch_before": 1}));
+    // The switchover's own fields (lag, replicas waited for) come beside these.
+    assert_eq!(body["sentinel"], json!("127.0.0.1:26379"));
+    assert_eq!(body["epoch_before"], json!(1));
     assert_eq!(*server.control.calls.lock().expect("not poisoned"), ["mymaster"]);
     let kinds: Vec<&str> = server.events.since(None).iter().map(|e| e.kind).collect();
     assert_eq!(kinds, ["failover_requested"]);
@@ -438,9 +461,11 @@ async fn failover_with_wait_returns_the_new_state_once_published() {
     let server = Arc::new(start(Some(TOKEN)).await);
     server.publish_one(Some("10.0.0.1:6379"), Some(1));
     let caller = server.clone();
+    let readers = server.topology_readers();
     let call = tokio::spawn(async move {
         caller.post("/v1/masters/mymaster/failover?wait=30s", Some(TOKEN)).await
     });
+    server.until_waiting(readers).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!call.is_finished(), "answered before the new primary was published");
     server.publish_one(Some("10.0.0.2:6379"), Some(2));
@@ -545,8 +570,9 @@ async fn shutdown_ends_long_polls_and_streams_promptly() {
     let mut stream =
         server.client.get(&url).timeout(Duration::from_secs(30)).send().await.expect("open");
     let poller = server.clone();
+    let readers = server.topology_readers();
     let poll = tokio::spawn(async move { poller.get_json("/v1/masters/mymaster?wait=60s").await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.until_waiting(readers).await;
     let stopping = Instant::now();
     server.shutdown.cancel();
     let (status, body) =
@@ -577,9 +603,11 @@ async fn cli_wait_prints_the_primary_once_the_epoch_moves() {
     let server = Arc::new(start(None).await);
     server.publish_one(Some("10.0.0.1:6379"), Some(4));
     let url = server.url.clone();
+    let readers = server.topology_readers();
     let waiter = tokio::spawn(async move {
         client::wait_for_primary(&url, "mymaster", None, Duration::from_secs(10)).await
     });
+    server.until_waiting(readers).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished(), "wait returned before the epoch moved");
     server.publish_one(Some("10.0.0.2:6379"), Some(5));
@@ -618,10 +646,11 @@ async fn cli_failover_sends_the_token_and_waits_for_the_new_primary() {
     assert!(matches!(accepted.await, Ok(client::Failover::Accepted { .. })));
 
     let url = server.url.clone();
+    let readers = server.topology_readers();
     let call = tokio::spawn(async move {
         client::request_failover(&url, "mymaster", true, Some(TOKEN.into())).await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.until_waiting(readers).await;
     server.publish_one(Some("10.0.0.2:6379"), Some(2));
     let done = tokio::time::timeout(Duration::from_secs(2), call).await.expect("woke");
     match done.expect("no panic").expect("failover done") {

@@ -52,16 +52,23 @@ fn now_ms() -> u64 {
 // ---------------------------------------------------------------------------------------------
 // A raw subscriber: the time each `+switch-master` message arrived.
 
-/// Subscribes to `+switch-master` at `addr`; every message's payload arrives on the channel
-/// with the instant it was read.
+/// Subscribes to `+switch-master` at `addr` and returns once the subscription is confirmed;
+/// every message's payload arrives on the channel with the instant it was read.
 async fn switch_subscriber(addr: SocketAddr) -> mpsc::UnboundedReceiver<(Instant, String)> {
     let mut stream = TcpStream::connect(addr).await.expect("connect the subscriber");
     stream.write_all(b"SUBSCRIBE +switch-master\r\n").await.expect("subscribe");
     let (tx, rx) = mpsc::unbounded_channel();
     let marker = b"$7\r\nmessage\r\n$14\r\n+switch-master\r\n".as_slice();
+    let (mut buf, mut chunk) = (Vec::new(), [0u8; 4096]);
+    // The confirmation (`subscribe`, the channel, `:1`): from here on no message is missed.
+    let confirmed = b"+switch-master\r\n:1\r\n".as_slice();
+    while !buf.windows(confirmed.len()).any(|w| w == confirmed) {
+        let read = timeout(Duration::from_secs(10), stream.read(&mut chunk)).await;
+        let n = read.expect("the SUBSCRIBE is confirmed").expect("the subscriber reads");
+        assert!(n > 0, "{addr} closed the subscriber: {:?}", String::from_utf8_lossy(&buf));
+        buf.extend_from_slice(&chunk[..n]);
+    }
     tokio::spawn(async move {
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 4096];
         loop {
             let n = match stream.read(&mut chunk).await {
                 Ok(0) | Err(_) => return,
@@ -131,7 +138,6 @@ async fn redis_cli_gets_the_sentinels_answer_after_every_failover_and_hears_the_
         for s in &sentinels {
             theirs.push(switch_subscriber(*s).await);
         }
-        sleep(Duration::from_millis(200)).await; // the SUBSCRIBEs are answered
         let new = env.failover().await;
         let (at, payload) = next_switch(&mut ours, "polestar").await;
         assert!(payload.ends_with(&format!(" {} {}", new.ip(), new.port())), "{payload}");
@@ -717,22 +723,40 @@ async fn slow_subscribers_are_disconnected_not_buffered() {
     }
     let mut fast = TcpStream::connect(addr).await.unwrap();
     exchange(&mut fast, "SUBSCRIBE +sdown -sdown\r\n", ":2\r\n").await;
+    // How many messages the reading subscriber has read so far.
+    let read_so_far = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let progress = read_so_far.clone();
     let reading = tokio::spawn(async move {
         let (mut bytes, mut chunk) = (Vec::new(), vec![0u8; 64 * 1024]);
         let marker = b"$7\r\nmessage\r\n";
         let expected = REPLICAS as usize * CHANGES;
-        while bytes.windows(marker.len()).filter(|w| w == marker).count() < expected {
+        let mut count = 0;
+        while count < expected {
             match timeout(Duration::from_secs(30), fast.read(&mut chunk)).await {
                 Ok(Ok(n)) if n > 0 => bytes.extend_from_slice(&chunk[..n]),
                 _ => break,
             }
+            // Count whole markers only; keep a tail that may hold the start of the next one.
+            count += bytes.windows(marker.len()).filter(|w| w == marker).count();
+            bytes.drain(..bytes.len().saturating_sub(marker.len() - 1));
+            progress.store(count, std::sync::atomic::Ordering::Relaxed);
         }
-        bytes.windows(marker.len()).filter(|w| w == marker).count()
+        count
     });
     let before = rss_kib(std::process::id());
     for version in 1..=CHANGES as u64 {
         writer.send_replace(snapshot(version));
-        sleep(Duration::from_millis(3)).await;
+        // The next change once the reading subscriber has this one: the topology is a `watch`
+        // (the newest wins), so two changes published before polestar looked add up to none,
+        // and a 3 ms pause was this machine's speed, not polestar's. The ones that do not read
+        // fall a whole backlog behind all the same.
+        let published = version as usize * REPLICAS as usize;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let read = || read_so_far.load(std::sync::atomic::Ordering::Relaxed);
+        while read() < published {
+            assert!(Instant::now() < deadline, "version {version}: {} of {published} read", read());
+            sleep(Duration::from_millis(1)).await;
+        }
     }
     let received = reading.await.unwrap();
     let after = rss_kib(std::process::id());

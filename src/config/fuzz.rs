@@ -95,6 +95,7 @@ const PATHS: &[&str] = &[
     "dns.transfer_allow",
     "dns.notify",
     "dns.rate_limit",
+    "dns.rate_limit_slip",
     "http",
     "http.listen",
     "http.admin_token_file",

@@ -3,8 +3,11 @@
 //!
 //! Secrets are read from their files here and kept in [`Secret`], whose `Debug` hides them.
 
+pub mod bytes;
 pub mod duration;
+pub mod readiness;
 pub mod sentinel_api;
+pub mod size;
 mod walk;
 
 use std::fmt;
@@ -152,6 +155,12 @@ pub struct Dns {
     /// UDP answers a second per client prefix, name and type (response-rate limiting);
     /// 0 turns it off.
     pub rate_limit: u32,
+    /// `replicas.<label>` leaves out replicas lagging more than this many bytes (`None`: lag
+    /// does not matter).
+    pub replica_max_lag: Option<u64>,
+    /// Past the rate, one answer in this many is sent truncated, the others dropped
+    /// (`dns.rate_limit_slip`); 1: every one truncated, 0: every one dropped.
+    pub rate_limit_slip: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -206,6 +215,17 @@ pub struct SentinelApi {
     pub idle_timeout: Duration,
 }
 
+/// `readiness:`: what counts against a failover being possible (see [`crate::readiness`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Readiness {
+    /// A replica lagging more than this (bytes) is not promotable.
+    pub max_lag: u64,
+    /// A replica entry `s_down` longer than this is stale.
+    pub stale_after: Duration,
+    /// How often the Sentinels (and the nodes they name) are asked.
+    pub interval: Duration,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sweep {
     pub local_ports: Vec<u16>,
@@ -223,6 +243,7 @@ pub struct Config {
     pub drain: Drain,
     pub sweep: Option<Sweep>,
     pub sentinel_api: Option<SentinelApi>,
+    pub readiness: Readiness,
     /// The file it was loaded from (`None` when parsed from text): what SIGHUP reloads.
     pub file: Option<PathBuf>,
     /// What works but should be fixed, each as `path: message` (`polestar check` prints them,
@@ -331,6 +352,7 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
     let drain = drain(top.raw("drain").unwrap_or(Value::Null), ttl, p);
     let sweep = top.raw("sweep").map(|v| sweep(v, p));
     let sentinel_api = top.raw("sentinel_api").map(|v| sentinel_api::parse(v, base, p));
+    let readiness = top.raw("readiness").map(|v| readiness::parse(v, p)).unwrap_or_default();
     top.finish(p);
 
     // `nodes.tls` defaults to `sentinels.tls`: data nodes and Sentinels of one deployment
@@ -362,6 +384,7 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
         drain: drain?,
         sweep: sweep.flatten(),
         sentinel_api: sentinel_api.flatten(),
+        readiness,
         file: None,
         warnings: Vec::new(),
     })
@@ -549,6 +572,10 @@ fn check_label(label: &str) -> Result<String, String> {
 /// `dns.rate_limit` by default: far above what a resolver asks of one name (once per TTL),
 /// far below a reflected flood.
 pub const DEFAULT_RATE_LIMIT: u32 = 100;
+/// `dns.rate_limit_slip` by default: every answer past the rate is sent truncated, so every
+/// client that can retry over TCP gets its answer (a fleet's reconnect storm included), and a
+/// forged flood is reflected past the rate with answers no larger than its queries.
+pub const DEFAULT_SLIP: u32 = 1;
 
 fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
     let mut s = Section::new("dns", value, p);
@@ -560,6 +587,8 @@ fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
     let transfer_allow = s.take_list("transfer_allow", p, |c: String| parse_cidr(&c));
     let notify = s.take_list("notify", p, |a: String| parse_addr(&a));
     let rate_limit = s.take::<u32>("rate_limit", p).unwrap_or(DEFAULT_RATE_LIMIT);
+    let replica_max_lag = s.take_with("replica_max_lag", p, readiness::size_value);
+    let rate_limit_slip = s.take::<u32>("rate_limit_slip", p).unwrap_or(DEFAULT_SLIP);
     let (listen_path, zone_path) = (s.path("listen"), s.path("zone"));
     s.finish(p);
     if ttl.is_zero() || ttl.subsec_nanos() != 0 {
@@ -580,6 +609,8 @@ fn dns(value: Value, p: &mut Problems) -> Option<Dns> {
         transfer_allow: transfer_allow.unwrap_or_default(),
         notify: notify.unwrap_or_default(),
         rate_limit,
+        replica_max_lag,
+        rate_limit_slip,
     })
 }
 

@@ -41,6 +41,11 @@ pub(super) fn parse(value: Value, base: &Path, p: &mut Problems) -> Option<Senti
     if listen.is_none() {
         p.push(&listen_path, "missing: give at least one address to serve the Sentinel API on");
     }
+    if password.is_none() && listen.iter().flatten().any(|a| !a.ip().is_loopback()) {
+        let advice = "the endpoint listens beyond loopback without a password: anyone who can \
+                      reach it may connect and subscribe; set sentinel_api.password_file";
+        p.warn(&listen_path, advice);
+    }
     let max_connections = max_connections.clamp(1, MAX_MAX_CONNECTIONS as i64) as usize;
     Some(SentinelApi { listen: listen?, password, peers, max_connections, idle_timeout })
 }

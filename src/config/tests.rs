@@ -216,3 +216,17 @@ fn a_server_key_that_does_not_match_its_certificate_is_named() {
     assert!(problems[0].starts_with("http.tls: "), "{problems:?}");
     assert!(problems[0].contains("do not go together"), "{problems:?}");
 }
+
+/// Issue 26: an endpoint reachable beyond loopback without a password is warned about.
+#[test]
+fn a_sentinel_api_beyond_loopback_without_a_password_is_a_warning() {
+    let text = |listen: &str| {
+        format!(
+            "sentinels: {{addresses: ['127.0.0.1:1']}}\nsentinel_api: {{listen: ['{listen}']}}\n"
+        )
+    };
+    let open = Config::parse(&text("0.0.0.0:26379"), Path::new("/")).expect("valid");
+    assert!(open.warnings.iter().any(|w| w.contains("without a password")), "{:?}", open.warnings);
+    let local = Config::parse(&text("127.0.0.1:26379"), Path::new("/")).expect("valid");
+    assert!(local.warnings.is_empty(), "{:?}", local.warnings);
+}

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use super::handler::Service;
 use super::listen::Listeners;
 use super::zone::{Zone, ZoneSettings, initial_serial, next_serial, now_unix, same_records};
-use super::{notify, tcp, udp};
+use super::{notify, rrl, tcp, udp};
 use crate::config;
 use crate::topology::{Snapshot, TopologyReader};
 
@@ -32,7 +32,8 @@ pub async fn serve(
         tasks.spawn(notify::notify_target(*target, zone_rx.clone()));
     }
     for socket in listeners.udp {
-        tasks.spawn(udp::serve_socket(socket, service.clone(), zone_rx.clone(), cfg.rate_limit));
+        let limit = rrl::Settings { rate: cfg.rate_limit, slip: cfg.rate_limit_slip };
+        tasks.spawn(udp::serve_socket(socket, service.clone(), zone_rx.clone(), limit));
     }
     for listener in listeners.tcp {
         tasks.spawn(tcp::serve_listener(listener, service.clone(), zone_rx.clone()));

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use hickory_proto::ProtoError;
-use hickory_proto::op::{Header, Message, MessageType, ResponseCode};
-use hickory_proto::rr::Record;
+use hickory_proto::op::{Header, LowerQuery, Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::{DNSClass, Record, RecordType};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncoder};
 use hickory_server::net::NetError;
 use hickory_server::net::xfer::Protocol;
@@ -22,8 +22,10 @@ use tokio::sync::watch;
 
 use super::batch::{self, RecvBuffers};
 use super::handler::{self, Service, UDP_PAYLOAD};
-use super::rrl::{Limiter, Verdict};
-use super::zone::Zone;
+use super::rrl::{self, Class, Limiter, Verdict};
+use super::zone::{Answer, Zone};
+use crate::log_every::LogEvery;
+use crate::metrics::{DNS_RATE_LIMIT_EVICTIONS, DNS_RATE_LIMITED};
 
 /// Answers waiting to be sent at the end of the current batch. Only the socket's own task
 /// touches it (the mutex is never contended); `ResponseHandler` requires `Send + Sync`.
@@ -36,12 +38,12 @@ pub async fn serve_socket(
     socket: Arc<UdpSocket>,
     service: Arc<Service>,
     mut zone_rx: watch::Receiver<Arc<Zone>>,
-    rate_limit: u32,
+    rate_limit: rrl::Settings,
 ) {
     let mut zone = zone_rx.borrow_and_update().clone();
     let mut buffers = RecvBuffers::new();
     let outbox: Outbox = Arc::default();
-    let mut rrl = Limiter::new(rate_limit, Instant::now());
+    let mut rrl = RateLimit::new(rate_limit);
     loop {
         let batch = match batch::recv(&socket, &mut buffers).await {
             Ok(batch) => batch,
@@ -58,7 +60,7 @@ pub async fn serve_socket(
         let now = Instant::now();
         for datagram in batch {
             let packet = buffers.datagram(datagram.index, datagram.len);
-            let rrl = Rrl { limiter: &mut rrl, now };
+            let rrl = Rrl { limit: &mut rrl, now };
             handle_packet(&outbox, &service, &zone, packet, datagram.src, rrl).await;
         }
         let answers = std::mem::take(&mut *lock(&outbox));
@@ -84,7 +86,7 @@ async fn handle_packet(
         return;
     }
     match handler::decode(packet.to_vec(), src, Protocol::Udp) {
-        Some(request) => match rrl.check(&request) {
+        Some(request) => match rrl.check(&request, zone) {
             Verdict::Answer => {
                 let max_size = max_size(&request);
                 let responder = UdpResponder { outbox: outbox.clone(), dst: src, max_size };
@@ -115,20 +117,82 @@ fn max_size(request: &Request) -> u16 {
     }
 }
 
-/// The rate limiter of one socket, and the time of the batch being answered.
+/// The rate limiter of one socket with its counters.
+pub(super) struct RateLimit {
+    limiter: Limiter,
+    slipped: metrics::Counter,
+    dropped: metrics::Counter,
+    evicted: metrics::Counter,
+}
+
+/// Every socket's limits, logged together once per interval.
+static LIMITED: LogEvery = LogEvery::new();
+static EVICTED: LogEvery = LogEvery::new();
+
+impl RateLimit {
+    pub(super) fn new(settings: rrl::Settings) -> Self {
+        let counter = |action| metrics::counter!(DNS_RATE_LIMITED, "action" => action);
+        let (slipped, dropped) = (counter("slip"), counter("drop"));
+        let evicted = metrics::counter!(DNS_RATE_LIMIT_EVICTIONS);
+        for c in [&slipped, &dropped, &evicted] {
+            c.increment(0); // the series exist from the start
+        }
+        Self { limiter: Limiter::new(settings, Instant::now()), slipped, dropped, evicted }
+    }
+
+    fn check(&mut self, client: std::net::IpAddr, class: Class<'_>, now: Instant) -> Verdict {
+        let checked = self.limiter.check(client, class, now);
+        if checked.evicted {
+            self.evicted.increment(1);
+            if let Some(n) = EVICTED.hit(now) {
+                tracing::warn!(
+                    keys_forgotten = n,
+                    "DNS rate-limit table full: oldest keys forgotten (answered as new)"
+                );
+            }
+        }
+        let counter = match checked.verdict {
+            Verdict::Answer => return Verdict::Answer,
+            Verdict::Slip => &self.slipped,
+            Verdict::Drop => &self.dropped,
+        };
+        counter.increment(1);
+        if let Some(n) = LIMITED.hit(now) {
+            tracing::info!(%client, limited = n, "DNS UDP answers past dns.rate_limit (sent truncated per dns.rate_limit_slip)");
+        }
+        checked.verdict
+    }
+}
+
+/// The rate limit of one socket, and the time of the batch being answered.
 struct Rrl<'a> {
-    limiter: &'a mut Limiter,
+    limit: &'a mut RateLimit,
     now: Instant,
 }
 
 impl Rrl<'_> {
-    fn check(self, request: &Request) -> Verdict {
+    fn check(self, request: &Request, zone: &Zone) -> Verdict {
         match request.queries.queries() {
             [query] => {
-                self.limiter.check(request.src().ip(), query.name(), query.query_type(), self.now)
+                self.limit.check(request.src().ip(), class_of(request, query, zone), self.now)
             }
             _ => Verdict::Answer, // FORMERR, as small as the query
         }
+    }
+}
+
+/// What the answer to `query` is limited as: looked up in the zone as the answer will be.
+fn class_of<'q>(request: &Request, query: &'q LowerQuery, zone: &Zone) -> Class<'q> {
+    let (name, rtype) = (query.name(), query.query_type());
+    let query_in = request.metadata.op_code == OpCode::Query && query.query_class() == DNSClass::IN;
+    if !query_in || matches!(rtype, RecordType::AXFR | RecordType::IXFR) {
+        return Class::Error;
+    }
+    match zone.lookup(name, rtype) {
+        Answer::Records(_) | Answer::ServFail => Class::Records(name, rtype),
+        Answer::NoData => Class::NoData(name),
+        Answer::NxDomain => Class::NxDomain,
+        Answer::Refused => Class::Error,
     }
 }
 

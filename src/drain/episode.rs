@@ -204,6 +204,8 @@ impl Episode {
             }
         }
         tracing::debug!(master = %self.master, node = %self.node(), "episode over");
+        metrics::gauge!(crate::metrics::OLD_PRIMARY_CLIENTS, "master" => self.master.clone())
+            .set(0.0);
     }
 
     /// Returns the generation of the orders it ended on.

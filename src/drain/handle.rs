@@ -40,6 +40,26 @@ impl DrainHandle {
         record(&shared.events, master, &report, true);
         Ok(report)
     }
+
+    /// The same for a node of `master` whatever the published topology says of it now (a
+    /// node being handed off before it is stopped: the old primary of a switchover, a replica
+    /// taken out of the replica answers).
+    pub async fn drain_addr(
+        &self,
+        master: &str,
+        node: SocketAddr,
+    ) -> Result<DrainReport, DrainError> {
+        let shared = self.shared.borrow().clone();
+        if !shared.cfg.enabled {
+            return Err(DrainError::Disabled);
+        }
+        let node = Node { ip: node.ip(), port: node.port(), hostname: None };
+        let link = NodeLink::new(&node, &shared.auth);
+        let pacer = shared.pacers.of(node.addr());
+        let report = drain(&link, &shared.rules, &pacer, Scope::All, Reason::Manual).await?;
+        record(&shared.events, master, &report, true);
+        Ok(report)
+    }
 }
 
 /// `addr` as the published topology knows it: the primary or a replica of `master`.

@@ -173,6 +173,8 @@ fn report(node: SocketAddr, reason: Reason, listing: &Listing, s: &Selection) ->
 
 /// Counts the kills and, for passes worth telling (`loud`), records an event and an info line.
 pub fn record(events: &EventLog, master: &str, report: &DrainReport, loud: bool) {
+    let found = (report.killed + report.left) as f64;
+    metrics::gauge!(m::OLD_PRIMARY_CLIENTS, "master" => master.to_string()).set(found);
     if report.killed > 0 {
         metrics::counter!(m::DRAIN_KILLED, "master" => master.to_string(), "method" => "client_kill")
             .increment(report.killed as u64);

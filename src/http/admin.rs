@@ -23,12 +23,16 @@ use crate::config::duration;
 #[derive(Deserialize)]
 pub struct FailoverQuery {
     wait: Option<String>,
+    max_wait: Option<String>,
+    max_lag: Option<String>,
 }
 
-/// `POST /v1/masters/{name}/failover`: `SENTINEL FAILOVER` through a reachable Sentinel.
-/// Without `?wait=` it answers 202 `{"sentinel","epoch_before"}` once a Sentinel accepted;
-/// with it, the new master state once the epoch has moved past the one before the call (504
-/// if it does not in time).
+/// `POST /v1/masters/{name}/failover`: the lossless switchover ([`crate::switchover`]): the
+/// primary fenced until the replicas Sentinel may promote have all of it (`?max_wait=`,
+/// default 5 s; 409 with the lag if they do not), then `SENTINEL FAILOVER` (`?max_lag=`
+/// refuses up front). Without `?wait=` it answers 202 `{"sentinel","epoch_before",...}` once a
+/// Sentinel accepted; with it, the new master state once the epoch has moved past the one
+/// before the call (504 if it does not in time).
 pub async fn failover(
     State(s): State<Arc<Shared>>,
     Name(name): Name,
@@ -37,13 +41,17 @@ pub async fn failover(
 ) -> Result<Response, ApiError> {
     super::auth::admin(&s, &headers)?;
     let limit = params::wait(query.wait.as_deref())?;
+    let options = super::maintenance::options(query.max_wait.as_deref(), query.max_lag.as_deref())?;
     // A waiting failover is held open like a long-poll, from the admin's own pool (taken
     // before asking Sentinel, so a refused request has not started a failover).
     let _slot = limit.map(|_| s.waiter(Caller::Admin)).transpose()?;
     let before = s.master(&name)?.epoch;
-    let sentinel = s.api.control.failover(&name).await?;
+    let switched = s.api.control.switchover(&name, options).await;
+    let switched = switched.map_err(super::maintenance::refusal)?;
+    let sentinel = switched.sentinel.clone();
     tracing::info!(master = %name, %sentinel, "failover requested through the API");
-    let data = json!({ "sentinel": sentinel, "epoch_before": before });
+    let mut data = serde_json::to_value(&switched).unwrap_or_default();
+    data["epoch_before"] = json!(before);
     s.api.events.push("failover_requested", Some(&name), data.clone());
     let Some(limit) = limit else { return Ok((StatusCode::ACCEPTED, Json(data)).into_response()) };
     match wait::epoch_above(&s.api.topology, &name, before, limit, &s.shutdown).await? {

@@ -12,11 +12,19 @@ use crate::control::ControlError;
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
+    /// Fields answered beside `error` (a refused switchover's `lag_bytes` and `replica`).
+    pub fields: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self { status, message: message.into() }
+        Self { status, message: message.into(), fields: serde_json::Map::new() }
+    }
+
+    /// The same error, answering `key` beside `error`.
+    pub fn with(mut self, key: &str, value: serde_json::Value) -> Self {
+        self.fields.insert(key.to_string(), value);
+        self
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -54,7 +62,9 @@ impl From<ControlError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (self.status, Json(json!({ "error": self.message }))).into_response();
+        let mut body = self.fields;
+        body.insert("error".into(), json!(self.message));
+        let mut response = (self.status, Json(body)).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             let challenge = HeaderValue::from_static("Bearer");
             response.headers_mut().insert(header::WWW_AUTHENTICATE, challenge);

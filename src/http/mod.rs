@@ -8,13 +8,16 @@
 //! millisecond as DNS.
 
 mod admin;
+mod admission;
 mod auth;
 mod error;
 mod events;
 mod health;
+mod maintenance;
 mod masters;
 mod page;
 mod params;
+mod readiness;
 mod slots;
 pub mod view;
 mod wait;
@@ -35,7 +38,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Secret, ServerTls};
@@ -44,6 +47,7 @@ use crate::events::EventLog;
 use crate::metrics::HTTP_REQUESTS;
 use crate::topology::{Master, TopologyReader};
 
+pub use admission::Caps;
 pub use error::ApiError;
 
 /// Request bodies are tiny (`{"node":"ip:port"}` at most); anything larger is refused.
@@ -53,10 +57,6 @@ const BODY_LIMIT: usize = 64 * 1024;
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// A request's body (read only once its token has been checked) must arrive within this.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections served at once (long-polls and streams included); the rest wait in the
-/// listen backlog. One client address holds at most [`slots::CONNECTIONS_PER_CLIENT`] of
-/// them. polestar raises its open-file limit at start to make room for them.
-const MAX_CONNECTIONS: usize = 16384;
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 /// What the daemon hands the API: read ends and handles, nothing it must give back.
@@ -73,6 +73,8 @@ pub struct Api {
     pub metrics: PrometheusHandle,
     /// Manual drains (`POST /v1/masters/{name}/drain`); `None` answers 501.
     pub drain: Option<crate::drain::DrainHandle>,
+    /// The readiness verdicts and replica lags ([`crate::readiness::nothing`] when none).
+    pub readiness: crate::readiness::Reader,
     /// `http.tls` as currently configured: HTTPS only while set; a reload that renews the
     /// certificate (or names another) applies to the next connection.
     pub tls: watch::Receiver<Option<ServerTls>>,
@@ -115,30 +117,49 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
 /// send their headers byte by byte (slowloris) or open connections and say nothing would each
 /// hold a connection and a file descriptor forever.
 pub async fn serve(listener: TcpListener, api: Api, shutdown: CancellationToken) -> io::Result<()> {
+    serve_with(listener, api, Caps::default(), shutdown).await
+}
+
+/// [`serve`] with other connection caps (tests, embedding). The connections served at once
+/// (long-polls and streams included) are bounded by them ([`admission`]); the rest wait in
+/// the listen backlog. polestar raises its open-file limit at start to make room for them.
+pub async fn serve_with(
+    listener: TcpListener,
+    api: Api,
+    caps: Caps,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
     let mut tls = Tls::new(api.tls.clone())?;
     let app = routes(Arc::new(Shared::new(api, shutdown.clone())));
-    let slots = Slots {
-        all: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
-        clients: crate::limits::Clients::new(slots::CONNECTIONS_PER_CLIENT),
-    };
+    let connections = admission::Connections::new(caps);
     let graceful = GracefulShutdown::new();
-    while let Some((stream, slot)) = accept(&listener, &slots, &shutdown).await {
+    let next = || accept(&listener, &shutdown);
+    loop {
+        let accepted = tokio::select! {
+            accepted = connections.accept(next) => accepted,
+            () = shutdown.cancelled() => None,
+        };
+        let Some((stream, admission)) = accepted else { break };
         let (app, watcher) = (app.clone(), graceful.watcher());
         let acceptor = tls.current();
         tokio::spawn(async move {
+            let probation = match &admission {
+                admission::Admission::Probation(p) => Some(p.clone()),
+                admission::Admission::Open { .. } => None,
+            };
             match acceptor {
-                None => serve_one(stream, app, watcher).await,
+                None => serve_one(stream, app, probation, watcher).await,
                 Some(acceptor) => {
                     // In the connection's task: a slow handshake holds its slot, not the loop.
                     let handshake = acceptor.accept(stream);
                     if let Ok(Ok(stream)) =
                         tokio::time::timeout(HEADER_READ_TIMEOUT, handshake).await
                     {
-                        serve_one(stream, app, watcher).await;
+                        serve_one(stream, app, probation, watcher).await;
                     }
                 }
             }
-            drop(slot);
+            drop(admission);
         });
     }
     // Idle connections close at once; the wait is bounded for ones stuck mid-request.
@@ -146,14 +167,26 @@ pub async fn serve(listener: TcpListener, api: Api, shutdown: CancellationToken)
     Ok(())
 }
 
-/// One HTTP/1.1 connection, plain or TLS, until it ends (or shutdown closes it).
-async fn serve_one<S>(stream: S, app: Router, watcher: hyper_util::server::graceful::Watcher)
-where
+/// One HTTP/1.1 connection, plain or TLS, until it ends (or shutdown closes it). A
+/// connection on probation carries it to [`admission::gate`] and has less time for its
+/// first request.
+async fn serve_one<S>(
+    stream: S,
+    app: Router,
+    probation: Option<Arc<admission::Probation>>,
+    watcher: hyper_util::server::graceful::Watcher,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let timeout = if probation.is_some() { admission::PROBATION_WAIT } else { HEADER_READ_TIMEOUT };
+    // Rebuilding the routes' layers costs a few microseconds: only on probation.
+    let app = match probation {
+        Some(p) => app.layer(axum::Extension(p)),
+        None => app,
+    };
     let service = TowerToHyperService::new(app);
     let mut builder = http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    builder.timer(TokioTimer::new()).header_read_timeout(timeout);
     // A client that goes away is not an error of the server.
     let _ = watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await;
 }
@@ -198,42 +231,18 @@ fn acceptor(tls: &ServerTls) -> Result<tokio_rustls::TlsAcceptor, crate::tls::Tl
     crate::tls::server_config(tls).map(tokio_rustls::TlsAcceptor::from)
 }
 
-/// The connections being served: all of them, and per client.
-struct Slots {
-    all: Arc<Semaphore>,
-    clients: crate::limits::Clients,
-}
-
-/// A connection's place among [`Slots`], given back when it is dropped.
-struct Slot {
-    _all: OwnedSemaphorePermit,
-    _client: crate::limits::ClientShare,
-}
-
-/// The next connection and its slot, or `None` at shutdown. Waits for a free slot first, so
-/// past [`MAX_CONNECTIONS`] new clients queue in the listen backlog instead of being served;
-/// a client past its own share is closed at once.
+/// The next connection and its client's address, or `None` at shutdown.
 async fn accept(
     listener: &TcpListener,
-    slots: &Slots,
     shutdown: &CancellationToken,
-) -> Option<(tokio::net::TcpStream, Slot)> {
+) -> Option<(tokio::net::TcpStream, std::net::IpAddr)> {
     loop {
-        let slot = tokio::select! {
-            slot = slots.all.clone().acquire_owned() => slot.ok()?,
-            () = shutdown.cancelled() => return None,
-        };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = shutdown.cancelled() => return None,
         };
         match accepted {
-            Ok((stream, peer)) => match slots.clients.admit(peer.ip()) {
-                Some(client) => return Some((stream, Slot { _all: slot, _client: client })),
-                None => {
-                    tracing::debug!(%peer, "HTTP client holds its share of connections: closed")
-                }
-            },
+            Ok((stream, peer)) => return Some((stream, peer.ip())),
             Err(error) => {
                 // EMFILE and the like: wait rather than spin; connections ending free slots.
                 tracing::warn!(%error, "HTTP accept failed");
@@ -256,6 +265,10 @@ fn routes(shared: Arc<Shared>) -> Router {
         .route("/v1/masters/{name}/primary", get(masters::primary))
         .route("/v1/masters/{name}/failover", post(admin::failover))
         .route("/v1/masters/{name}/drain", post(admin::drain))
+        .route("/v1/masters/{name}/readiness", get(readiness::readiness))
+        .route("/v1/masters/{name}/replicas", get(readiness::replicas))
+        .route("/v1/masters/{name}/replica", get(readiness::replica))
+        .route("/v1/nodes/{node}/handoff", post(maintenance::handoff))
         .route("/v1/events", get(events::list))
         .route("/v1/events/stream", get(events::stream))
         .route("/healthz", get(health::healthz))
@@ -264,6 +277,7 @@ fn routes(shared: Arc<Shared>) -> Router {
         .fallback(async || ApiError::not_found("no such route"))
         .method_not_allowed_fallback(async || ApiError::method_not_allowed())
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn_with_state(shared.clone(), admission::gate))
         .layer(middleware::from_fn(count))
         .with_state(shared)
 }

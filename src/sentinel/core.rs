@@ -195,6 +195,16 @@ impl State {
             self.descend(&f.node);
         }
     }
+
+    /// Whether a failover *of the published primary* is under way: a Sentinel reports a
+    /// failover in progress at an epoch above the published one (or at an epoch not yet
+    /// known). Once polestar has published the promoted replica at the failover's epoch,
+    /// ahead of Sentinel's `+switch-master`, the failover is over for clients even though the
+    /// leader finishes it (reconfiguring the replicas) seconds later.
+    pub fn failing_over_published(&self, quorum: &Quorum) -> bool {
+        let Some(published) = self.publication.primary() else { return false };
+        self.failover.iter().any(|s| quorum.epochs.get(s).is_none_or(|e| *e > published.epoch))
+    }
 }
 
 /// How the configured Sentinels stand, across masters: the context every decision reads.

@@ -46,8 +46,8 @@ struct Entry {
     watching: HashSet<Candidate>,
     /// The peers each configured Sentinel lists for this master (shown, never trusted).
     peers: BTreeMap<LinkId, Vec<PeerRecord>>,
-    /// Those of them that are not configured, as shown (kept with `peers`).
-    discovered: BTreeSet<String>,
+    /// Those of them that are not configured (kept with `peers`), shown bounded.
+    discovered: super::discovered::Discovered,
     /// The primary's down states already recorded.
     downs: Downs,
 }
@@ -528,17 +528,13 @@ impl Decider {
         entry.peers.insert(from, peers);
         let after = self.discovered(master);
         let Some(entry) = self.masters.get_mut(master) else { return };
-        let before = std::mem::replace(&mut entry.discovered, after.clone());
-        for addr in after.difference(&before) {
-            let by = &self.links[from].addr;
-            tracing::warn!(%master, sentinel = %addr, listed_by = %by, "discovered a Sentinel that is not configured: it is shown but never trusted; add it to sentinels.addresses if it is yours");
-            self.events.push(
-                "sentinel_discovered",
-                Some(master),
-                json!({ "sentinel": addr, "listed_by": by.to_string() }),
-            );
+        let found = entry.discovered.update(after);
+        if let Some(new) = entry.discovered.log_due(&found, std::time::Instant::now()) {
+            let (by, total) = (&self.links[from].addr, entry.discovered.total());
+            let first = found.first.unwrap_or_default();
+            tracing::warn!(%master, sentinel = %first, new, total, listed_by = %by, "discovered Sentinels that are not configured: shown (at most 16) but never trusted; add them to sentinels.addresses if they are yours");
         }
-        record_discovered(master, after.len());
+        record_discovered(master, entry.discovered.total());
     }
 
     fn forget_peers(&mut self, master: &str, from: LinkId) {
@@ -547,7 +543,7 @@ impl Decider {
             let now = self.discovered(master);
             record_discovered(master, now.len());
             if let Some(entry) = self.masters.get_mut(master) {
-                entry.discovered = now;
+                entry.discovered.update(now);
             }
         }
     }
@@ -619,14 +615,14 @@ impl Decider {
             _ if primary.is_none() => MasterState::Unknown,
             _ if !self.links.iter().any(|l| l.up) => MasterState::Stale,
             _ if e.state.suspect.is_some() => MasterState::Suspect,
-            _ if !e.state.failover.is_empty() => MasterState::Failover,
+            _ if e.state.failing_over_published(&self.quorum) => MasterState::Failover,
             _ => MasterState::Ok,
         };
         let sentinels = SentinelCounts {
             configured: self.links.len(),
             reachable: self.links.iter().filter(|l| l.up).count(),
             agreeing: primary.map(|p| e.state.agreeing(p)).unwrap_or(0),
-            discovered: e.discovered.iter().cloned().collect(),
+            discovered: e.discovered.shown().cloned().collect(),
         };
         Master {
             name: name.to_string(),

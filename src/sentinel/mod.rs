@@ -18,6 +18,7 @@ pub mod admin;
 mod conn;
 mod core;
 mod decider;
+mod discovered;
 mod hello_acl;
 mod link;
 pub mod message;

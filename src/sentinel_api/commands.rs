@@ -17,6 +17,12 @@ use super::view;
 
 /// Subscriptions (channels and patterns together) one connection may hold.
 pub const MAX_SUBSCRIPTIONS: usize = 256;
+/// Patterns one connection may hold: every one is matched against every channel published
+/// (Sentinel-aware clients use one, `*`, or none).
+pub const MAX_PATTERNS: usize = 16;
+/// Bytes of the names of one connection's subscriptions, channels and patterns together
+/// (Sentinel's channels are short): so a connection holds kilobytes, not 256 × 64 KiB.
+pub const MAX_SUBSCRIPTION_BYTES: usize = 4096;
 
 /// The published state a command is answered from, taken once per batch of requests.
 pub struct Context<'a> {
@@ -336,10 +342,9 @@ fn subscribe(kind: &str, args: &[Vec<u8>], session: &mut Session) -> Vec<Reply> 
     let mut out = Vec::with_capacity(args.len());
     for target in args {
         let known = session.channels.contains(target) || session.patterns.contains(target);
-        if !known && session.subscriptions() >= MAX_SUBSCRIPTIONS {
-            out.push(Reply::error(format!(
-                "ERR too many subscriptions on one connection (at most {MAX_SUBSCRIPTIONS})"
-            )));
+        if let Some(refused) = (!known).then(|| over_limit(kind, target, session)).flatten() {
+            limited("subscriptions");
+            out.push(Reply::error(refused));
             break;
         }
         let set = if kind == "subscribe" { &mut session.channels } else { &mut session.patterns };
@@ -352,6 +357,32 @@ fn subscribe(kind: &str, args: &[Vec<u8>], session: &mut Session) -> Vec<Reply> 
         ]));
     }
     out
+}
+
+/// Why one more subscription to `target` is refused, if it is.
+fn over_limit(kind: &str, target: &[u8], session: &Session) -> Option<String> {
+    let held: usize = session.channels.iter().chain(&session.patterns).map(Vec::len).sum();
+    if session.subscriptions() >= MAX_SUBSCRIPTIONS {
+        Some(format!("ERR too many subscriptions on one connection (at most {MAX_SUBSCRIPTIONS})"))
+    } else if kind == "psubscribe" && session.patterns.len() >= MAX_PATTERNS {
+        Some(format!("ERR too many patterns on one connection (at most {MAX_PATTERNS})"))
+    } else if held + target.len() > MAX_SUBSCRIPTION_BYTES {
+        Some(format!(
+            "ERR too many subscription bytes on one connection (at most {MAX_SUBSCRIPTION_BYTES})"
+        ))
+    } else {
+        None
+    }
+}
+
+/// Counts one limit hit (`polestar_sentinel_api_limited_total{limit}`), logged once per
+/// interval.
+pub fn limited(limit: &'static str) {
+    static EVERY: crate::log_every::LogEvery = crate::log_every::LogEvery::new();
+    metrics::counter!(crate::metrics::SENTINEL_API_LIMITED, "limit" => limit).increment(1);
+    if let Some(n) = EVERY.hit(std::time::Instant::now()) {
+        tracing::warn!(limit, hits = n, "Sentinel API client hit a limit");
+    }
 }
 
 fn unsubscribe(kind: &str, args: &[Vec<u8>], session: &mut Session) -> Vec<Reply> {

@@ -49,6 +49,9 @@ const SEND_BUFFER: usize = 128 * 1024;
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// What a client past the connection cap is told before it is closed (Redis's words).
 const FULL: &[u8] = b"-ERR max number of clients reached\r\n";
+/// Connections one client address (IPv6: one /64) holds at once, of every listener: a
+/// host's connection pools fit, one host cannot take every connection.
+pub const CONNECTIONS_PER_CLIENT: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SentinelApiError {
@@ -108,7 +111,10 @@ pub async fn serve(
         clients: AtomicUsize::new(0),
         next_id: AtomicU64::new(1),
     });
-    let slots = Arc::new(Semaphore::new(api.max_connections));
+    let slots = Slots {
+        all: Arc::new(Semaphore::new(api.max_connections)),
+        clients: crate::limits::Clients::new(CONNECTIONS_PER_CLIENT),
+    };
     let mut tasks = JoinSet::new();
     tasks.spawn(publish::run(api.topology, messages.clone(), shutdown.clone()));
     tasks.spawn(publish::follow_events(api.events, messages, shutdown.clone()));
@@ -124,11 +130,24 @@ pub async fn serve(
     Ok(())
 }
 
+/// The connection caps: in all, and per client address.
+#[derive(Clone)]
+struct Slots {
+    all: Arc<Semaphore>,
+    clients: crate::limits::Clients,
+}
+
+/// A connection's place among [`Slots`], given back when it is dropped.
+struct Slot {
+    _all: OwnedSemaphorePermit,
+    _client: crate::limits::ClientShare,
+}
+
 /// Accepts until `shutdown`; owns (and reaps) the tasks of the connections it accepted.
 async fn accept_loop(
     listener: TcpListener,
     shared: Arc<conn::Shared>,
-    slots: Arc<Semaphore>,
+    slots: Slots,
     shutdown: CancellationToken,
 ) {
     let mut connections = JoinSet::new();
@@ -139,12 +158,12 @@ async fn accept_loop(
             () = shutdown.cancelled() => break,
         };
         match accepted {
-            Ok((stream, _)) => match slots.clone().try_acquire_owned() {
+            Ok((stream, peer)) => match admit(&slots, peer.ip()) {
                 Ok(slot) => {
                     let (shared, stop) = (shared.clone(), shutdown.clone());
                     connections.spawn(serve_one(stream, slot, shared, stop));
                 }
-                Err(_) => refuse(stream),
+                Err(outcome) => refuse(stream, outcome),
             },
             Err(error) => {
                 // EMFILE and the like: wait rather than spin; connections ending free fds.
@@ -157,9 +176,19 @@ async fn accept_loop(
     while connections.join_next().await.is_some() {}
 }
 
+/// A slot for a connection from `ip`, or the outcome of its refusal.
+fn admit(slots: &Slots, ip: std::net::IpAddr) -> Result<Slot, &'static str> {
+    let all = slots.all.clone().try_acquire_owned().map_err(|_| "refused_full")?;
+    let Some(client) = slots.clients.admit(ip) else {
+        commands::limited("per_client");
+        return Err("refused_per_client");
+    };
+    Ok(Slot { _all: all, _client: client })
+}
+
 async fn serve_one(
     stream: TcpStream,
-    slot: OwnedSemaphorePermit,
+    slot: Slot,
     shared: Arc<conn::Shared>,
     shutdown: CancellationToken,
 ) {
@@ -171,8 +200,8 @@ async fn serve_one(
 }
 
 /// Past the cap: say so without waiting (a client that does not read loses the line) and close.
-fn refuse(stream: TcpStream) {
-    metrics::counter!(m::SENTINEL_API_ACCEPTED, "outcome" => "refused_full").increment(1);
+fn refuse(stream: TcpStream, outcome: &'static str) {
+    metrics::counter!(m::SENTINEL_API_ACCEPTED, "outcome" => outcome).increment(1);
     let _ = stream.try_write(FULL);
 }
 
@@ -193,7 +222,7 @@ fn socket_options(stream: &TcpStream) {
 /// The series exist from the start, so `rate()` works before the first client.
 fn describe_series() {
     metrics::gauge!(m::SENTINEL_API_CONNECTIONS).increment(0.0);
-    for outcome in ["served", "refused_full"] {
+    for outcome in ["served", "refused_full", "refused_per_client"] {
         metrics::counter!(m::SENTINEL_API_ACCEPTED, "outcome" => outcome).increment(0);
     }
     for channel in ["+switch-master", "+sdown", "-sdown", "+odown", "-odown"] {
@@ -205,4 +234,23 @@ fn describe_series() {
 fn now_nanos() -> u128 {
     use std::time::{SystemTime, UNIX_EPOCH};
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found 2 of issue 26: no per-client cap, so one host could take every connection.
+    #[test]
+    fn one_address_holds_at_most_its_share_and_others_still_get_in() {
+        let slots = Slots {
+            all: Arc::new(Semaphore::new(CONNECTIONS_PER_CLIENT * 2)),
+            clients: crate::limits::Clients::new(CONNECTIONS_PER_CLIENT),
+        };
+        let host = [10, 0, 0, 1].into();
+        let held: Vec<_> = (0..CONNECTIONS_PER_CLIENT).map(|_| admit(&slots, host)).collect();
+        assert!(held.iter().all(Result::is_ok));
+        assert_eq!(admit(&slots, host).err(), Some("refused_per_client"));
+        assert!(admit(&slots, [10, 0, 0, 2].into()).is_ok(), "another address gets in");
+    }
 }

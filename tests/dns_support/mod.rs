@@ -38,6 +38,8 @@ pub fn dns_config() -> config::Dns {
         transfer_allow: vec!["127.0.0.1/32".parse().unwrap()],
         notify: vec![],
         rate_limit: config::DEFAULT_RATE_LIMIT,
+        replica_max_lag: None,
+        rate_limit_slip: config::DEFAULT_SLIP,
     }
 }
 

@@ -80,6 +80,16 @@ impl Cluster {
     }
 
     fn spawn_redis(&self, i: usize) -> anyhow::Result<()> {
+        let primary = (i > 0).then(|| self.db[0].ip);
+        self.start_redis_of(i, primary)
+    }
+
+    /// (Re)starts the redis-server of `db[i]` as `redis-{i}`, a replica of `primary` if given.
+    pub fn start_redis_of(
+        &self,
+        i: usize,
+        primary: Option<std::net::IpAddr>,
+    ) -> anyhow::Result<()> {
         let host = &self.db[i];
         let dir = self.net.dir.path().join(format!("redis-{i}"));
         std::fs::create_dir_all(&dir)?;
@@ -89,8 +99,8 @@ impl Cluster {
             ip = host.ip,
             d = dir.display()
         );
-        if i > 0 {
-            conf.push_str(&format!("replicaof {} 6379\n", self.db[0].ip));
+        if let Some(primary) = primary {
+            conf.push_str(&format!("replicaof {primary} 6379\n"));
         }
         let path = dir.join("redis.conf");
         std::fs::write(&path, conf)?;

@@ -159,6 +159,19 @@ impl Net {
         ip(&["-n", &host.ns, "link", "set", "eth0", "down"])
     }
 
+    /// Shapes the traffic the bridge sends into `host` (its veth's bridge end) to `rate`
+    /// (`40mbit`) with a token bucket: a replica there lags behind a fast writer. netem is not
+    /// available on these kernels; tbf is.
+    pub fn shape(&self, host: &Host, rate: &str) -> anyhow::Result<()> {
+        let args = ["qdisc", "replace", "dev", &host.veth, "root", "tbf", "rate", rate];
+        run("tc", &[&args[..], &["burst", "32kbit", "latency", "400ms"]].concat())
+    }
+
+    /// Removes the shaping of [`Net::shape`].
+    pub fn unshape(&self, host: &Host) -> anyhow::Result<()> {
+        run("tc", &["qdisc", "del", "dev", &host.veth, "root"])
+    }
+
     /// Runs a shell command inside a namespace and returns its stdout.
     pub fn exec(&self, host: &Host, program: &str, args: &[&str]) -> String {
         Command::new("ip")

@@ -67,6 +67,8 @@ fn zone() -> Zone {
         transfer_allow: vec!["127.0.0.1/32".parse().unwrap()],
         notify: vec![],
         rate_limit: crate::config::DEFAULT_RATE_LIMIT,
+        replica_max_lag: None,
+        rate_limit_slip: crate::config::DEFAULT_SLIP,
     };
     Zone::build(&snapshot, &ZoneSettings::from_config(&cfg).unwrap(), 7)
 }
@@ -172,7 +174,11 @@ fn answer(service: &Service, zone: &Zone, packet: &[u8]) -> Vec<(Vec<u8>, Socket
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
     // A fresh limiter each time: one datagram is never past the rate.
     let now = std::time::Instant::now();
-    let rrl = Rrl { limiter: &mut Limiter::new(crate::config::DEFAULT_RATE_LIMIT, now), now };
+    let settings = rrl::Settings {
+        rate: crate::config::DEFAULT_RATE_LIMIT,
+        slip: crate::config::DEFAULT_SLIP,
+    };
+    let rrl = Rrl { limit: &mut RateLimit::new(settings), now };
     runtime.block_on(handle_packet(&outbox, service, zone, packet, src, rrl));
     std::mem::take(&mut *lock(&outbox))
 }

@@ -18,6 +18,8 @@ fn settings(nameservers: &[&str]) -> ZoneSettings {
         transfer_allow: vec![],
         notify: vec![],
         rate_limit: crate::config::DEFAULT_RATE_LIMIT,
+        replica_max_lag: None,
+        rate_limit_slip: crate::config::DEFAULT_SLIP,
     };
     ZoneSettings::from_config(&cfg).unwrap()
 }

@@ -347,5 +347,40 @@ fn a_majority_of_another_node_replaces_a_provisional_flip() {
     assert_eq!(signals, [S::Flipped { new: 7003, epoch: 3, provisional: false }]);
 }
 
+/// Found with node-redis 5 (issue 21): after polestar's flip the master stayed in state
+/// `failover` until Sentinel's `+switch-master`, so the Sentinel endpoint flagged the new
+/// primary `failover_in_progress`, and node-redis, which skips such a master, came back 2.5 s
+/// after the flip instead of at once.
+#[test]
+fn a_failover_is_of_the_published_primary_only_until_polestar_flips() {
+    let failing = |from, port, epoch| Evidence::Report {
+        from,
+        primary: cand(port, epoch),
+        failover: true,
+        replicas: Vec::new(),
+        followers: Vec::new(),
+    };
+    let at = |epoch| quorum(epoch);
+    assert!(!settled().failing_over_published(&at(1)), "no failover reported");
+    // The leader (0) started a failover at epoch 2 (its +new-epoch).
+    let mut q = at(1);
+    q.epochs.insert(0, 2);
+    let (state, _, _) = run(settled(), &q, vec![failing(0, 7001, 1)]);
+    assert!(state.failing_over_published(&q), "the leader fails the published primary over");
+    let (state, _, _) = run(state, &q, vec![promoting(0, 7002, Some(2))]);
+    assert!(state.failing_over_published(&q), "promoting, not yet flipped");
+    let (state, _, _) = run(state, &q, vec![role(7002, 2, Role::Master), failing(0, 7001, 1)]);
+    assert_eq!(published(&state), Some((7002, 2)));
+    assert!(!state.failing_over_published(&q), "flipped: the leader still names the old one");
+    let evidence = vec![failing(0, 7002, 2), report(1, 7002, 2), report(2, 7002, 2)];
+    let (state, _, _) = run(state, &q, evidence);
+    assert!(!state.failing_over_published(&q), "the leader finishing, the others followed");
+    // A failover-reporting Sentinel whose epoch is not known yet counts as one of the primary.
+    let (state, _, _) = run(settled(), &at(1), vec![failing(0, 7001, 1)]);
+    let mut unknown = at(1);
+    unknown.epochs.remove(&0);
+    assert!(state.failing_over_published(&unknown));
+}
+
 #[path = "trust_tests.rs"]
 mod trust;

@@ -88,6 +88,29 @@ async fn discovered_sentinels_are_shown_never_linked_and_forgotten() {
     assert!(master(&mut d).sentinels.discovered.is_empty(), "no configured Sentinel lists it");
 }
 
+/// Found 4 of issue 26: forged hellos (200 fake peers in under 2 s) grew the discovered list
+/// without bound (`/v1/masters` outgrew an agent's answer limit) and each fake recorded an
+/// event, which made every agent read the state again. The list shown is bounded and no event
+/// is recorded for it.
+#[tokio::test]
+async fn forged_hellos_neither_grow_the_discovered_list_nor_wake_agents() {
+    let (mut d, _r) = decider();
+    for l in 0..3 {
+        up(&mut d, l);
+    }
+    let mut peers = Vec::new();
+    for i in 0..200 {
+        peers.push(peer(20000 + i, &format!("fake{i}")));
+        d.observe(report(0, 7001, 1, peers.clone()));
+    }
+    let m = master(&mut d);
+    let shown = m.sentinels.discovered.len();
+    assert!(shown <= 16, "{shown} discovered Sentinels shown");
+    let events = d.events.since(None);
+    let woken = events.iter().filter(|e| e.kind == "sentinel_discovered").count();
+    assert_eq!(woken, 0, "events recorded for discovered Sentinels");
+}
+
 #[tokio::test]
 async fn a_scoped_report_only_speaks_for_the_masters_it_asked_about() {
     let (mut d, _r) = decider();

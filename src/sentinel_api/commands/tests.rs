@@ -177,3 +177,22 @@ fn metric_names_are_a_bounded_set() {
     assert_eq!(name("PSUBSCRIBE *"), "psubscribe");
     assert_eq!(name("FLUSHALL"), "other");
 }
+
+/// Found 2 of issue 26: 256 patterns of 64 KiB each (16 MiB a connection, matched against
+/// every channel at every flip) were accepted. Patterns are capped in count, and the names
+/// of a connection's subscriptions in total bytes.
+#[test]
+fn patterns_are_capped_in_count_and_subscriptions_in_bytes() {
+    let s = &mut open();
+    let many: Vec<String> = (0..MAX_PATTERNS + 5).map(|i| format!("p{i}*")).collect();
+    let reply = ask(s, None, &format!("PSUBSCRIBE {}", many.join(" ")));
+    assert!(reply.contains("too many patterns"), "{reply}");
+    assert_eq!(s.patterns.len(), MAX_PATTERNS);
+    let s = &mut open();
+    let long = "x".repeat(MAX_SUBSCRIPTION_BYTES / 4);
+    let names: Vec<String> = (0..8).map(|i| format!("{i}{long}")).collect();
+    let reply = ask(s, None, &format!("SUBSCRIBE {}", names.join(" ")));
+    assert!(reply.contains("too many subscription bytes"), "{reply}");
+    let held: usize = s.channels.iter().chain(&s.patterns).map(Vec::len).sum();
+    assert!(held <= MAX_SUBSCRIPTION_BYTES, "{held} bytes held");
+}

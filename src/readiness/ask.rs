@@ -1,0 +1,231 @@
+//! The questions of one poll round, each under [`DEADLINE`]: every configured Sentinel about
+//! every master, then the primary (or, when it does not answer, its replicas) about offsets.
+//! Connections are kept between rounds and dropped on any failure.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use futures::future::join_all;
+use redis::Value;
+use redis::aio::MultiplexedConnection;
+use tokio::time::timeout;
+
+use super::facts::SentinelAnswer;
+use super::{lag, parse};
+use crate::config::{Auth, HostPort};
+use crate::sentinel::{Endpoint, connect};
+
+/// How long a Sentinel has to answer all of a round's questions, and a node its one.
+pub const DEADLINE: Duration = Duration::from_secs(1);
+
+/// Open connections by `kind/host:port`, reused from round to round.
+#[derive(Default)]
+pub struct Connections {
+    open: HashMap<String, MultiplexedConnection>,
+}
+
+/// What one Sentinel answered: per master, or why it did not.
+pub type SentinelReplies = Result<BTreeMap<String, SentinelAnswer>, String>;
+
+impl Connections {
+    /// Asks every Sentinel at once; the answers come in the order of `sentinels`.
+    pub async fn sentinels(
+        &mut self,
+        sentinels: &[HostPort],
+        auth: &Auth,
+        masters: &[String],
+    ) -> Vec<SentinelReplies> {
+        let asks = sentinels.iter().map(|s| {
+            let endpoint = Endpoint::new(s.host.clone(), s.port, auth);
+            let conn = self.open.remove(&key("sentinel", &endpoint));
+            async move {
+                let asked = timeout(DEADLINE, ask_sentinel(&endpoint, conn, masters)).await;
+                let (conn, replies) = asked.unwrap_or_else(|_| {
+                    (
+                        None,
+                        Err(format!(
+                            "no answer within {}",
+                            crate::config::duration::format(DEADLINE)
+                        )),
+                    )
+                });
+                (key("sentinel", &endpoint), conn, replies)
+            }
+        });
+        let answered = join_all(asks).await;
+        answered.into_iter().map(|(k, conn, replies)| self.keep(k, conn, replies)).collect()
+    }
+
+    /// `INFO replication` of each node (`ip:port`), at once; `None` for one that does not answer.
+    pub async fn infos(&mut self, nodes: &[String], auth: &Auth) -> Vec<Option<String>> {
+        let asks = nodes.iter().map(|n| {
+            let endpoint = HostPort::parse(n).ok().map(|hp| Endpoint::new(hp.host, hp.port, auth));
+            let conn = endpoint.as_ref().and_then(|e| self.open.remove(&key("node", e)));
+            async move {
+                let endpoint = endpoint?;
+                let asked = timeout(DEADLINE, ask_node(&endpoint, conn)).await.ok();
+                Some((key("node", &endpoint), asked))
+            }
+        });
+        let answered = join_all(asks).await;
+        answered
+            .into_iter()
+            .map(|a| {
+                let (k, asked) = a?;
+                let (conn, info) = asked?;
+                self.keep(k, conn, info).ok()
+            })
+            .collect()
+    }
+
+    fn keep<T>(&mut self, key: String, conn: Option<MultiplexedConnection>, v: T) -> T {
+        if let Some(conn) = conn {
+            self.open.insert(key, conn);
+        }
+        v
+    }
+}
+
+fn key(kind: &str, endpoint: &Endpoint) -> String {
+    format!("{kind}/{}", endpoint.name())
+}
+
+/// Every question to one Sentinel; the connection comes back when it is still good.
+async fn ask_sentinel(
+    endpoint: &Endpoint,
+    conn: Option<MultiplexedConnection>,
+    masters: &[String],
+) -> (Option<MultiplexedConnection>, SentinelReplies) {
+    let mut conn = match conn {
+        Some(c) => c,
+        None => match connect(endpoint, None).await {
+            Ok(c) => c,
+            Err(e) => return (None, Err(e.to_string())),
+        },
+    };
+    let mut info = redis::cmd("INFO");
+    info.arg("sentinel");
+    let info = match command(&mut conn, &info).await {
+        Ok(info) => info,
+        Err(Broken(e)) => return (None, Err(e)),
+        Err(Refused(e)) => Value::SimpleString(e),
+    };
+    let tilt = parse::tilt(&info);
+    let asks = masters.iter().map(|m| ask_master(conn.clone(), m, tilt.clone()));
+    let answers = join_all(asks).await;
+    let mut out = BTreeMap::new();
+    for (master, answer) in masters.iter().zip(answers) {
+        match answer {
+            Ok(a) => out.insert(master.clone(), a),
+            Err(Broken(e)) => return (None, Err(e)),
+            Err(Refused(e)) => return (Some(conn), Err(e)),
+        };
+    }
+    (Some(conn), Ok(out))
+}
+
+async fn ask_master(
+    mut conn: MultiplexedConnection,
+    master: &str,
+    tilt: Result<bool, String>,
+) -> Result<SentinelAnswer, Failure> {
+    let (mut c2, mut c3) = (conn.clone(), conn.clone());
+    let ask = |sub: &str| {
+        let mut cmd = redis::cmd("SENTINEL");
+        cmd.arg(sub).arg(master);
+        cmd
+    };
+    let (q, m, r) = (ask("CKQUORUM"), ask("MASTER"), ask("REPLICAS"));
+    let (ckquorum, record, replicas) =
+        futures::join!(command(&mut conn, &q), command(&mut c2, &m), command(&mut c3, &r));
+    Ok(SentinelAnswer {
+        tilt,
+        ckquorum: refused_as_text(ckquorum)?.and_then(|v| parse::ckquorum(&v)),
+        master: refused_as_text(record)?.and_then(|v| parse::master(&v)),
+        replicas: refused_as_text(replicas)?.and_then(|v| parse::replicas(&v)),
+    })
+}
+
+/// A server's refusal (`NOQUORUM ...`, `ERR No such master`) is an answer; a broken
+/// connection is not.
+fn refused_as_text(result: Result<Value, Failure>) -> Result<Result<Value, String>, Failure> {
+    match result {
+        Ok(v) => Ok(Ok(v)),
+        Err(Refused(e)) => Ok(Err(e)),
+        Err(broken) => Err(broken),
+    }
+}
+
+/// `INFO replication` of one node, over a connection named as polestar's (drains spare it).
+async fn ask_node(
+    endpoint: &Endpoint,
+    conn: Option<MultiplexedConnection>,
+) -> (Option<MultiplexedConnection>, Result<String, String>) {
+    let mut conn = match conn {
+        Some(c) => c,
+        None => match connect(endpoint, None).await {
+            Ok(mut c) => {
+                let mut name = redis::cmd("CLIENT");
+                name.arg("SETNAME").arg(crate::node::CONNECTION_NAME);
+                let _ = command(&mut c, &name).await;
+                c
+            }
+            Err(e) => return (None, Err(e.to_string())),
+        },
+    };
+    let mut info = redis::cmd("INFO");
+    info.arg("replication");
+    match command(&mut conn, &info).await {
+        Ok(v) => (Some(conn), parse::text(&v).ok_or_else(|| parse::quote(&v))),
+        Err(Broken(e)) => (None, Err(e)),
+        Err(Refused(e)) => (Some(conn), Err(e)),
+    }
+}
+
+/// Why a command has no answer.
+pub enum Failure {
+    /// The connection failed (or timed out): drop it.
+    Broken(String),
+    /// The server answered with an error.
+    Refused(String),
+}
+use Failure::{Broken, Refused};
+
+async fn command(conn: &mut MultiplexedConnection, cmd: &redis::Cmd) -> Result<Value, Failure> {
+    cmd.query_async::<Value>(conn).await.map_err(|e| {
+        if e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_unrecoverable_error()
+        {
+            Broken(e.to_string())
+        } else {
+            Refused(e.to_string())
+        }
+    })
+}
+
+/// Lags of a master's replicas: from the primary's `INFO`, or when it does not answer (or is
+/// unknown) from the replicas' own offsets.
+pub async fn lags(
+    conns: &mut Connections,
+    primary: Option<&str>,
+    replicas: &[String],
+    auth: &Auth,
+) -> BTreeMap<String, u64> {
+    if let Some(primary) = primary {
+        let info = conns.infos(&[primary.to_string()], auth).await;
+        if let Some(Some(text)) = info.first()
+            && let Ok(lags) = lag::from_primary(text)
+        {
+            return lags;
+        }
+    }
+    let infos = conns.infos(replicas, auth).await;
+    let offsets: Vec<(String, u64)> = replicas
+        .iter()
+        .zip(infos)
+        .filter_map(|(r, info)| Some((r.clone(), lag::replica_offset(&info?)?)))
+        .collect();
+    lag::from_replicas(&offsets)
+}

@@ -1,0 +1,105 @@
+//! The switchover's own fence on the primary: `CLIENT PAUSE <ms> WRITE`, renewed every
+//! `drain.interval` as the drain side's fence is, each pause lasting [`pause_length`] (two
+//! intervals and a renewal's deadline). So a polestar killed mid-switchover leaves a pause that
+//! lapses by itself within one `pause_length`: nothing renews it once we are gone.
+//!
+//! Renewal also stops at a hard limit given at the start, whatever happens to the caller.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+use tokio_util::sync::CancellationToken;
+
+use super::link::Link;
+use crate::config::Auth;
+
+/// How long each pause lasts.
+pub fn pause_length(interval: Duration) -> Duration {
+    interval * 2 + Duration::from_millis(500)
+}
+
+pub struct Fence {
+    node: SocketAddr,
+    auth: Auth,
+    /// Cancelled to stop renewing; the renewal task holds a clone.
+    stop: CancellationToken,
+    /// The renewal task: ends when `stop` is cancelled or its hard limit passes.
+    renewal: JoinHandle<()>,
+}
+
+impl Fence {
+    /// Pauses `node`'s writes now (an error if it cannot) and renews the pause every `interval`
+    /// until stopped, and never past `limit` from now.
+    pub async fn start(
+        node: SocketAddr,
+        auth: &Auth,
+        interval: Duration,
+        limit: Duration,
+    ) -> Result<Self, String> {
+        let mut link = Link::node(node, auth).await?;
+        let length = pause_length(interval);
+        link.pause(length.as_millis() as u64).await?;
+        let stop = CancellationToken::new();
+        let renewal = tokio::spawn(renew(
+            link,
+            node,
+            auth.clone(),
+            interval,
+            Instant::now() + limit,
+            stop.clone(),
+        ));
+        Ok(Self { node, auth: auth.clone(), stop, renewal })
+    }
+
+    /// Stops renewing: the pause lapses within [`pause_length`] (someone else, the drain side,
+    /// holds the node from here on).
+    pub async fn release(self) {
+        self.stop.cancel();
+        let _ = self.renewal.await;
+    }
+
+    /// Stops renewing and lifts the pause at once (only when no failover follows it).
+    pub async fn lift(self) -> Result<(), String> {
+        let (node, auth) = (self.node, self.auth.clone());
+        self.release().await;
+        Link::node(node, &auth).await?.unpause().await
+    }
+
+    /// Renews until `done` (the new primary is published) or `limit`, whichever comes first;
+    /// the task that does it is the fence's own renewal, which ends by itself at its limit.
+    pub fn release_when(self, done: impl Future<Output = ()> + Send + 'static, limit: Duration) {
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(limit, done).await;
+            self.release().await;
+        });
+    }
+}
+
+async fn renew(
+    mut link: Link,
+    node: SocketAddr,
+    auth: Auth,
+    interval: Duration,
+    until: Instant,
+    stop: CancellationToken,
+) {
+    let length = pause_length(interval).as_millis() as u64;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = sleep(interval) => {}
+        }
+        if Instant::now() >= until || stop.is_cancelled() {
+            return;
+        }
+        if let Err(error) = link.pause(length).await {
+            tracing::warn!(%node, %error, "switchover: renewing the fence failed; reconnecting");
+            match Link::node(node, &auth).await {
+                Ok(fresh) => link = fresh,
+                Err(error) => tracing::warn!(%node, %error, "switchover: fence node unreachable"),
+            }
+        }
+    }
+}

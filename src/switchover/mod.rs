@@ -1,0 +1,132 @@
+//! Planned maintenance without loss: the switchover behind `POST /v1/masters/{name}/failover`
+//! and `polestar failover`, and the node handoff behind `POST /v1/nodes/{ip:port}/handoff` and
+//! `polestar handoff`.
+//!
+//! Why: Sentinel promotes a replica with `SLAVEOF NO ONE` whatever it has not received yet, so
+//! a planned `SENTINEL FAILOVER` under write load loses about one acknowledged write per byte
+//! of replication lag (redis/redis#6062). polestar's switchover fences the primary first
+//! (`CLIENT PAUSE <ms> WRITE`, renewed, so it lapses if polestar dies), waits until every
+//! replica Sentinel may promote has acknowledged the primary's whole replication offset
+//! (at most `max_wait`), and only then asks the same Sentinel to fail over, keeping the fence
+//! until the new primary is published (the drain side takes over from the leader's
+//! `+selected-slave`: flip, drain, demote). If the replicas do not catch up in time the fence
+//! is lifted and nothing fails over. The fence is held for at most 40% of Sentinel's
+//! `down-after-milliseconds` ([`run::fence_bound`]).
+//!
+//! The handoff of a replica takes it out of every replica answer at once ([`mask`]: it is
+//! published unhealthy), drains its clients, and lets it back once Sentinel reports it
+//! healthy after its restart.
+
+mod catchup;
+mod choose;
+mod fence;
+mod handoff;
+mod info;
+mod link;
+pub mod mask;
+mod run;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::config::{Auth, Sentinels};
+use crate::control::{HandedOff, Switched, SwitchoverError, SwitchoverOptions};
+use crate::drain::DrainHandle;
+use crate::events::EventLog;
+use crate::topology::{Master, MasterState, TopologyReader};
+
+pub use mask::Handoffs;
+
+/// What a switchover or a handoff works with, from the running configuration.
+pub struct Deps {
+    pub sentinels: Sentinels,
+    pub nodes: Auth,
+    /// `drain.interval`: how often the fence is renewed.
+    pub interval: Duration,
+    /// The published topology (the masked one: a handed-off replica is unhealthy in it).
+    pub topology: TopologyReader,
+    /// The topology as its writer published it, before the mask: Sentinel's own view of a
+    /// handed-off replica.
+    pub raw: TopologyReader,
+    pub events: Arc<EventLog>,
+    pub drain: Option<DrainHandle>,
+}
+
+impl Deps {
+    fn master(&self, name: &str) -> Result<Arc<Master>, SwitchoverError> {
+        let snapshot = self.topology.borrow();
+        let master = snapshot.master(name).cloned();
+        master.ok_or_else(|| SwitchoverError::UnknownMaster(name.to_string()))
+    }
+
+    /// Whether the published state says a failover of `master` is under way.
+    fn failing_over(&self, master: &str) -> bool {
+        self.master(master).is_ok_and(|m| m.state == MasterState::Failover)
+    }
+}
+
+/// What lives from one request to the next: the masters a switchover or a handoff runs for
+/// now (one at a time per master), and the replicas handed off.
+#[derive(Default)]
+pub struct Maintenance {
+    busy: Mutex<BTreeSet<String>>,
+    pub handoffs: Handoffs,
+}
+
+/// Holds a master for one switchover or handoff; dropping it frees the master.
+struct Busy<'a> {
+    maintenance: &'a Maintenance,
+    master: String,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.maintenance.lock().remove(&self.master);
+    }
+}
+
+impl Maintenance {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        // Only inserts and removes under the lock: a poisoned set is still consistent.
+        self.busy.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take(&self, master: &str) -> Result<Busy<'_>, SwitchoverError> {
+        if !self.lock().insert(master.to_string()) {
+            let why = "another switchover or handoff of it is running".to_string();
+            return Err(SwitchoverError::Busy { master: master.to_string(), why });
+        }
+        Ok(Busy { maintenance: self, master: master.to_string() })
+    }
+
+    /// The lossless switchover of `master` (see the module doc).
+    pub async fn switchover(
+        &self,
+        deps: &Deps,
+        master: &str,
+        options: SwitchoverOptions,
+    ) -> Result<Switched, SwitchoverError> {
+        let m = deps.master(master)?;
+        let primary =
+            m.primary.as_ref().ok_or_else(|| SwitchoverError::NoPrimary(master.into()))?;
+        if m.state == MasterState::Failover {
+            let why = "a failover is in progress".to_string();
+            return Err(SwitchoverError::Busy { master: master.to_string(), why });
+        }
+        let _busy = self.take(master)?;
+        run::switchover(deps, master, primary.addr(), options).await
+    }
+
+    /// The handoff of `node` (see [`handoff`]).
+    pub async fn handoff(
+        self: &Arc<Self>,
+        deps: &Deps,
+        node: SocketAddr,
+        options: SwitchoverOptions,
+        wait: Duration,
+    ) -> Result<HandedOff, SwitchoverError> {
+        handoff::handoff(self, deps, node, options, wait).await
+    }
+}

@@ -1,0 +1,351 @@
+//! The switchover itself, the I/O shell around [`super::choose`] and [`super::catchup`]:
+//! ask a Sentinel what it would promote, fence the primary, wait for the candidates, fail over.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use redis::Value;
+use serde_json::json;
+use tokio::time::{Instant, sleep};
+
+use super::Deps;
+use super::catchup::{Reading, Verdict, judge};
+use super::choose::{Choice, Replica, choose};
+use super::fence::Fence;
+use super::info;
+use super::link::Link;
+use crate::control::{ControlError, Switched, SwitchoverError, SwitchoverOptions};
+use crate::metrics as m;
+use crate::sentinel::Endpoint;
+use crate::sentinel::message::{record, records};
+
+/// How often the offsets are read while the primary is fenced.
+const POLL: Duration = Duration::from_millis(20);
+/// How long the fence is kept after Sentinel accepted the failover, at most, waiting for the
+/// new primary to be published (the drain side fences from the leader's `+selected-slave` on).
+const HOLD_AFTER: Duration = Duration::from_secs(10);
+
+/// What the Sentinel that will fail over says about the master.
+struct Plan {
+    sentinel: Link,
+    down_after: Duration,
+    choice: Choice,
+}
+
+pub async fn switchover(
+    deps: &Deps,
+    master: &str,
+    primary: SocketAddr,
+    options: SwitchoverOptions,
+) -> Result<Switched, SwitchoverError> {
+    let result = attempt(deps, master, primary, options).await;
+    report(deps, master, primary, &result);
+    result
+}
+
+async fn attempt(
+    deps: &Deps,
+    master: &str,
+    primary: SocketAddr,
+    options: SwitchoverOptions,
+) -> Result<Switched, SwitchoverError> {
+    let mut plan = plan(deps, master, primary).await?;
+    let fence_error = |why: String| SwitchoverError::Fence { node: primary, why };
+    let mut links =
+        Offsets::open(deps, primary, &plan.choice.wait_for).await.map_err(fence_error)?;
+    let first = links.read().await.map_err(fence_error)?;
+    let (worst, lag_bytes) = first.furthest().unwrap_or((plan.choice.likely, 0));
+    if let Some(max_lag) = options.max_lag.filter(|max| lag_bytes > *max) {
+        return Err(SwitchoverError::TooFarBehind { replica: worst, lag_bytes, max_lag });
+    }
+    let max_wait = fence_bound(options.max_wait, plan.down_after);
+    let limit = max_wait + HOLD_AFTER;
+    let fence =
+        Fence::start(primary, &deps.nodes, deps.interval, limit).await.map_err(fence_error)?;
+    let started = Instant::now();
+    if let Err(e) = wait_caught_up(&mut links, started, max_wait).await {
+        lift(deps, fence, master, &mut plan.sentinel).await;
+        return Err(e);
+    }
+    let waited = started.elapsed();
+    if let Err(e) = failover(&mut plan.sentinel, master).await {
+        lift(deps, fence, master, &mut plan.sentinel).await;
+        return Err(e);
+    }
+    let switched = Switched {
+        sentinel: plan.sentinel.name().to_string(),
+        primary: Some(primary),
+        replicas: plan.choice.wait_for.clone(),
+        lag_bytes,
+        waited_ms: waited.as_millis() as u64,
+    };
+    {
+        let mut topology = deps.topology.clone();
+        let name = master.to_string();
+        let published = async move {
+            let moved = |s: &crate::topology::Snapshot| {
+                s.master(&name)
+                    .and_then(|m| m.primary.as_ref())
+                    .is_some_and(|p| p.addr() != primary)
+            };
+            let _ = topology.wait_for(|s| moved(s)).await;
+        };
+        fence.release_when(published, HOLD_AFTER);
+    }
+    Ok(switched)
+}
+
+/// `max_wait`, but at most 40% of Sentinel's `down-after-milliseconds`: a fenced primary holds
+/// Sentinel's hello `PUBLISH` and the pings queued behind it on the same link, so a fence held
+/// for about `down-after` makes the Sentinels find the primary down and fail over on their own,
+/// to a replica that has not caught up (measured: `+sdown` 6.8 s into a fence with
+/// `down-after-milliseconds 5000`).
+pub fn fence_bound(max_wait: Duration, down_after: Duration) -> Duration {
+    max_wait.min(down_after * 2 / 5)
+}
+
+/// The first configured Sentinel that answers and is not in TILT: what it knows of the master
+/// (no failover under way, the same primary as published) and whom it would promote.
+async fn plan(deps: &Deps, master: &str, primary: SocketAddr) -> Result<Plan, SwitchoverError> {
+    let mut failures = Vec::new();
+    for address in &deps.sentinels.addresses {
+        let endpoint = Endpoint::new(address.host.clone(), address.port, &deps.sentinels.auth);
+        let mut sentinel = match Link::open(&endpoint).await {
+            Ok(link) => link,
+            Err(why) => {
+                failures.push(why);
+                continue;
+            }
+        };
+        if sentinel
+            .info("sentinel")
+            .await
+            .is_ok_and(|i| i.lines().any(|l| l.trim() == "sentinel_tilt:1"))
+        {
+            failures.push(format!("{}: in TILT mode", endpoint.name()));
+            continue;
+        }
+        return plan_with(sentinel, master, primary).await;
+    }
+    Err(ControlError::Unreachable(failures.join("; ")).into())
+}
+
+async fn plan_with(
+    mut sentinel: Link,
+    master: &str,
+    primary: SocketAddr,
+) -> Result<Plan, SwitchoverError> {
+    let busy = |why: String| SwitchoverError::Busy { master: master.to_string(), why };
+    let state = sentinel_master(&mut sentinel, master).await?;
+    let flags = state.get("flags").cloned().unwrap_or_default();
+    if flags.split(',').any(|f| f == "failover_in_progress") {
+        return Err(busy(format!("Sentinel {} reports a failover in progress", sentinel.name())));
+    }
+    let theirs = format!(
+        "{}:{}",
+        state.get("ip").cloned().unwrap_or_default(),
+        state.get("port").cloned().unwrap_or_default()
+    );
+    if theirs.parse::<SocketAddr>().ok() != Some(primary) {
+        return Err(busy(format!(
+            "Sentinel {} names {theirs} as the primary, polestar publishes {primary}",
+            sentinel.name()
+        )));
+    }
+    let down_after =
+        state.get("down-after-milliseconds").and_then(|v| v.parse().ok()).unwrap_or(30_000);
+    let down_after = Duration::from_millis(down_after);
+    let mut cmd = redis::cmd("SENTINEL");
+    cmd.arg("REPLICAS").arg(master);
+    let reply: Value = sentinel.query(cmd).await.map_err(|e| unreachable(&sentinel, e))?;
+    let replicas: Vec<Replica> = records(&reply).iter().filter_map(Replica::from_record).collect();
+    let choice = choose(&replicas, down_after)
+        .map_err(|why| SwitchoverError::NoCandidate { master: master.to_string(), why })?;
+    Ok(Plan { sentinel, down_after, choice })
+}
+
+async fn sentinel_master(
+    sentinel: &mut Link,
+    master: &str,
+) -> Result<HashMap<String, String>, SwitchoverError> {
+    let mut cmd = redis::cmd("SENTINEL");
+    cmd.arg("MASTER").arg(master);
+    match sentinel.query::<Value>(cmd).await {
+        Ok(reply) => record(&reply).ok_or_else(|| {
+            ControlError::Refused {
+                sentinel: sentinel.name().into(),
+                message: "unreadable SENTINEL MASTER".into(),
+            }
+            .into()
+        }),
+        Err(e) if e.to_string().contains("No such master") => {
+            Err(ControlError::UnknownMaster(master.to_string()).into())
+        }
+        Err(e) => Err(unreachable(sentinel, e)),
+    }
+}
+
+fn unreachable(sentinel: &Link, e: redis::RedisError) -> SwitchoverError {
+    ControlError::Unreachable(format!("{}: {e}", sentinel.name())).into()
+}
+
+/// `SENTINEL FAILOVER <master>` on the Sentinel that planned it.
+async fn failover(sentinel: &mut Link, master: &str) -> Result<(), SwitchoverError> {
+    let mut cmd = redis::cmd("SENTINEL");
+    cmd.arg("FAILOVER").arg(master);
+    sentinel.query::<Value>(cmd).await.map(drop).map_err(|e| {
+        ControlError::Refused { sentinel: sentinel.name().to_string(), message: e.to_string() }
+            .into()
+    })
+}
+
+/// The fence lifted after a switchover that did not happen, unless a failover started
+/// meanwhile (then the drain side holds the node, and our pause only lapses).
+async fn lift(deps: &Deps, fence: Fence, master: &str, sentinel: &mut Link) {
+    let failing = deps.failing_over(master)
+        || sentinel_master(sentinel, master).await.map_or(true, |s| {
+            s.get("flags").is_some_and(|f| f.split(',').any(|f| f == "failover_in_progress"))
+        });
+    if failing {
+        tracing::warn!(
+            master,
+            "a failover started during the switchover: the fence is left to lapse"
+        );
+        fence.release().await;
+    } else if let Err(error) = fence.lift().await {
+        tracing::warn!(master, %error, "could not lift the switchover's fence: it lapses by itself");
+    }
+}
+
+async fn wait_caught_up(
+    links: &mut Offsets,
+    started: Instant,
+    max_wait: Duration,
+) -> Result<(), SwitchoverError> {
+    loop {
+        let reading = links
+            .read()
+            .await
+            .map_err(|why| SwitchoverError::Fence { node: links.primary_addr, why })?;
+        match judge(&reading, started.elapsed(), max_wait) {
+            Verdict::CaughtUp => return Ok(()),
+            Verdict::Wait { .. } => sleep(POLL).await,
+            Verdict::GiveUp { replica, lag } => {
+                let waited_ms = started.elapsed().as_millis() as u64;
+                return Err(SwitchoverError::NotCaughtUp { replica, lag_bytes: lag, waited_ms });
+            }
+        }
+    }
+}
+
+/// Connections to the primary and to every replica waited for.
+struct Offsets {
+    primary_addr: SocketAddr,
+    primary: Link,
+    replicas: Vec<(SocketAddr, Option<Link>)>,
+    deps_auth: crate::config::Auth,
+}
+
+impl Offsets {
+    async fn open(
+        deps: &Deps,
+        primary: SocketAddr,
+        replicas: &[SocketAddr],
+    ) -> Result<Self, String> {
+        let link = Link::node(primary, &deps.nodes).await?;
+        let mut open = Vec::new();
+        for addr in replicas {
+            open.push((*addr, Link::node(*addr, &deps.nodes).await.ok()));
+        }
+        Ok(Self {
+            primary_addr: primary,
+            primary: link,
+            replicas: open,
+            deps_auth: deps.nodes.clone(),
+        })
+    }
+
+    /// The primary's offset, every replica's best known one, and the primary's again.
+    async fn read(&mut self) -> Result<Reading, String> {
+        let before = self.primary_info().await?;
+        let mut replicas = Vec::new();
+        for (addr, link) in &mut self.replicas {
+            let own = match link {
+                Some(link) => {
+                    link.info("replication").await.ok().and_then(|i| info::replica_offset(&i))
+                }
+                None => None,
+            };
+            if own.is_none() && link.is_some() {
+                *link = Link::node(*addr, &self.deps_auth).await.ok();
+            }
+            let acked = before.acked.get(addr).copied();
+            replicas.push((*addr, own.max(acked)));
+        }
+        let after = self.primary_info().await?;
+        Ok(Reading { primary_before: before.offset, primary_after: after.offset, replicas })
+    }
+
+    async fn primary_info(&mut self) -> Result<info::Primary, String> {
+        let text = self.primary.info("replication").await?;
+        let parsed = info::Primary::parse(&text).ok_or("unreadable INFO replication")?;
+        if !parsed.role_master {
+            return Err("it is no longer a master".into());
+        }
+        Ok(parsed)
+    }
+}
+
+/// The event and the metrics of one switchover, whatever its outcome.
+fn report(
+    deps: &Deps,
+    master: &str,
+    primary: SocketAddr,
+    result: &Result<Switched, SwitchoverError>,
+) {
+    let outcome = match result {
+        Ok(_) => "failed_over",
+        Err(SwitchoverError::NotCaughtUp { .. }) => "not_caught_up",
+        Err(SwitchoverError::TooFarBehind { .. }) => "too_far_behind",
+        Err(_) => "refused",
+    };
+    metrics::counter!(m::SWITCHOVERS, "master" => master.to_string(), "outcome" => outcome)
+        .increment(1);
+    match result {
+        Ok(s) => {
+            metrics::histogram!(m::SWITCHOVER_WAIT, "master" => master.to_string())
+                .record(s.waited_ms as f64 / 1000.0);
+            tracing::info!(master, %primary, lag_bytes = s.lag_bytes, waited_ms = s.waited_ms, "switchover: the replicas caught up; Sentinel fails over");
+            let mut data = serde_json::to_value(s).unwrap_or_default();
+            data["outcome"] = json!(outcome);
+            deps.events.push("switchover", Some(master), data);
+        }
+        Err(e) => {
+            tracing::warn!(master, %primary, error = %e, "switchover refused");
+            let mut data =
+                json!({ "primary": primary, "outcome": outcome, "error": e.to_string() });
+            if let Some((replica, lag)) = e.lag() {
+                data["replica"] = json!(replica);
+                data["lag_bytes"] = json!(lag);
+            }
+            if let SwitchoverError::NotCaughtUp { waited_ms, .. } = e {
+                data["waited_ms"] = json!(waited_ms);
+            }
+            deps.events.push("switchover", Some(master), data);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fence_is_never_held_long_enough_for_sentinel_to_find_the_primary_down() {
+        let (s, ms) = (Duration::from_secs, Duration::from_millis);
+        assert_eq!(fence_bound(s(5), s(30)), s(5));
+        assert_eq!(fence_bound(s(5), s(5)), s(2));
+        assert_eq!(fence_bound(s(30), ms(20_000)), s(8));
+    }
+}

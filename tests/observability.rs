@@ -1,0 +1,216 @@
+//! The observability pack in `contrib/`: the alert rules pass their `promtool` unit tests,
+//! the rules and the Grafana dashboard name only series a running polestar really exports,
+//! and a real Prometheus scraping polestar fires the failover-not-possible alert for a real
+//! fault and drops it after the cure.
+
+use crate::common;
+use crate::readiness as verdicts;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use polestar::lab::{Lab, LabOptions, free_service_port, query};
+use serde_json::Value;
+use tokio::time::{Instant, sleep};
+
+use common::*;
+
+fn contrib(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib").join(path)
+}
+
+#[test]
+fn the_alert_rules_pass_their_promtool_unit_tests() {
+    let rules = contrib("prometheus");
+    for args in [
+        &["check", "rules", "polestar.rules.yml"][..],
+        &["test", "rules", "polestar.rules.test.yml"],
+    ] {
+        let out = Command::new("promtool").args(args).current_dir(&rules).output();
+        let out = out.expect("promtool runs (tests/deps.sh installs Debian's prometheus)");
+        assert!(out.status.success(), "promtool {args:?}: {}", shown(&out));
+    }
+}
+
+/// Every `polestar_*` name in `text` (histogram suffixes taken off).
+fn series_named(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("polestar_") {
+        let tail = &rest[at..];
+        let end =
+            tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+        let name = &tail[..end];
+        let family = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s));
+        names.insert(family.unwrap_or(name).to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// The `expr` of every rule and every dashboard target.
+fn expressions() -> Vec<String> {
+    let rules =
+        std::fs::read_to_string(contrib("prometheus/polestar.rules.yml")).expect("the rules");
+    let mut exprs: Vec<String> =
+        rules.lines().filter_map(|l| l.trim().strip_prefix("expr:")).map(str::to_string).collect();
+    let dashboard =
+        std::fs::read_to_string(contrib("grafana/polestar.json")).expect("the dashboard");
+    let dashboard: Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            exprs.push(target["expr"].as_str().expect("an expr").to_string());
+        }
+    }
+    exprs.extend(
+        dashboard["templating"]["list"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["query"].as_str().map(str::to_string)),
+    );
+    exprs
+}
+
+#[tokio::test]
+async fn the_dashboard_and_rules_name_only_series_polestar_exports() {
+    let lab = Lab::start(LabOptions::default()).await.expect("start the lab");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.dns = true;
+    config.drain = true;
+    let env = Env::with_config(lab, &config).await;
+    env.failover().await;
+    let (status, _, metrics) = env.ps.get("/metrics").await.expect("GET /metrics");
+    assert_eq!(status, 200);
+    let exported: BTreeSet<String> = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    let exprs = expressions();
+    assert!(exprs.len() >= 15, "rules and panels: {exprs:?}");
+    let named: BTreeSet<String> = exprs.iter().flat_map(|e| series_named(e)).collect();
+    assert!(
+        named.contains("polestar_failover_ready") && named.contains("polestar_replica_lag_bytes")
+    );
+    let missing: Vec<&String> = named.difference(&exported).collect();
+    if !missing.is_empty() {
+        env.fail(&format!("named but not exported: {missing:?}\n{metrics}"));
+    }
+}
+
+/// A Prometheus server of its own: a temporary config and storage, a free loopback port.
+struct Prometheus {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    /// Scrapes `target` every second with the repository's rules, `for:` shortened to 0s so
+    /// the test need not wait out a production hold time (the expressions are the real ones).
+    fn start(target: std::net::SocketAddr) -> Prometheus {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let rules =
+            std::fs::read_to_string(contrib("prometheus/polestar.rules.yml")).expect("rules");
+        let rules: String = rules
+            .lines()
+            .map(|l| {
+                if l.trim_start().starts_with("for:") {
+                    l.split("for:").next().unwrap_or("").to_string() + "for: 0s"
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(dir.path().join("rules.yml"), rules).expect("write the rules");
+        let config = format!(
+            "global: {{ scrape_interval: 1s, evaluation_interval: 1s }}\nrule_files: [rules.yml]\n\
+             scrape_configs:\n  - job_name: polestar\n    static_configs: [{{ targets: [\"{target}\"] }}]\n"
+        );
+        std::fs::write(dir.path().join("prometheus.yml"), config).expect("write the config");
+        let port = free_service_port().expect("a free port");
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start prometheus (tests/deps.sh installs Debian's)");
+        Prometheus { child, url: format!("http://127.0.0.1:{port}"), _dir: dir }
+    }
+
+    /// The alerts firing now for `name`, by their `master` label.
+    async fn firing(&self, name: &str) -> anyhow::Result<Vec<String>> {
+        let body: Value = reqwest::get(format!("{}/api/v1/alerts", self.url)).await?.json().await?;
+        let alerts = body["data"]["alerts"].as_array().cloned().unwrap_or_default();
+        Ok(alerts
+            .iter()
+            .filter(|a| a["labels"]["alertname"] == name && a["state"] == "firing")
+            .map(|a| a["labels"]["master"].as_str().unwrap_or("").to_string())
+            .collect())
+    }
+}
+
+async fn set_priority(env: &Env, priority: &str) {
+    let primary = env.lab.primary().await.expect("the primary");
+    for node in env.lab.node_addrs().into_iter().filter(|n| *n != primary) {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("SET").arg("replica-priority").arg(priority);
+        query::<String>(node, &cmd).await.expect("CONFIG SET replica-priority");
+    }
+}
+
+#[tokio::test]
+async fn a_real_prometheus_fires_failover_not_possible_and_drops_it_after_the_cure() {
+    let env = verdicts::start().await;
+    let prometheus = Prometheus::start(env.ps.http);
+    let master = env.master_name();
+    let alert = "PolestarFailoverNotPossible";
+    // Scraping and healthy: no alert.
+    env.wait_until(Duration::from_secs(30), "prometheus answers, nothing firing", || async {
+        anyhow::ensure!(prometheus.firing(alert).await?.is_empty(), "firing");
+        let up: Value =
+            reqwest::get(format!("{}/api/v1/query?query=up", prometheus.url)).await?.json().await?;
+        anyhow::ensure!(up["data"]["result"][0]["value"][1] == "1", "up: {up}");
+        Ok(())
+    })
+    .await;
+    set_priority(&env, "0").await;
+    let started = Instant::now();
+    env.wait_until(Duration::from_secs(60), "the alert fires", || async {
+        let v = verdicts::verdict(&env).await?;
+        anyhow::ensure!(verdicts::blocked(&v, "no_promotable_replica"), "{v}");
+        anyhow::ensure!(prometheus.firing(alert).await?.contains(&master), "not firing");
+        Ok(())
+    })
+    .await;
+    eprintln!(
+        "readiness: {alert} firing {:.1}s after priority 0 was set",
+        started.elapsed().as_secs_f64()
+    );
+    set_priority(&env, "100").await;
+    let cured = Instant::now();
+    env.wait_until(Duration::from_secs(60), "the alert is gone", || async {
+        anyhow::ensure!(prometheus.firing(alert).await?.is_empty(), "still firing");
+        Ok(())
+    })
+    .await;
+    eprintln!(
+        "readiness: {alert} gone {:.1}s after priority 100 was set",
+        cured.elapsed().as_secs_f64()
+    );
+    sleep(Duration::from_millis(10)).await;
+}
