@@ -57,10 +57,14 @@ pub enum MasterState {
     Stale,
     /// No primary has been confirmed yet.
     Unknown,
+    /// The configured Sentinels name a primary polestar refuses (it was never a replica of
+    /// the master: a forged hello): the last good primary is still served.
+    Suspect,
 }
 
 impl MasterState {
-    pub const ALL: [MasterState; 4] = [Self::Ok, Self::Failover, Self::Stale, Self::Unknown];
+    pub const ALL: [MasterState; 5] =
+        [Self::Ok, Self::Failover, Self::Stale, Self::Unknown, Self::Suspect];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -68,6 +72,7 @@ impl MasterState {
             Self::Failover => "failover",
             Self::Stale => "stale",
             Self::Unknown => "unknown",
+            Self::Suspect => "suspect",
         }
     }
 }

@@ -377,3 +377,128 @@ async fn a_configured_sentinel_with_an_absurd_epoch_is_outvoted() {
             .expect("INFO commandstats");
     assert!(!stats.contains("cmdstat_role"), "the node only the liar names was asked:\n{stats}");
 }
+
+/// The address every lab Sentinel gives for the master.
+async fn sentinels_name(lab: &Lab, addr: SocketAddr) -> usize {
+    let mut n = 0;
+    for sentinel in lab.sentinel_addrs() {
+        let mut cmd = redis::cmd("SENTINEL");
+        cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(lab.master_name());
+        let named: Vec<String> = polestar::lab::query(sentinel, &cmd).await.unwrap_or_default();
+        if named == [addr.ip().to_string(), addr.port().to_string()] {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Regression (issue 25, item 1): any client of the primary published a hello one epoch ahead
+/// naming an unrelated node as the master; every real Sentinel adopted it, and polestar
+/// served the unrelated node, fenced, drained and demoted the real primary into a replica of
+/// it (before Sentinel itself did) and sent it the node credentials. Now: the last good
+/// primary stays, the master is `suspect` (API, DNS TXT, metric, event with the reason), and
+/// nothing of polestar's reaches the unrelated node.
+#[tokio::test]
+async fn a_forged_hello_one_epoch_ahead_naming_an_unrelated_node_is_refused_and_suspect() {
+    let unrelated = Unrelated::start().await;
+    // Sentinel turns the real primary into a replica of the forged one on its own after
+    // about 8 s (polestar cannot stop that: the ACL in the README is the defence); watch less.
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.masters = vec![(lab.master_name().to_string(), Some("cache".to_string()))];
+    config.dns = true;
+    config.drain = true;
+    let secrets = tempfile::tempdir().expect("a directory for the secrets");
+    with_credentials(&lab, &mut config, secrets.path()).await;
+    let env = Env::with_config(lab, &config).await;
+    let primary = env.lab.primary().await.expect("the lab's primary");
+    env.wait_api_primary(primary, STARTUP).await;
+    let dns = env.ps.dns.expect("DNS is served");
+    let client = redis::Client::open(format!("redis://{primary}/")).expect("a client");
+    let mut held = client.get_multiplexed_async_connection().await.expect("connects");
+    let id: u64 = redis::cmd("CLIENT").arg("ID").query_async(&mut held).await.expect("id");
+
+    let epoch = env.lab.epoch().await.expect("the config epoch");
+    let (_, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
+    let ids = events.as_array().into_iter().flatten().filter_map(|e| e["id"].as_u64());
+    let before_attack = ids.max().unwrap_or(0);
+    let forged = epoch + 1;
+    let hello = format!(
+        "127.0.0.1,1,{FAKE_RUNID},{forged},{},{},{},{forged}",
+        env.master_name(),
+        unrelated.addr.ip(),
+        unrelated.addr.port()
+    );
+    let mut publish = redis::cmd("PUBLISH");
+    publish.arg("__sentinel__:hello").arg(&hello);
+    polestar::lab::query::<i64>(primary, &publish).await.expect("PUBLISH the forged hello");
+    env.wait_until(FAILOVER, "every Sentinel names the unrelated node", || async {
+        ensure!(sentinels_name(&env.lab, unrelated.addr).await == 3, "not yet");
+        Ok(())
+    })
+    .await;
+
+    let m = env.wait_state("suspect", Duration::from_secs(5)).await;
+    assert_eq!(primary_of(&m), Some(primary), "{m}");
+    let watch_until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < watch_until {
+        let m = env.master().await.expect("the API answers");
+        assert_eq!(primary_of(&m), Some(primary), "the API moved: {m}");
+        assert_eq!(epoch_of(&m), Some(epoch), "the epoch moved: {m}");
+        assert_eq!(m["state"], "suspect", "{m}");
+        let by_dns = resolve_srv(dns).await.expect("DNS answers");
+        assert_eq!(by_dns.port(), primary.port(), "DNS moved");
+        let role: Vec<redis::Value> =
+            polestar::lab::query(primary, &redis::cmd("ROLE")).await.expect("ROLE");
+        let master = matches!(role.first(), Some(redis::Value::BulkString(b)) if b == b"master");
+        assert!(master, "the real primary was demoted: {role:?}");
+        sleep(Duration::from_millis(200)).await;
+    }
+    let same: u64 = redis::cmd("CLIENT").arg("ID").query_async(&mut held).await.expect("id");
+    assert_eq!(same, id, "the client of the real primary was killed");
+    let actions = node_actions(&env, before_attack).await;
+    assert!(actions.is_empty(), "polestar acted on a node: {actions:?}");
+
+    let (_, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
+    let suspect = events.as_array().into_iter().flatten().find(|e| e["kind"] == "suspect");
+    let suspect = suspect.unwrap_or_else(|| env.fail("no suspect event"));
+    let reason = suspect["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains(&unrelated.addr.to_string()), "{suspect}");
+    let (_, metrics) = env.ps.get_text("/metrics").await.expect("GET /metrics");
+    let gauge = metrics
+        .lines()
+        .find(|l| l.starts_with("polestar_master_state{") && l.contains("state=\"suspect\""));
+    assert!(gauge.is_some_and(|l| l.ends_with(" 1")), "{metrics}");
+    let txt = dns_txt(dns).await;
+    assert!(txt.iter().any(|t| t == "state=suspect"), "{txt:?}");
+    // The lab's data nodes let their default user publish anything: polestar says so.
+    assert!(env.ps.logged("lets its default user publish Sentinel hellos"), "no ACL warning");
+
+    let stats: String =
+        polestar::lab::query(unrelated.addr, redis::cmd("INFO").arg("commandstats"))
+            .await
+            .expect("INFO commandstats");
+    assert!(!stats.contains("cmdstat_role"), "the unrelated node was asked ROLE:\n{stats}");
+    let acl_log: Vec<redis::Value> =
+        polestar::lab::query(unrelated.addr, redis::cmd("ACL").arg("LOG")).await.expect("ACL LOG");
+    assert!(acl_log.is_empty(), "someone tried to log in to the unrelated node: {acl_log:?}");
+}
+
+/// The TXT strings DNS serves for the test master (`cache.redis.test.`).
+async fn dns_txt(dns: SocketAddr) -> Vec<String> {
+    use hickory_proto::op::{Message, Query};
+    use hickory_proto::rr::{Name, RData, RecordType};
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("a UDP socket");
+    let mut query = Message::query();
+    let name = Name::from_ascii("cache.redis.test.").expect("a valid name");
+    query.add_query(Query::query(name, RecordType::TXT));
+    socket.send_to(&query.to_vec().expect("encodes"), dns).await.expect("sent");
+    let mut buf = vec![0u8; 1500];
+    let (n, _) = timeout(Duration::from_secs(1), socket.recv_from(&mut buf))
+        .await
+        .expect("DNS answers in time")
+        .expect("received");
+    let answer = Message::from_vec(&buf[..n]).expect("a DNS message");
+    let txt = answer.answers.iter().filter(|r| matches!(r.data, RData::TXT(_)));
+    txt.map(|r| r.data.to_string()).collect()
+}

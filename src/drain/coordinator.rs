@@ -128,6 +128,12 @@ impl Coordinator {
                     o.fence_until = o.fence_until.max(hold);
                 });
             }
+            Signal::Flipped { old: None, master, new, .. } => {
+                // A first publication (a watcher restarted by a reload, or after a panic):
+                // it undoes nothing, least of all a fence another watcher set for a
+                // promotion still under way.
+                tracing::debug!(%master, %new, "first publication: no fence or drain changes");
+            }
             Signal::Flipped { master, old, new, provisional, at, .. } => {
                 if provisional {
                     self.promoting.insert(master.clone(), Instant::now() + FENCE_HOLD);
@@ -352,3 +358,6 @@ fn stop_where(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -76,6 +76,21 @@ impl Nodes {
         result
     }
 
+    /// Sends `cmd` to `addr` over the kept-open connection: its reply, or `None` if the node
+    /// does not answer within `deadline`.
+    pub async fn query(
+        &self,
+        addr: SocketAddr,
+        cmd: &redis::Cmd,
+        deadline: Duration,
+    ) -> Option<redis::RedisResult<Value>> {
+        let ask = async {
+            let mut conn = self.connection(addr).await?;
+            Some(cmd.query_async::<Value>(&mut conn).await)
+        };
+        timeout(deadline, ask).await.ok().flatten()
+    }
+
     async fn connection(&self, addr: SocketAddr) -> Option<MultiplexedConnection> {
         if let Some((conn, used)) = self.lock().get_mut(&addr) {
             *used = Instant::now();

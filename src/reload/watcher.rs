@@ -9,6 +9,7 @@
 //! copies the new one's snapshots into the daemon's topology (with versions that continue the
 //! old sequence) and its events into the daemon's event log.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Changes, ConfigReader};
 use crate::config::Config;
 use crate::events::{Event, EventLog};
-use crate::topology::{self, Snapshot, TopologyReader, TopologyWriter};
+use crate::topology::{self, Master, Snapshot, TopologyReader, TopologyWriter};
 
 /// How long a new watcher may take to get a full picture before it takes over anyway.
 pub const WARMUP: Duration = Duration::from_secs(10);
@@ -102,7 +103,8 @@ async fn warm_up(
     let side_events = Arc::new(EventLog::new());
     let stop = shutdown.child_token();
     let handle = start(config, side_writer, side_events.clone(), stop.clone());
-    let ready = async { side.wait_for(|s| complete(s)).await.is_ok() };
+    let mut floors = floors(&writer.borrow());
+    let ready = async { side.wait_for(|s| complete(s) && !behind(&floors, s)).await.is_ok() };
     tokio::select! {
         ready = tokio::time::timeout(WARMUP, ready) => if !matches!(ready, Ok(true)) {
             tracing::warn!(
@@ -120,7 +122,8 @@ async fn warm_up(
     // watcher starting, not the world changing: only later ones are forwarded.
     let (_, live) = side_events.follow(side_events.last_id());
     let writer = topology::Publisher::new(writer.clone());
-    let forward = Forward { side, live, writer, events: events.clone() };
+    floors.retain(|_, m| m.epoch.is_some());
+    let forward = Forward { side, live, writer, events: events.clone(), floors };
     let forward = Some(tokio::spawn(forward.run(stop.clone())));
     Some(Generation { handle, stop, forward })
 }
@@ -130,6 +133,37 @@ pub fn complete(s: &Snapshot) -> bool {
     s.source_reachable && !s.masters.is_empty() && s.masters.values().all(|m| m.primary.is_some())
 }
 
+/// What the daemon published for each master when a restarted watcher took over: the new
+/// watcher may not publish a lower epoch for it until it has reached that epoch itself (a
+/// reload in the middle of a failover: the old watcher had flipped, the new one's first
+/// majority is still the old primary). Its own withdrawals happen above the floor.
+pub type Floors = BTreeMap<String, Arc<Master>>;
+
+/// The floors the daemon's current snapshot sets.
+pub fn floors(current: &Snapshot) -> Floors {
+    current.masters.iter().map(|(n, m)| (n.clone(), m.clone())).collect()
+}
+
+/// Whether the restarted watcher still has a lower epoch than a floor for some master.
+pub fn behind(floors: &Floors, side: &Snapshot) -> bool {
+    side.masters.iter().any(|(n, m)| floors.get(n).is_some_and(|f| f.epoch > m.epoch))
+}
+
+/// The restarted watcher's snapshot with every master below its floor kept at the floor;
+/// a floor the watcher has reached is dropped for good.
+pub fn hold(floors: &mut Floors, mut side: Snapshot) -> Snapshot {
+    for (name, master) in side.masters.iter_mut() {
+        match floors.get(name) {
+            Some(floor) if floor.epoch > master.epoch => *master = floor.clone(),
+            Some(_) => {
+                floors.remove(name);
+            }
+            None => {}
+        }
+    }
+    side
+}
+
 /// Copies a restarted watcher's snapshots and events into the daemon's.
 struct Forward {
     side: TopologyReader,
@@ -137,6 +171,8 @@ struct Forward {
     live: broadcast::Receiver<Event>,
     writer: topology::Publisher,
     events: Arc<EventLog>,
+    /// See [`Floors`]; emptied as the new watcher reaches each.
+    floors: Floors,
 }
 
 impl Forward {
@@ -162,7 +198,8 @@ impl Forward {
     /// sequence (the SOA serial is derived from it and must only grow).
     fn publish(&mut self) {
         let side = self.side.borrow_and_update().clone();
-        self.writer.replace((*side).clone());
+        let held = hold(&mut self.floors, (*side).clone());
+        self.writer.replace(held);
     }
 }
 

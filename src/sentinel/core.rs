@@ -14,6 +14,12 @@
 //!   [`Cause::Promoted`] after the leader's `+promoted-slave`). A lower or equal epoch is never
 //!   published, and neither is an epoch beyond the reach of the configured Sentinels
 //!   ([`Quorum::within_reach`]): one Sentinel's word cannot freeze polestar at epoch 999.
+//! - A new primary was a replica: a change of primary is published only to a node of the
+//!   master's [`State::lineage`] (a node a configured Sentinel showed replicating from a node
+//!   of it, or a primary published before). Anyone who can `PUBLISH` on a data node can move
+//!   every Sentinel to an unrelated node with a hello one epoch ahead; such a "primary" is
+//!   refused, the last good one kept, and the master marked [`Suspect`] with the reason. Its
+//!   `ROLE` is never asked (that would send it the node credentials).
 //! - The fence, the drain and their undoing come out of the same transitions: a promotion
 //!   signals [`Signal::Promoting`]; an abort, or a promotion that no flip follows within
 //!   [`FENCE_WITHOUT_FLIP`], signals [`Signal::Aborted`] and withdraws a provisional flip.
@@ -32,6 +38,24 @@ pub type SentinelId = usize;
 /// A promotion that no flip follows within this is given up: its fence is lifted (the leader
 /// died, the failover stalled, an event was lost). A healthy promotion flips within ~1 s.
 pub const FENCE_WITHOUT_FLIP: Duration = Duration::from_secs(5);
+
+/// A replica a configured Sentinel reports, with the primary the replica itself says it
+/// replicates from (`master-host`/`master-port`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Follower {
+    pub node: Node,
+    pub upstream: Addr,
+}
+
+/// Why the master is marked suspect: the configured Sentinels name a primary polestar refuses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Suspect {
+    pub candidate: Candidate,
+    pub reason: String,
+}
+
+/// How many nodes a master's lineage remembers (the oldest are forgotten first).
+const LINEAGE_CAP: usize = 256;
 
 /// A primary as a configured Sentinel reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -111,6 +135,12 @@ pub struct State {
     pub failover: BTreeSet<SentinelId>,
     pub promotion: Option<Promotion>,
     pub replicas: Vec<Replica>,
+    /// Every node a configured Sentinel showed replicating from the published primary or
+    /// another node of the lineage, and every primary published: the only nodes a change of
+    /// primary may go to, whose `ROLE` may be asked, and that may be warmed.
+    pub lineage: Vec<Node>,
+    /// The configured Sentinels name a primary that was refused (see [`Suspect`]).
+    pub suspect: Option<Suspect>,
 }
 
 impl Default for State {
@@ -121,6 +151,8 @@ impl Default for State {
             failover: BTreeSet::new(),
             promotion: None,
             replicas: Vec::new(),
+            lineage: Vec::new(),
+            suspect: None,
         }
     }
 }
@@ -129,6 +161,39 @@ impl State {
     /// Configured Sentinels whose latest report is exactly `candidate`.
     pub fn agreeing(&self, candidate: &Candidate) -> usize {
         self.reports.values().filter(|c| *c == candidate).count()
+    }
+
+    /// Whether `node` may become the primary: nothing is published yet (there is no history
+    /// to check against), or it is of the lineage.
+    pub fn may_lead(&self, node: &Node) -> bool {
+        self.publication.primary().is_none() || self.in_lineage(node)
+    }
+
+    fn in_lineage(&self, node: &Node) -> bool {
+        self.lineage.iter().any(|n| n.addr() == node.addr())
+    }
+
+    /// Records `node` as one of the master's (once).
+    fn descend(&mut self, node: &Node) {
+        if self.in_lineage(node) {
+            return;
+        }
+        if self.lineage.len() >= LINEAGE_CAP {
+            self.lineage.remove(0);
+        }
+        self.lineage.push(node.clone());
+    }
+
+    /// Adds the followers that replicate from a node of the lineage, until none is left to add
+    /// (a replica of a replica joins once its upstream has).
+    fn extend_lineage(&mut self, followers: &[Follower]) {
+        loop {
+            let known = |f: &&Follower| {
+                self.lineage.iter().any(|n| names(n, &f.upstream)) && !self.in_lineage(&f.node)
+            };
+            let Some(f) = followers.iter().find(known).cloned() else { return };
+            self.descend(&f.node);
+        }
     }
 
     /// Whether a failover *of the published primary* is under way: a Sentinel reports a
@@ -145,9 +210,10 @@ impl State {
 /// How the configured Sentinels stand, across masters: the context every decision reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Quorum {
-    /// Configured Sentinels that have answered as a Sentinel at least once. A configured
-    /// address that never did (a typo, a decommissioned host, something that is no Sentinel)
-    /// cannot vote, so it does not raise the majority out of reach of the real ones.
+    /// The configured Sentinels the majority is counted over: every configured address that
+    /// has not been shown to be something other than a Sentinel (it answered, and refused
+    /// `SENTINEL`). An address that is merely unreachable still counts: a polestar started
+    /// while it reaches one Sentinel of three must not follow that one alone.
     pub voters: BTreeSet<SentinelId>,
     /// The highest epoch each configured Sentinel has shown (`+new-epoch`, config epochs).
     pub epochs: BTreeMap<SentinelId, u64>,
@@ -174,8 +240,15 @@ impl Quorum {
 /// One thing a configured Sentinel said, or one answer of a watched node.
 #[derive(Clone, Debug)]
 pub enum Evidence {
-    /// A reconciliation: `from` reports `primary` (and the replicas it sees).
-    Report { from: SentinelId, primary: Candidate, failover: bool, replicas: Vec<Replica> },
+    /// A reconciliation: `from` reports `primary` (and the replicas it sees, and which of
+    /// them say they replicate from where).
+    Report {
+        from: SentinelId,
+        primary: Candidate,
+        failover: bool,
+        replicas: Vec<Replica>,
+        followers: Vec<Follower>,
+    },
     /// `from` no longer monitors this master, or is unreachable: its report is void.
     Gone { from: SentinelId },
     /// `+try-failover` / `+elected-leader`: `from` starts a failover.
@@ -232,6 +305,11 @@ pub enum Action {
     /// Open connections to these replicas now, so the watch of the promoted one is one
     /// round trip.
     Warm(Vec<Replica>),
+    /// The configured Sentinels name a primary that is refused (it was never a replica of the
+    /// master): the published one stays, the master is marked suspect. Once per suspicion.
+    Suspected(Suspect),
+    /// The suspicion ended: the Sentinels agree on an acceptable primary again.
+    Cleared,
 }
 
 /// The rule: the next state of one master and what to do about it.
@@ -243,8 +321,9 @@ pub fn decide(
 ) -> (State, Vec<Action>) {
     let mut d = Decision { master, quorum, state, actions: Vec::new() };
     match evidence {
-        Evidence::Report { from, primary, failover, replicas } => {
-            d.report(from, primary, failover, replicas)
+        Evidence::Report { from, primary, failover, replicas, followers } => {
+            d.report(from, primary, failover, replicas);
+            d.state.extend_lineage(&followers);
         }
         Evidence::Gone { from } => d.gone(from),
         Evidence::FailoverStarted { from } => d.failover_started(from),
@@ -286,6 +365,9 @@ impl Decision<'_> {
         if self.state.agreeing(&candidate) < self.quorum.majority() {
             return;
         }
+        if self.state.publication.node() == Some(&candidate.node) {
+            self.clear_suspect();
+        }
         if self.is_provisional(&candidate) {
             return self.confirm();
         }
@@ -305,8 +387,13 @@ impl Decision<'_> {
 
     fn failover_started(&mut self, from: SentinelId) {
         self.state.failover.insert(from);
-        // The leader will promote one of them: have a connection ready.
-        self.actions.push(Action::Warm(self.state.replicas.clone()));
+        // The leader will promote one of them: have a connection ready (to the master's own
+        // nodes only: a connection carries the node credentials).
+        let ours = self.state.replicas.iter().filter(|r| {
+            let node = Node { ip: r.ip, port: r.port, hostname: r.hostname.clone() };
+            self.state.may_lead(&node)
+        });
+        self.actions.push(Action::Warm(ours.cloned().collect()));
     }
 
     fn promoting(
@@ -364,6 +451,9 @@ impl Decision<'_> {
     /// Asks the shell to watch `target`'s `ROLE`, when it could be published at all.
     fn watch(&mut self, target: &Candidate, at: Instant) {
         let fresh = self.state.publication.superseded_by(target);
+        if !self.state.may_lead(&target.node) {
+            return self.suspect(target.clone());
+        }
         if fresh && self.state.publication.node() != Some(&target.node) {
             self.actions.push(Action::WatchRole { target: target.clone(), at });
         }
@@ -423,12 +513,20 @@ impl Decision<'_> {
         self.actions.push(Action::Signal(Signal::Aborted { master }));
     }
 
-    fn node_back(&mut self, node: Node, _from: SentinelId) {
+    /// A node is back: a returning old primary is fenced, drained and demoted, but only on the
+    /// word of a Sentinel that reports what is published (address and epoch) while a majority
+    /// does: a Sentinel that missed a failover (a healed partition) names the new primary as
+    /// a replica of the old one before it learns better. The published primary, a promotion
+    /// target and a node that never was the master's are never demoted.
+    fn node_back(&mut self, node: Node, from: SentinelId) {
         let Publication::Confirmed { primary, .. } = &self.state.publication else { return };
         let promoting = self.state.promotion.as_ref();
         let is_target = promoting.and_then(|p| p.target.as_ref()).is_some_and(|t| t.node == node);
         let quiet = self.state.failover.is_empty() && promoting.is_none();
-        if primary.node.addr() == node.addr() || is_target || !quiet {
+        let current = self.state.reports.get(&from) == Some(primary)
+            && self.state.agreeing(primary) >= self.quorum.majority();
+        let ours = self.state.in_lineage(&node);
+        if primary.node.addr() == node.addr() || is_target || !quiet || !current || !ours {
             return;
         }
         let (published, epoch) = (primary.node.clone(), primary.epoch);
@@ -477,6 +575,11 @@ impl Decision<'_> {
     }
 
     fn switch(&mut self, to: Candidate, cause: Cause, at: Instant) {
+        if !self.state.may_lead(&to.node) {
+            return self.suspect(to);
+        }
+        self.clear_suspect();
+        self.state.descend(&to.node);
         let from = self.state.publication.node().cloned();
         let since = SystemTime::now();
         let primary = to.clone();
@@ -502,6 +605,31 @@ impl Decision<'_> {
         let (master, new, epoch) = (self.master.to_string(), to.node, to.epoch);
         let flipped = Signal::Flipped { master, old: from, new, epoch, provisional, at };
         self.actions.push(Action::Signal(flipped));
+    }
+}
+
+impl Decision<'_> {
+    /// Refuses `candidate` (never a replica of the master) and marks the master suspect.
+    fn suspect(&mut self, candidate: Candidate) {
+        if self.state.suspect.as_ref().is_some_and(|s| s.candidate == candidate) {
+            return;
+        }
+        let published = self.state.publication.node().map_or("-".into(), ToString::to_string);
+        let reason = format!(
+            "the Sentinels name {} (epoch {}) as the primary, but no configured Sentinel ever \
+             showed it replicating from this master: a forged hello? {published} stays \
+             published; deny application users PUBLISH on __sentinel__:*",
+            candidate.node, candidate.epoch
+        );
+        let suspect = Suspect { candidate, reason };
+        self.state.suspect = Some(suspect.clone());
+        self.actions.push(Action::Suspected(suspect));
+    }
+
+    fn clear_suspect(&mut self) {
+        if self.state.suspect.take().is_some() {
+            self.actions.push(Action::Cleared);
+        }
     }
 }
 

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::conn::Endpoint;
 use super::core::{Action, Candidate, Evidence, Quorum, SentinelId, State, decide};
+use super::hello_acl;
 use super::link::Link;
 use super::message::{Addr, Down, PeerRecord};
 use super::{LinkId, MasterReport, Observation, Report, Scope};
@@ -131,6 +132,8 @@ pub struct Decider {
     checks_tx: mpsc::UnboundedSender<Checked>,
     checks_rx: mpsc::UnboundedReceiver<Checked>,
     shutdown: CancellationToken,
+    /// Data nodes already asked whether their `default` user may publish Sentinel hellos.
+    acl_checked: HashSet<std::net::SocketAddr>,
     /// The links' stop token (a child of `shutdown`), cancelled when the decider is dropped,
     /// also by a panic: a restarted decider does not leave its predecessor's links running.
     links_stop: CancellationToken,
@@ -175,6 +178,7 @@ impl Decider {
             checks_rx,
             links_stop: shutdown.child_token(),
             shutdown,
+            acl_checked: HashSet::new(),
         };
         for (name, label) in decider.wanted.clone().into_iter().flatten() {
             decider.masters.insert(name, Entry { label, ..Entry::default() });
@@ -182,6 +186,8 @@ impl Decider {
         for addr in sentinels.map(|s| s.addresses).unwrap_or_default() {
             decider.add_link(addr);
         }
+        // Every configured address votes until it is shown to be no Sentinel.
+        decider.quorum.voters = (0..decider.links.len()).collect();
         decider
     }
 
@@ -244,12 +250,29 @@ impl Decider {
         for name in names {
             self.apply(&name, Evidence::Tick { now });
         }
+        self.check_hello_acls();
+    }
+
+    /// Asks every node of a master's lineage not asked yet whether its `default` user may
+    /// publish a Sentinel hello, and warns if so (the README gives the ACL that denies it).
+    fn check_hello_acls(&mut self) {
+        let lineage = self
+            .masters
+            .iter()
+            .flat_map(|(name, e)| e.state.lineage.iter().map(move |n| (name.clone(), n.addr())));
+        let fresh: Vec<_> = lineage.filter(|(_, a)| !self.acl_checked.contains(a)).collect();
+        for (master, addr) in fresh {
+            self.acl_checked.insert(addr);
+            let (nodes, events) = (self.nodes.clone(), self.events.clone());
+            tokio::spawn(hello_acl::check(nodes, events, master, addr));
+        }
     }
 
     fn observe(&mut self, observation: Observation) {
         match observation {
             Observation::Up { link, myid } => self.link_up(link, myid),
             Observation::Down { link, reason } => self.link_down(link, &reason),
+            Observation::NotSentinel { link, reason } => self.not_a_sentinel(link, &reason),
             Observation::Report(report) => self.report(report),
             Observation::Epoch { link, epoch } => self.epoch(link, epoch),
             Observation::Failover { link: from, master, in_progress, aborted } => {
@@ -338,6 +361,16 @@ impl Decider {
                 tracing::warn!(%master, %undone, back = back.as_deref().unwrap_or("-"), "failover aborted: provisional primary withdrawn");
                 self.events.push("revert", Some(master), json!({ "from": undone, "to": back }));
             }
+            Action::Suspected(suspect) => {
+                let (node, epoch) = (suspect.candidate.node.to_string(), suspect.candidate.epoch);
+                tracing::error!(%master, refused = %node, epoch, reason = %suspect.reason, "suspect: primary refused");
+                let data = json!({ "refused": node, "epoch": epoch, "reason": suspect.reason });
+                self.events.push("suspect", Some(master), data);
+            }
+            Action::Cleared => {
+                tracing::info!(%master, "no longer suspect: the Sentinels agree on an acceptable primary");
+                self.events.push("suspect_cleared", Some(master), json!({}));
+            }
             Action::Signal(signal) => self.signal(signal),
             Action::WatchRole { target, at } => self.watch_role(master, target, at),
             Action::Warm(replicas) => {
@@ -406,6 +439,16 @@ impl Decider {
         self.events.push("sentinel_up", None, json!({ "sentinel": name }));
     }
 
+    /// The configured address answered, and not as a Sentinel: it no longer counts towards
+    /// the majority (until it answers as one).
+    fn not_a_sentinel(&mut self, id: LinkId, reason: &str) {
+        if self.quorum.voters.remove(&id) {
+            let name = self.links.get(id).map(|l| l.addr.to_string()).unwrap_or_default();
+            tracing::error!(sentinel = %name, %reason, "a configured Sentinel address is no Sentinel: it does not count towards the majority");
+        }
+        self.link_down(id, reason);
+    }
+
     fn link_down(&mut self, id: LinkId, reason: &str) {
         let Some(link) = self.links.get_mut(id) else { return };
         let was_up = link.up;
@@ -470,8 +513,9 @@ impl Decider {
         }
         let primary = Candidate { node: report.primary, epoch: report.epoch };
         let failover = report.failover_in_progress;
-        let replicas = report.replicas;
-        self.apply(&report.name, Evidence::Report { from, primary, failover, replicas });
+        let (replicas, followers) = (report.replicas, report.followers);
+        let evidence = Evidence::Report { from, primary, failover, replicas, followers };
+        self.apply(&report.name, evidence);
     }
 
     /// Records the peers `from` lists for `master`; logs the ones no configured Sentinel
@@ -570,6 +614,7 @@ impl Decider {
         let state = match () {
             _ if primary.is_none() => MasterState::Unknown,
             _ if !self.links.iter().any(|l| l.up) => MasterState::Stale,
+            _ if e.state.suspect.is_some() => MasterState::Suspect,
             _ if e.state.failing_over_published(&self.quorum) => MasterState::Failover,
             _ => MasterState::Ok,
         };

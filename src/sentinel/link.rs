@@ -33,6 +33,7 @@ use tokio::time::{MissedTickBehavior, interval, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 
 use super::conn::{Endpoint, PushSink, connect};
+use super::core::Follower;
 use super::message::{
     Addr, Event, MasterRecord, PeerRecord, ReplicaRecord, master_addr, records, text,
 };
@@ -67,6 +68,15 @@ enum LinkError {
     PingTimeout(Duration),
     #[error("connection closed")]
     Closed,
+    /// It answered, and refused `SENTINEL`: something other than a Sentinel.
+    #[error("not a Sentinel: {0}")]
+    NotSentinel(redis::RedisError),
+}
+
+/// Whether a refusal of `SENTINEL MYID` proves the server is no Sentinel (a plain data node
+/// answers "unknown command"), rather than a Sentinel that denied it (auth, ACL).
+fn is_not_sentinel(e: &redis::RedisError) -> bool {
+    e.to_string().to_ascii_lowercase().contains("unknown command")
 }
 
 pub struct Link {
@@ -89,11 +99,14 @@ impl Link {
                 r = self.session() => r,
                 _ = self.stop.cancelled() => return,
             };
-            let reason = match result {
+            let observation = match result {
                 Ok(()) => return,
-                Err(e) => e.to_string(),
+                Err(LinkError::NotSentinel(e)) => {
+                    Observation::NotSentinel { link: self.id, reason: e.to_string() }
+                }
+                Err(e) => Observation::Down { link: self.id, reason: e.to_string() },
             };
-            if self.tx.send(Observation::Down { link: self.id, reason }).is_err() {
+            if self.tx.send(observation).is_err() {
                 return;
             }
             if started.elapsed() > BACKOFF_MAX * 5 {
@@ -110,7 +123,11 @@ impl Link {
     async fn session(&self) -> Result<(), LinkError> {
         let (sink, mut pushes) = push_queue();
         let mut conn = connect(&self.endpoint, Some(sink)).await?;
-        let myid: Value = redis::cmd("SENTINEL").arg("MYID").query_async(&mut conn).await?;
+        let myid = redis::cmd("SENTINEL").arg("MYID").query_async::<Value>(&mut conn).await;
+        let myid = myid.map_err(|e| match is_not_sentinel(&e) {
+            true => LinkError::NotSentinel(e),
+            false => LinkError::Redis(e),
+        })?;
         // Subscribe before the first reconciliation so that no change falls in between.
         conn.psubscribe("*").await?;
         self.send(Observation::Up { link: self.id, myid: text(&myid) });
@@ -543,9 +560,12 @@ async fn master_report(
     // it already names the promoted replica, never the old primary with the new epoch.
     let primary = master_addr(addr).unwrap_or_else(|| m.addr.clone());
     let primary = resolve(&primary).await?;
-    let mut nodes = Vec::new();
+    let (mut nodes, mut followers) = (Vec::new(), Vec::new());
     for r in records(replicas).iter().filter_map(ReplicaRecord::from_record) {
         if let Some(n) = resolve(&r.addr).await {
+            if let Some(upstream) = r.upstream {
+                followers.push(Follower { node: n.clone(), upstream });
+            }
             nodes.push(Replica {
                 ip: n.ip,
                 port: n.port,
@@ -561,6 +581,7 @@ async fn master_report(
         epoch: m.epoch,
         failover_in_progress: m.failover_in_progress,
         replicas: nodes,
+        followers,
         peers,
     })
 }

@@ -222,6 +222,11 @@ impl MasterRecord {
 pub struct ReplicaRecord {
     pub addr: Addr,
     pub healthy: bool,
+    /// The primary this replica itself says it replicates from (its `INFO`, as Sentinel
+    /// relays it in `master-host`/`master-port`), when it is up and reports the replica
+    /// role; `None` for a node that reports itself master or was never heard from (an
+    /// unrelated node a forged hello put in the list).
+    pub upstream: Option<Addr>,
 }
 
 impl ReplicaRecord {
@@ -229,8 +234,19 @@ impl ReplicaRecord {
         let flags = r.get("flags")?;
         let down = flags.split(',').any(|f| matches!(f, "s_down" | "o_down" | "disconnected"));
         let linked = r.get("master-link-status").is_none_or(|s| s == "ok");
-        Some(Self { addr: Addr::parse(r.get("ip")?, r.get("port")?)?, healthy: !down && linked })
+        let addr = Addr::parse(r.get("ip")?, r.get("port")?)?;
+        let upstream = if down { None } else { upstream(r) };
+        Some(Self { addr, healthy: !down && linked, upstream })
     }
+}
+
+/// `master-host:master-port` of a replica record that reports the replica role.
+fn upstream(r: &HashMap<String, String>) -> Option<Addr> {
+    if r.get("role-reported").is_some_and(|role| role != "slave") {
+        return None;
+    }
+    let host = r.get("master-host").filter(|h| h.as_str() != "?")?;
+    Addr::parse(host, r.get("master-port")?)
 }
 
 /// Another Sentinel of the same master (`SENTINEL SENTINELS <name>`).

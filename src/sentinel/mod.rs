@@ -19,6 +19,7 @@ mod conn;
 mod core;
 mod decider;
 mod discovered;
+mod hello_acl;
 mod link;
 pub mod message;
 
@@ -47,6 +48,12 @@ pub enum Observation {
         myid: Option<String>,
     },
     Down {
+        link: LinkId,
+        reason: String,
+    },
+    /// The address answered, but refused `SENTINEL` commands: it is something other than a
+    /// Sentinel, and does not count towards the majority (until it answers as one).
+    NotSentinel {
         link: LinkId,
         reason: String,
     },
@@ -124,6 +131,9 @@ pub struct MasterReport {
     pub epoch: u64,
     pub failover_in_progress: bool,
     pub replicas: Vec<Replica>,
+    /// The replicas that say they replicate, and from where (the lineage check of a new
+    /// primary reads them).
+    pub followers: Vec<core::Follower>,
     /// The other Sentinels it knows for this master (`SENTINEL SENTINELS`; full
     /// reconciliations only): shown, never trusted.
     pub peers: Vec<PeerRecord>,

@@ -126,3 +126,35 @@ async fn a_drain_change_leaves_the_watcher_alone() {
     assert_eq!(warmed, 1, "no second watcher was started");
     assert!(Path::new(&path).exists());
 }
+
+/// One master `a` at `port` and `epoch`.
+fn at(port: u16, epoch: u64) -> Snapshot {
+    let mut s = snapshot(&["a".to_string()], true);
+    let m = Arc::make_mut(s.masters.get_mut("a").expect("a"));
+    m.primary = Some(Node { ip: [127, 0, 0, 1].into(), port, hostname: None });
+    m.epoch = Some(epoch);
+    s
+}
+
+fn primary(s: &Snapshot) -> Option<(u16, u64)> {
+    let m = s.master("a")?;
+    Some((m.primary.as_ref()?.port, m.epoch?))
+}
+
+/// Regression (issue 25, item 4): a reload mid-failover took over with the new watcher's
+/// first picture (the old primary, epoch 1) over the flip the old watcher had published
+/// (epoch 2): a lower epoch was published.
+#[test]
+fn a_reload_mid_failover_never_publishes_a_lower_epoch() {
+    let mut floors = floors(&at(7002, 2));
+    let cases = [
+        ("the new watcher is behind: the floor stays", at(7001, 1), Some((7002, 2))),
+        ("it reached the floor: its own view", at(7002, 2), Some((7002, 2))),
+        ("then a withdrawal of its own is its own", at(7001, 1), Some((7001, 1))),
+    ];
+    for (why, side, want) in cases {
+        assert_eq!(primary(&hold(&mut floors, side)), want, "{why}");
+    }
+    assert!(behind(&super::floors(&at(7002, 2)), &at(7001, 1)));
+    assert!(!behind(&super::floors(&at(7002, 2)), &at(7003, 3)));
+}

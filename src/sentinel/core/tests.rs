@@ -22,8 +22,12 @@ fn quorum(epoch: u64) -> Quorum {
     Quorum { voters: (0..3).collect(), epochs: (0..3).map(|s| (s, epoch)).collect() }
 }
 
+/// `from` reports `port` at `epoch`, the lab's other nodes (7001 to 7003) replicating from it.
 fn report(from: SentinelId, port: u16, epoch: u64) -> Evidence {
-    Evidence::Report { from, primary: cand(port, epoch), failover: false, replicas: Vec::new() }
+    let others = (7001..=7003).filter(|p| *p != port);
+    let followers = others.map(|p| Follower { node: node(p), upstream: addr(port) }).collect();
+    let primary = cand(port, epoch);
+    Evidence::Report { from, primary, failover: false, replicas: Vec::new(), followers }
 }
 
 fn promoting(from: SentinelId, port: u16, epoch: Option<u64>) -> Evidence {
@@ -354,6 +358,7 @@ fn a_failover_is_of_the_published_primary_only_until_polestar_flips() {
         primary: cand(port, epoch),
         failover: true,
         replicas: Vec::new(),
+        followers: Vec::new(),
     };
     let at = |epoch| quorum(epoch);
     assert!(!settled().failing_over_published(&at(1)), "no failover reported");
@@ -376,3 +381,6 @@ fn a_failover_is_of_the_published_primary_only_until_polestar_flips() {
     unknown.epochs.remove(&0);
     assert!(state.failing_over_published(&unknown));
 }
+
+#[path = "trust_tests.rs"]
+mod trust;

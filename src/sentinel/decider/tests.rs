@@ -32,6 +32,7 @@ fn report(link: LinkId, port: u16, epoch: u64, peers: Vec<PeerRecord>) -> Observ
         epoch,
         failover_in_progress: false,
         replicas: Vec::new(),
+        followers: Vec::new(),
         peers,
     };
     Observation::Report(Report { link, scope: Scope::All, masters: vec![master], with_peers: true })
@@ -232,4 +233,29 @@ fn a_primary_published_again_starts_a_new_down_episode() {
     assert!(!downs.note(&a, &sdown), "another primary leaves the episode open");
     downs.primary_is(&node(7001));
     assert!(downs.note(&a, &sdown), "published again, its next down is news");
+}
+
+/// Regression (issue 25, item 6): a polestar started while it reached one Sentinel of three
+/// counted the majority over the Sentinels that had ever answered, and followed that one.
+#[tokio::test]
+async fn a_polestar_started_reaching_one_of_three_sentinels_does_not_follow_it_alone() {
+    let (mut d, _r) = decider();
+    up(&mut d, 0);
+    d.observe(report(0, 7001, 3, Vec::new()));
+    assert_eq!(primary(&mut d), None, "one reachable Sentinel of three is not a majority");
+    up(&mut d, 1);
+    d.observe(report(1, 7001, 3, Vec::new()));
+    assert_eq!(primary(&mut d), Some((7001, 3)));
+}
+
+/// A configured address shown to be no Sentinel (it refused `SENTINEL`) stops counting.
+#[tokio::test]
+async fn an_address_shown_to_be_no_sentinel_does_not_count_towards_the_majority() {
+    let (mut d, _r) = decider();
+    let refused = "unknown command 'SENTINEL'".to_string();
+    d.observe(Observation::NotSentinel { link: 2, reason: refused.clone() });
+    d.observe(Observation::NotSentinel { link: 1, reason: refused });
+    up(&mut d, 0);
+    d.observe(report(0, 7001, 3, Vec::new()));
+    assert_eq!(primary(&mut d), Some((7001, 3)), "one Sentinel of one");
 }

@@ -1,0 +1,47 @@
+//! The coordinator's orders, with episodes against a node that never answers (their I/O
+//! fails quietly; what is checked is what they were told).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+
+use super::*;
+
+fn coordinator() -> Coordinator {
+    let text = "sentinels: {addresses: ['127.0.0.1:1']}\ndrain: {enabled: true}";
+    let config = crate::config::Config::parse(text, Path::new("/")).expect("valid test config");
+    let (_, topology) = crate::topology::channel();
+    Coordinator::new(config.drain, config.nodes, Arc::new(EventLog::new()), topology)
+}
+
+fn node(port: u16) -> Node {
+    Node { ip: IpAddr::V4(Ipv4Addr::LOCALHOST), port, hostname: None }
+}
+
+/// Regression (issue 25, item 4): a reload mid-failover started a new watcher whose first
+/// majority (still the old primary) was a flip to it, which stopped the episode fencing it:
+/// the old primary took writes again while the leader promoted the replica.
+#[tokio::test]
+async fn a_reload_mid_failover_does_not_lift_the_fence_of_the_old_primary() {
+    let mut c = coordinator();
+    let (mut episodes, shutdown) = (Episodes::new(), CancellationToken::new());
+    let (master, old, new) = ("m".to_string(), node(1), node(2));
+    let at = std::time::Instant::now();
+    let promoting =
+        Signal::Promoting { master: master.clone(), old: old.clone(), new: Some(new), at };
+    c.apply(promoting, &mut episodes, &shutdown);
+    // The restarted watcher's first publication: the old primary, from nothing.
+    let first = Signal::Flipped {
+        master: master.clone(),
+        old: None,
+        new: old.clone(),
+        epoch: 1,
+        provisional: false,
+        at,
+    };
+    c.apply(first, &mut episodes, &shutdown);
+    let orders =
+        episodes.get(&(master.clone(), old.addr())).expect("the fence's episode").borrow().clone();
+    assert_eq!(orders.stop, None, "the fence was lifted by a watcher that did not set it");
+    assert!(c.promoting.contains_key(&master), "the promotion is still under way");
+    shutdown.cancel();
+}

@@ -1,0 +1,139 @@
+//! Issue 25's sequences: a forged hello that moves every Sentinel, a stale Sentinel after a
+//! partition heals. Each test is named after the sequence it pins.
+
+use super::*;
+
+/// `from` reports `port` at `epoch` with exactly these followers (replica, its upstream).
+fn report_with(from: SentinelId, port: u16, epoch: u64, followers: &[(u16, u16)]) -> Evidence {
+    let followers =
+        followers.iter().map(|(r, up)| Follower { node: node(*r), upstream: addr(*up) }).collect();
+    Evidence::Report {
+        from,
+        primary: cand(port, epoch),
+        failover: false,
+        replicas: Vec::new(),
+        followers,
+    }
+}
+
+/// What every real Sentinel reports after a forged hello at epoch 2 naming the unrelated node
+/// 9999: the old primary 7001 listed as its replica (it reports the master role, so no
+/// upstream), the real replicas still replicating from 7001.
+fn forged(epoch: u64) -> Vec<Evidence> {
+    (0..3).map(|s| report_with(s, 9999, epoch, &[(7002, 7001), (7003, 7001)])).collect()
+}
+
+fn suspected(actions: &[Action]) -> usize {
+    actions.iter().filter(|a| matches!(a, Action::Suspected(_))).count()
+}
+
+/// Regression (issue 25, item 1): every Sentinel adopted a forged hello one epoch ahead naming
+/// an unrelated node, and polestar published it (then fenced, drained and demoted the real
+/// primary toward it).
+#[test]
+fn a_forged_hello_one_epoch_ahead_naming_an_unrelated_node_is_refused_and_suspect() {
+    let q = quorum(2);
+    let (state, signals, actions) = run(settled(), &q, forged(2));
+    assert_eq!(published(&state), Some((7001, 1)), "the last good primary stays");
+    assert!(signals.is_empty(), "nothing fenced, drained or demoted: {signals:?}");
+    assert_eq!(suspected(&actions), 1, "one suspicion, not one per report: {actions:?}");
+    let suspect = state.suspect.clone().expect("the master is suspect");
+    assert_eq!(suspect.candidate, cand(9999, 2));
+    assert!(suspect.reason.contains("127.0.0.1:9999"), "{}", suspect.reason);
+    // Reconciliations repeat it every second: still refused, no new event.
+    let (state, _, actions) = run(state, &q, forged(2));
+    assert_eq!((published(&state), suspected(&actions)), (Some((7001, 1)), 0));
+    // The Sentinels come back to the real primary: the suspicion ends.
+    let back = (0..3).map(|s| report(s, 7001, 3)).collect();
+    let (state, signals, actions) = run(state, &quorum(3), back);
+    assert_eq!(published(&state), Some((7001, 3)));
+    assert!(state.suspect.is_none() && signals.is_empty());
+    assert!(actions.iter().any(|a| matches!(a, Action::Cleared)));
+}
+
+/// The forged node is never asked `ROLE` (the node credentials would go with it), nor
+/// warmed, nor flipped to, even when a configured leader "promotes" it.
+#[test]
+fn a_promotion_of_a_node_that_never_was_a_replica_is_neither_watched_nor_flipped() {
+    let q = quorum(2);
+    let evidence = vec![promoting(0, 9999, Some(2)), role(9999, 2, Role::Master)];
+    let (state, _, actions) = run(settled(), &q, evidence);
+    assert!(!actions.iter().any(|a| matches!(a, Action::WatchRole { .. })), "{actions:?}");
+    assert_eq!(published(&state), Some((7001, 1)));
+    assert!(state.suspect.is_some());
+}
+
+/// The chain: forge to 9999, forge back to 7001 (Sentinel then lists 9999 as a replica, but
+/// it reports the master role), forge to 9999 again: it never joined the lineage.
+#[test]
+fn a_forged_node_listed_as_a_replica_after_a_forged_switch_back_still_is_refused() {
+    let q = quorum(4);
+    let (state, _, _) = run(settled(), &q, forged(2));
+    let back = (0..3).map(|s| report_with(s, 7001, 3, &[(7002, 7001), (7003, 7001)])).collect();
+    let (state, _, _) = run(state, &q, back);
+    assert_eq!(published(&state), Some((7001, 3)));
+    let (state, signals, _) = run(state, &q, forged(4));
+    assert_eq!(published(&state), Some((7001, 3)));
+    assert!(signals.is_empty() && state.suspect.is_some());
+}
+
+/// A real failover of a dead primary: its replicas lost their link but still name it as
+/// their upstream, and were in the lineage before: the promoted one is published.
+#[test]
+fn a_real_failover_to_a_replica_of_the_master_is_published() {
+    let q = quorum(2);
+    let promoted = (0..2).map(|s| report_with(s, 7002, 2, &[(7003, 7002)])).collect();
+    let (state, signals, _) = run(settled(), &q, promoted);
+    assert_eq!(published(&state), Some((7002, 2)));
+    assert!(state.suspect.is_none());
+    assert_eq!(signals, [S::Flipped { new: 7002, epoch: 2, provisional: false }]);
+    // A replica of a replica (7004 follows 7003) joins the lineage through it.
+    let cascade = (0..2).map(|s| report_with(s, 7002, 2, &[(7003, 7002), (7004, 7003)]));
+    let (state, _, _) = run(state, &q, cascade.collect());
+    assert!(state.lineage.iter().any(|n| n.port == 7004), "{:?}", state.lineage);
+}
+
+/// At start-up there is no history: the first majority is published.
+#[test]
+fn the_first_primary_needs_no_lineage() {
+    let evidence = (0..2).map(|s| report_with(s, 9999, 1, &[])).collect();
+    let (state, _, _) = run(State::default(), &quorum(1), evidence);
+    assert_eq!(published(&state), Some((9999, 1)));
+}
+
+/// Regression (issue 25, item 5): after a partition healed, a Sentinel that missed the
+/// failover reported `-sdown slave <new> @ m <old>` while polestar (which had lost the
+/// others) still published the old primary: the new primary was fenced and demoted.
+#[test]
+fn a_stale_sentinel_after_a_partition_heals_gets_nothing_demoted() {
+    let q = quorum(2);
+    // Sentinels 0 and 1 are cut off (and fail over to 7002 where polestar cannot see it).
+    let cut = vec![Evidence::Gone { from: 0 }, Evidence::Gone { from: 1 }];
+    let (state, _, _) = run(settled(), &q, cut);
+    let stale_says = Evidence::NodeBack { from: 2, node: node(7002) };
+    let (state, signals, _) = run(state, &q, vec![stale_says]);
+    assert!(signals.is_empty(), "one Sentinel's word demoted a node: {signals:?}");
+    // The others return with the new primary; the stale one still names 7003 as returning.
+    let healed = vec![report(0, 7002, 2), report(1, 7002, 2)];
+    let (state, _, _) = run(state, &q, healed);
+    assert_eq!(published(&state), Some((7002, 2)));
+    let (state, signals, _) =
+        run(state, &q, vec![Evidence::NodeBack { from: 2, node: node(7003) }]);
+    assert!(
+        signals.is_empty(),
+        "the stale Sentinel's report is not what is published: {signals:?}"
+    );
+    // A Sentinel that reports what is published is believed about the returning old primary.
+    let current = Evidence::NodeBack { from: 0, node: node(7001) };
+    let (_, signals, _) = run(state, &q, vec![current]);
+    assert_eq!(signals, [S::Returning { node: 7001, published: 7002 }]);
+}
+
+/// A node the master never had is not demoted on a Sentinel's word (it would get the node
+/// credentials and a `REPLICAOF`).
+#[test]
+fn a_returning_node_that_never_was_the_masters_is_left_alone() {
+    let (_, signals, _) =
+        run(settled(), &quorum(2), vec![Evidence::NodeBack { from: 0, node: node(9999) }]);
+    assert!(signals.is_empty(), "{signals:?}");
+}
