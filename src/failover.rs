@@ -35,8 +35,11 @@ pub enum Signal {
     /// of the configured Sentinels): the old primary may be demoted.
     Confirmed { master: String, new: Node, epoch: u64 },
     /// The failover was aborted (and a provisional flip withdrawn): lift every fence and stop
-    /// every drain started for it.
-    Aborted { master: String },
+    /// every drain started for it. `gave_up`: no Sentinel aborted it, polestar's own
+    /// [`FENCE_WITHOUT_FLIP`](crate::sentinel::core::FENCE_WITHOUT_FLIP) ran out; its fences
+    /// are then left to lapse, not lifted: `CLIENT UNPAUSE` lifts every polestar's pause, and
+    /// another polestar that saw the flip may still need its fence.
+    Aborted { master: String, gave_up: bool },
     /// A configured Sentinel reports `node` of `master` coming back (-sdown,
     /// +convert-to-slave, +role-change, +reboot) while `published` at `epoch` is the primary
     /// and no failover of `master` is in progress; if it still answers `ROLE` master, fence,

@@ -418,7 +418,7 @@ async fn fence_holds_writes_and_abort_lifts_it() {
     assert_eq!(read_some(&mut writer, Duration::from_millis(800)).await, None, "write not held");
     assert_eq!(old.ask(&["GET", "k"]).await, "$-1\r\n", "a held write ran");
 
-    h.send(Signal::Aborted { master: "m".into() });
+    h.send(Signal::Aborted { master: "m".into(), gave_up: false });
     let reply = read_some(&mut writer, Duration::from_secs(2)).await;
     assert_eq!(reply.as_deref(), Some("+OK\r\n"));
     let unfence = h.event("unfence", |_| true).await.expect("unfence event");
@@ -464,6 +464,37 @@ async fn a_fence_that_no_promotion_follows_is_lifted_within_seconds() {
     let unfence = h.event("unfence", |_| true).await.expect("unfence event");
     assert_eq!(field(&unfence, "reason"), "unconfirmed");
     assert!(old.ask(&["ROLE"]).await.contains("master"));
+}
+
+/// Regression (issue 25): the decider's own give-up (`FENCE_WITHOUT_FLIP` with no flip) sent
+/// `CLIENT UNPAUSE`, which lifts every polestar's pause, also the fence of another polestar
+/// that saw the flip. Given up, the pause is left to lapse; another's (here the test's own,
+/// 4 s) still holds the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn giving_up_a_promotion_leaves_another_polestars_fence_in_place() {
+    let old = Server::start(&[]).await;
+    let h = harness(settings(200, 100, 60_000, 2000));
+    h.send(Signal::Promoting {
+        master: "m".into(),
+        old: old.node(),
+        new: None,
+        at: Instant::now(),
+    });
+    h.event("fence", |_| true).await.expect("fence event");
+    assert!(old.ask(&["CLIENT", "PAUSE", "4000", "WRITE"]).await.contains("OK"));
+    let others_until = Instant::now() + Duration::from_secs(4);
+    let mut writer = TcpStream::connect(old.addr()).await.expect("connect");
+    writer.write_all(&encode(&["SET", "k", "v"])).await.expect("send SET");
+    h.send(Signal::Aborted { master: "m".into(), gave_up: true });
+    let unfence = h.event("unfence", |_| true).await.expect("unfence event");
+    assert_eq!(field(&unfence, "reason"), "gave_up");
+    let reply = read_some(&mut writer, Duration::from_secs(8)).await;
+    assert_eq!(reply.as_deref(), Some("+OK\r\n"), "the write runs once the other pause lapses");
+    assert!(
+        Instant::now() + Duration::from_millis(300) >= others_until,
+        "the other polestar's fence was lifted {:?} early",
+        others_until - Instant::now()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -587,7 +618,7 @@ async fn an_abort_after_a_provisional_flip_undoes_the_fence_and_the_drain() {
     assert_eq!(read_some(&mut writer, Duration::from_millis(500)).await, None, "write not held");
     assert!(old.ask(&["ROLE"]).await.contains("master"), "demoted before the confirmation");
 
-    h.send(Signal::Aborted { master: "m".into() });
+    h.send(Signal::Aborted { master: "m".into(), gave_up: false });
     let reply = read_some(&mut writer, Duration::from_secs(2)).await;
     assert_eq!(reply.as_deref(), Some("+OK\r\n"), "the fence was not lifted");
     let unfence = h.event("unfence", |_| true).await.expect("unfence event");

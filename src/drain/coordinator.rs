@@ -147,11 +147,12 @@ impl Coordinator {
                 self.promoting.remove(&master);
                 confirm(episodes, &master, &new);
             }
-            Signal::Aborted { master } => {
+            Signal::Aborted { master, gave_up } => {
                 // Undoes every fence and drain of a promotion not confirmed yet, a provisional
                 // flip's included: the node stays the primary.
                 self.promoting.remove(&master);
-                stop_where(episodes, &master, Stop::Aborted, |_, o| o.demote.is_none());
+                let stop = if gave_up { Stop::GaveUp } else { Stop::Aborted };
+                stop_where(episodes, &master, stop, |_, o| o.demote.is_none());
             }
             Signal::Returning { master, node, published, epoch } => {
                 self.returning(episodes, shutdown, &master, &node, &published, epoch)

@@ -93,6 +93,9 @@ pub struct DrainOrder {
 pub enum Stop {
     /// The failover was aborted: the node stays the primary.
     Aborted,
+    /// polestar gave the promotion up (no flip followed the fence in time): the pause is left
+    /// to lapse, since another polestar that saw the flip may still renew its own.
+    GaveUp,
     /// The node is the published primary (again).
     Primary,
     /// The master's failover resolved to another old primary.
@@ -103,6 +106,7 @@ impl Stop {
     fn as_str(self) -> &'static str {
         match self {
             Self::Aborted => "aborted",
+            Self::GaveUp => "gave_up",
             Self::Primary => "primary",
             Self::Superseded => "superseded",
         }
@@ -234,7 +238,10 @@ impl Episode {
             let now = Instant::now();
             next = now + interval;
             if let Some(stop) = current.stop {
-                self.lift(stop.as_str()).await;
+                match stop {
+                    Stop::GaveUp => self.left_to_lapse(),
+                    _ => self.lift(stop.as_str()).await,
+                }
                 return current.generation;
             }
             if now >= current.until {
@@ -323,6 +330,15 @@ impl Episode {
             tracing::warn!(master = %self.master, node = %self.node(), error = %e, "cannot lift the pause; it lapses by itself");
         }
         self.unfenced(reason);
+    }
+
+    /// Stops renewing our pause without lifting it: it lapses within [`pause_length`].
+    fn left_to_lapse(&self) {
+        if self.paused.swap(false, Ordering::SeqCst) {
+            tracing::info!(master = %self.master, node = %self.node(), "no flip followed the fence: left to lapse");
+            let data = json!({ "node": self.node(), "reason": "gave_up" });
+            self.shared.events.push("unfence", Some(&self.master), data);
+        }
     }
 
     fn unfenced(&self, reason: &'static str) {

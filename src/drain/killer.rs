@@ -125,7 +125,8 @@ fn in_scope(scope: Scope, listed_at: Instant, client: &ClientInfo) -> bool {
 /// killing an intended client costs it one reconnect, sparing a stale one leaves it on a
 /// node that is no longer the primary.
 pub fn possibly_connected_before(listed_at: Instant, age: Duration, cutoff: Instant) -> bool {
-    match listed_at.checked_sub(age + Duration::from_secs(1)) {
+    // `age` comes from the node: `age=18446744073709551615` must not overflow (it panicked).
+    match listed_at.checked_sub(age.saturating_add(Duration::from_secs(1))) {
         Some(earliest) => earliest < cutoff,
         None => true,
     }
@@ -197,6 +198,17 @@ mod tests {
     use super::super::clients::parse_list;
     use super::*;
     use crate::config;
+
+    /// Regression (issue 25): `CLIENT LIST` with `age=18446744073709551615` overflowed the
+    /// connection-time arithmetic and killed that node's drain episode for good.
+    #[test]
+    fn a_client_listed_with_the_largest_age_does_not_kill_the_drain() {
+        let at = Instant::now();
+        let list = parse_list("id=7 addr=10.0.0.9:5000 age=18446744073709551615 cmd=set\n");
+        let age = list.clients[0].age;
+        assert_eq!(age, Duration::from_secs(u64::MAX));
+        assert!(possibly_connected_before(at, age, at), "connected before any cutoff");
+    }
 
     fn listing(text: &str, at: Instant) -> Listing {
         Listing { list: parse_list(text), at, own_id: 1 }

@@ -493,12 +493,13 @@ impl Decision<'_> {
             return;
         }
         if leads || provisional_by == Some(from) {
-            self.abort();
+            self.abort(false);
         }
     }
 
     /// Gives the failover up: withdraws a provisional flip and lifts what was started for it.
-    fn abort(&mut self) {
+    /// `gave_up`: polestar's own timeout, not a Sentinel's abort (see [`Signal::Aborted`]).
+    fn abort(&mut self, gave_up: bool) {
         self.state.promotion = None;
         let current = std::mem::replace(&mut self.state.publication, Publication::Unknown);
         self.state.publication = match current {
@@ -510,7 +511,7 @@ impl Decision<'_> {
             other => other,
         };
         let master = self.master.to_string();
-        self.actions.push(Action::Signal(Signal::Aborted { master }));
+        self.actions.push(Action::Signal(Signal::Aborted { master, gave_up }));
     }
 
     /// A node is back: a returning old primary is fenced, drained and demoted, but only on the
@@ -541,7 +542,7 @@ impl Decision<'_> {
             Publication::Provisional { primary, .. } if p.target.as_ref() == Some(primary));
         if !flipped && now.saturating_duration_since(p.started) >= FENCE_WITHOUT_FLIP {
             if p.fenced.is_some() {
-                self.abort();
+                self.abort(true);
             } else {
                 self.state.promotion = None;
             }

@@ -250,9 +250,13 @@ fn a_fence_that_no_flip_follows_is_lifted_within_seconds() {
     let (state, signals, _) = run(state, &q, vec![soon]);
     assert!(signals.is_empty(), "{signals:?}");
     let late = Evidence::Tick { now: started + FENCE_WITHOUT_FLIP };
-    let (state, signals, _) = run(state, &q, vec![late]);
+    let (state, signals, actions) = run(state, &q, vec![late]);
     assert_eq!(signals, [S::Aborted]);
     assert_eq!(state.promotion, None);
+    // Given up by polestar, not aborted by a Sentinel: its fence lapses (no UNPAUSE).
+    let gave_up =
+        actions.iter().any(|a| matches!(a, Action::Signal(Signal::Aborted { gave_up: true, .. })));
+    assert!(gave_up, "{actions:?}");
     // A provisional flip is not given up by the clock: it waits for confirmation or an abort.
     let state = flipped();
     let started = state.promotion.as_ref().map(|p| p.started).expect("a promotion");
