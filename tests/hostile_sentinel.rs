@@ -85,6 +85,9 @@ async fn serve(mut stream: TcpStream, behaviour: Behaviour, n: usize) {
     }
 }
 
+/// Also pins the majority rule: configured addresses that answer but not in RESP (the garbage
+/// and flooding fakes) are shown to be no Sentinel and leave the count; the silent one still
+/// counts (it could be a Sentinel cut off), so 3 real Sentinels of 4 voters publish.
 #[tokio::test]
 async fn hostile_sentinels_do_not_disturb_the_truth_of_the_real_ones() {
     let mut fakes = Vec::new();

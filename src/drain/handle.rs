@@ -34,11 +34,7 @@ impl DrainHandle {
             return Err(DrainError::Disabled);
         }
         let node = known_node(&shared, master, node)?;
-        let link = NodeLink::new(&node, &shared.auth);
-        let pacer = shared.pacers.of(node.addr());
-        let report = drain(&link, &shared.rules, &pacer, Scope::All, Reason::Manual).await?;
-        record(&shared.events, master, &report, true);
-        Ok(report)
+        drain_node(&shared, master, &node).await
     }
 
     /// The same for a node of `master` whatever the published topology says of it now (a
@@ -54,12 +50,17 @@ impl DrainHandle {
             return Err(DrainError::Disabled);
         }
         let node = Node { ip: node.ip(), port: node.port(), hostname: None };
-        let link = NodeLink::new(&node, &shared.auth);
-        let pacer = shared.pacers.of(node.addr());
-        let report = drain(&link, &shared.rules, &pacer, Scope::All, Reason::Manual).await?;
-        record(&shared.events, master, &report, true);
-        Ok(report)
+        drain_node(&shared, master, &node).await
     }
+}
+
+/// One manual pass over `node`: every client not spared, at the configured rate, recorded.
+async fn drain_node(shared: &Shared, master: &str, node: &Node) -> Result<DrainReport, DrainError> {
+    let link = NodeLink::new(node, &shared.auth);
+    let pacer = shared.pacers.of(node.addr());
+    let report = drain(&link, &shared.rules, &pacer, Scope::All, Reason::Manual).await?;
+    record(&shared.events, master, &report, true);
+    Ok(report)
 }
 
 /// `addr` as the published topology knows it: the primary or a replica of `master`.

@@ -79,6 +79,13 @@ fn is_not_sentinel(e: &redis::RedisError) -> bool {
     e.to_string().to_ascii_lowercase().contains("unknown command")
 }
 
+/// Whether a failed connection proves the peer is no Sentinel: it answered, but not in RESP
+/// (a Sentinel always does). A timeout or a refused connection proves nothing: that may be a
+/// Sentinel that is down or cut off, and it keeps counting towards the majority.
+fn speaks_no_resp(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Parse
+}
+
 pub struct Link {
     pub id: LinkId,
     pub endpoint: Endpoint,
@@ -122,7 +129,11 @@ impl Link {
 
     async fn session(&self) -> Result<(), LinkError> {
         let (sink, mut pushes) = push_queue();
-        let mut conn = connect(&self.endpoint, Some(sink)).await?;
+        let connected = connect(&self.endpoint, Some(sink)).await;
+        let mut conn = connected.map_err(|e| match speaks_no_resp(&e) {
+            true => LinkError::NotSentinel(e),
+            false => LinkError::Redis(e),
+        })?;
         let myid = redis::cmd("SENTINEL").arg("MYID").query_async::<Value>(&mut conn).await;
         let myid = myid.map_err(|e| match is_not_sentinel(&e) {
             true => LinkError::NotSentinel(e),
