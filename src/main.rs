@@ -86,8 +86,10 @@ enum Command {
         /// How long to wait for the new primary to be published (a primary's handoff).
         #[arg(long, default_value = "30s", value_parser = parse_duration)]
         wait: Duration,
+        /// A primary's switchover: how long it may wait for its replicas (default 5s).
         #[arg(long, value_name = "DUR", value_parser = parse_duration)]
         max_wait: Option<Duration>,
+        /// A primary's switchover: refuse when the replica is further behind than this.
         #[arg(long, value_name = "SIZE", value_parser = parse_size)]
         max_lag: Option<String>,
         #[arg(long, default_value = client::DEFAULT_API)]
