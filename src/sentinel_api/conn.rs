@@ -21,7 +21,8 @@ use crate::metrics as m;
 use crate::topology::TopologyReader;
 
 use super::commands::{self, Context, ServerInfo, Session};
-use super::publish::{Message, glob};
+use super::glob;
+use super::publish::Message;
 use super::resp::{self, LIMITS, Reply};
 
 /// Unparsed input a connection may hold: one request, however it is split.
@@ -233,7 +234,7 @@ impl<'a> Connection<'a> {
             push.encode(self.session.proto, &mut self.output);
         }
         for pattern in &self.session.patterns {
-            if glob(pattern, channel) {
+            if glob::matches(pattern, channel) {
                 let push = Reply::Push(vec![
                     Reply::bulk("pmessage"),
                     Reply::Bulk(pattern.clone()),

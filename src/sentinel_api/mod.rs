@@ -15,6 +15,7 @@
 
 pub mod commands;
 mod conn;
+pub mod glob;
 pub mod publish;
 pub mod resp;
 pub mod view;

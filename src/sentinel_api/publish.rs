@@ -159,70 +159,6 @@ pub async fn follow_events(
     }
 }
 
-/// Redis's glob (`PSUBSCRIBE` patterns): `*`, `?`, `[a-z]`, `[^...]`, `\x`. Iterative, so a
-/// hostile pattern costs at most pattern × channel steps and no stack.
-pub fn glob(pattern: &[u8], text: &[u8]) -> bool {
-    let (mut p, mut t) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        if let Some(next) = step(pattern, p, text[t]) {
-            if next == usize::MAX {
-                star = Some((p, t));
-                p += 1;
-                continue;
-            }
-            p = next;
-            t += 1;
-            continue;
-        }
-        match star {
-            Some((sp, st)) => {
-                p = sp + 1;
-                t = st + 1;
-                star = Some((sp, st + 1));
-            }
-            None => return false,
-        }
-    }
-    pattern[p.min(pattern.len())..].iter().all(|&b| b == b'*')
-}
-
-/// Where the pattern continues after matching `c` at `p`; `usize::MAX` for a `*`; `None` when
-/// `c` does not match there.
-fn step(pattern: &[u8], p: usize, c: u8) -> Option<usize> {
-    match *pattern.get(p)? {
-        b'*' => Some(usize::MAX),
-        b'?' => Some(p + 1),
-        b'[' => class(pattern, p + 1, c),
-        b'\\' if p + 1 < pattern.len() => (pattern[p + 1] == c).then_some(p + 2),
-        b => (b == c).then_some(p + 1),
-    }
-}
-
-/// A `[...]` class starting after its `[`: where the pattern continues when `c` is in it.
-fn class(pattern: &[u8], mut p: usize, c: u8) -> Option<usize> {
-    let negate = pattern.get(p) == Some(&b'^');
-    if negate {
-        p += 1;
-    }
-    let mut hit = false;
-    while p < pattern.len() && pattern[p] != b']' {
-        if pattern[p] == b'\\' && p + 1 < pattern.len() {
-            hit |= pattern[p + 1] == c;
-            p += 2;
-        } else if p + 2 < pattern.len() && pattern[p + 1] == b'-' && pattern[p + 2] != b']' {
-            let (a, b) = (pattern[p].min(pattern[p + 2]), pattern[p].max(pattern[p + 2]));
-            hit |= (a..=b).contains(&c);
-            p += 3;
-        } else {
-            hit |= pattern[p] == c;
-            p += 1;
-        }
-    }
-    // An unclosed class ends with the pattern, as in Redis.
-    (hit != negate).then_some((p + 1).min(pattern.len()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,29 +277,5 @@ mod tests {
         assert_eq!((next.channel, next.payload.as_str()), ("-sdown", "master m 10.0.0.1 7001"));
         stop.cancel();
         task.await.expect("ends at shutdown");
-    }
-
-    #[test]
-    fn globs_match_like_redis() {
-        let yes = [
-            ("*", "+switch-master"),
-            ("+switch-*", "+switch-master"),
-            ("?sdown", "+sdown"),
-            ("[+-]sdown", "-sdown"),
-            ("[^x]sdown", "+sdown"),
-            ("*master", "+switch-master"),
-            ("a*b*c", "aXXbYYc"),
-            ("\\*", "*"),
-            ("[a-c]", "b"),
-        ];
-        for (p, t) in yes {
-            assert!(glob(p.as_bytes(), t.as_bytes()), "{p} matches {t}");
-        }
-        let no = [("+sdown", "-sdown"), ("a*b", "ac"), ("[^+]sdown", "+sdown"), ("", "x")];
-        for (p, t) in no {
-            assert!(!glob(p.as_bytes(), t.as_bytes()), "{p} does not match {t}");
-        }
-        assert!(glob(b"", b""));
-        assert!(glob(b"[", b"x") || !glob(b"[", b"x"), "an unclosed class does not panic");
     }
 }
