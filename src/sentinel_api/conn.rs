@@ -5,7 +5,9 @@
 //! most [`MAX_OUTPUT`] of replies is built before it is written; a write that the client does
 //! not take within [`WRITE_TIMEOUT`] closes the connection; a subscriber that falls a whole
 //! broadcast channel behind is closed (never buffered for); a client that subscribes to
-//! nothing and says nothing for `idle_timeout` is closed.
+//! nothing and says nothing for `idle_timeout` is closed. While a password is set and not yet
+//! given, a request is held to [`resp::UNAUTHENTICATED`] (a few KiB) and the connection has
+//! [`AUTH_TIMEOUT`] from its start to authenticate.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -23,10 +25,13 @@ use crate::topology::TopologyReader;
 use super::commands::{self, Context, ServerInfo, Session};
 use super::glob;
 use super::publish::Message;
-use super::resp::{self, LIMITS, Reply};
+use super::resp::{self, LIMITS, Parser, Reply, UNAUTHENTICATED};
 
-/// Unparsed input a connection may hold: one request, however it is split.
-pub const MAX_REQUEST: usize = 1024 * 1024;
+/// One request's bytes, however it is split.
+pub const MAX_REQUEST: usize = LIMITS.max_request;
+/// How long a connection may take to authenticate when a password is set: an honest client
+/// sends `AUTH` (or `HELLO ... AUTH`) as its first request.
+pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Replies built before they are written; the rest of a pipeline waits in the input.
 const MAX_OUTPUT: usize = 256 * 1024;
 /// How long a client may leave a write of ours untaken before it is disconnected.
@@ -57,6 +62,7 @@ enum End {
     Closed,
     Quit,
     Idle,
+    AuthTimeout,
     Protocol,
     SlowSubscriber,
     SlowReader,
@@ -69,6 +75,7 @@ impl End {
             End::Closed => "closed",
             End::Quit => "quit",
             End::Idle => "idle",
+            End::AuthTimeout => "auth_timeout",
             End::Protocol => "protocol_error",
             End::SlowSubscriber => "slow_subscriber",
             End::SlowReader => "write_timeout",
@@ -92,7 +99,14 @@ struct Connection<'a> {
     shared: &'a Shared,
     session: Session,
     input: Vec<u8>,
+    /// What it took of a request that is not complete yet.
+    parser: Parser,
     output: Vec<u8>,
+    /// The session's patterns that match a channel, per channel: matched once per set of
+    /// patterns, not once per message (dropped when a request may have changed them).
+    matched: Vec<(&'static str, Vec<Vec<u8>>)>,
+    /// When a connection that has not authenticated is closed.
+    auth_deadline: tokio::time::Instant,
     /// Held while the session subscribes to anything; `None` otherwise.
     messages: Option<broadcast::Receiver<Arc<Message>>>,
 }
@@ -107,7 +121,17 @@ impl<'a> Connection<'a> {
     fn new(stream: TcpStream, shared: &'a Shared) -> Self {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let session = Session::new(id, shared.password.borrow().is_some());
-        Self { stream, shared, session, input: Vec::new(), output: Vec::new(), messages: None }
+        Self {
+            stream,
+            shared,
+            session,
+            input: Vec::new(),
+            parser: Parser::default(),
+            output: Vec::new(),
+            matched: Vec::new(),
+            auth_deadline: tokio::time::Instant::now() + AUTH_TIMEOUT,
+            messages: None,
+        }
     }
 
     async fn run(mut self, shutdown: &CancellationToken) -> End {
@@ -116,7 +140,7 @@ impl<'a> Connection<'a> {
             let more = match self.answer_pending() {
                 Ok(more) => more,
                 Err(e) => {
-                    let reply = Reply::error(format!("ERR Protocol error: {e}"));
+                    let reply = Reply::error(protocol_error(&e, self.session.authenticated));
                     reply.encode(self.session.proto, &mut self.output);
                     let _ = self.flush().await;
                     return End::Protocol;
@@ -146,14 +170,30 @@ impl<'a> Connection<'a> {
                     return End::SlowSubscriber;
                 }
                 Wake::Message(Err(broadcast::error::RecvError::Closed)) => return End::Shutdown,
-                Wake::End(end) => return end,
+                Wake::End(end) => return self.end(end).await,
             }
         }
+    }
+
+    /// Says why when a limit ends the connection.
+    async fn end(&mut self, end: End) -> End {
+        match end {
+            End::Idle => commands::limited("idle_timeout"),
+            End::AuthTimeout => {
+                commands::limited("auth_timeout");
+                let reply = Reply::error("ERR authentication timeout, closing the connection");
+                reply.encode(self.session.proto, &mut self.output);
+                let _ = self.flush().await;
+            }
+            _ => {}
+        }
+        end
     }
 
     async fn wait(&mut self, chunk: &mut [u8], shutdown: &CancellationToken) -> Wake {
         let idle = self.session.subscriptions() == 0;
         let timeout = self.shared.idle_timeout;
+        let (unauthenticated, auth_deadline) = (!self.session.authenticated, self.auth_deadline);
         let Self { stream, messages, .. } = self;
         let messages = async {
             match messages.as_mut() {
@@ -165,6 +205,9 @@ impl<'a> Connection<'a> {
             read = stream.read(chunk) => Wake::Read(read),
             message = messages => Wake::Message(message),
             () = tokio::time::sleep(timeout), if idle => Wake::End(End::Idle),
+            () = tokio::time::sleep_until(auth_deadline), if unauthenticated => {
+                Wake::End(End::AuthTimeout)
+            }
             () = shutdown.cancelled() => Wake::End(End::Shutdown),
         }
     }
@@ -193,22 +236,27 @@ impl<'a> Connection<'a> {
             if self.output.len() >= MAX_OUTPUT || self.session.closing {
                 break Ok(used < self.input.len());
             }
-            match resp::parse(&self.input[used..], &LIMITS) {
-                Ok(Some((request, n))) => {
+            let limits = if self.session.authenticated { &LIMITS } else { &UNAUTHENTICATED };
+            match self.parser.next(&self.input[used..], limits) {
+                Ok((n, Some(request))) => {
                     used += n;
                     if request.is_empty() {
                         continue;
                     }
+                    self.matched.clear();
                     let command = commands::metric_name(&request);
                     metrics::counter!(m::SENTINEL_API_COMMANDS, "command" => command).increment(1);
                     for reply in commands::answer(&request, &mut self.session, &ctx) {
                         reply.encode(self.session.proto, &mut self.output);
                     }
                 }
-                Ok(None) if self.input.len() - used > MAX_REQUEST => {
-                    break Err(resp::ProtocolError::TooLarge);
+                Ok((n, None)) => {
+                    used += n;
+                    if self.parser.held() + self.input.len() - used > limits.max_request {
+                        break Err(resp::ProtocolError::TooLarge);
+                    }
+                    break Ok(false);
                 }
-                Ok(None) => break Ok(false),
                 Err(e) => break Err(e),
             }
         };
@@ -233,16 +281,15 @@ impl<'a> Connection<'a> {
             let push = Reply::Push(vec![Reply::bulk("message"), Reply::bulk(channel), payload()]);
             push.encode(self.session.proto, &mut self.output);
         }
-        for pattern in &self.session.patterns {
-            if glob::matches(pattern, channel) {
-                let push = Reply::Push(vec![
-                    Reply::bulk("pmessage"),
-                    Reply::Bulk(pattern.clone()),
-                    Reply::bulk(channel),
-                    payload(),
-                ]);
-                push.encode(self.session.proto, &mut self.output);
-            }
+        let Self { matched, session, output, .. } = self;
+        for pattern in patterns_of(matched, session, message.channel) {
+            let push = Reply::Push(vec![
+                Reply::bulk("pmessage"),
+                Reply::Bulk(pattern.clone()),
+                Reply::bulk(channel),
+                payload(),
+            ]);
+            push.encode(session.proto, output);
         }
     }
 
@@ -275,4 +322,39 @@ impl<'a> Connection<'a> {
             Err(_) => Err(End::SlowReader),
         }
     }
+}
+
+/// The session's patterns that match `channel`, matched on first use of the channel.
+fn patterns_of<'m>(
+    matched: &'m mut Vec<(&'static str, Vec<Vec<u8>>)>,
+    session: &Session,
+    channel: &'static str,
+) -> &'m [Vec<u8>] {
+    let at = match matched.iter().position(|(c, _)| *c == channel) {
+        Some(at) => at,
+        None => {
+            let hits = session.patterns.iter().filter(|p| glob::matches(p, channel.as_bytes()));
+            matched.push((channel, hits.cloned().collect()));
+            matched.len() - 1
+        }
+    };
+    &matched[at].1
+}
+
+/// The `-ERR` line of a protocol error, in Redis's words; a limit also counts and logs.
+fn protocol_error(e: &resp::ProtocolError, authenticated: bool) -> String {
+    if !e.is_limit() {
+        return format!("ERR Protocol error: {e}");
+    }
+    if authenticated {
+        commands::limited("request_size");
+        return format!("ERR Protocol error: {e}");
+    }
+    commands::limited("unauthenticated_input");
+    let what = match e {
+        resp::ProtocolError::MultibulkLength => "multibulk length".to_string(),
+        resp::ProtocolError::BulkLength => "bulk length".to_string(),
+        other => other.to_string(),
+    };
+    format!("ERR Protocol error: unauthenticated {what}")
 }

@@ -12,6 +12,11 @@
 //! a snapshot (pure), [`publish`] turns snapshot changes into Sentinel's event messages, and
 //! `conn` runs one connection. This module binds (a startup step of its own, so a busy port
 //! fails the start) and accepts under a connection cap.
+//!
+//! The endpoint runs on a runtime of its own ([`FANOUT_THREADS`] threads): at a flip, tens of
+//! thousands of subscribers wake at once, each formats its own messages from the one shared
+//! broadcast and writes them; on their own threads they take their share of the CPU from the
+//! kernel's scheduler, instead of queueing ahead of DNS and HTTP tasks on the daemon's workers.
 
 pub mod commands;
 mod conn;
@@ -36,7 +41,7 @@ use crate::events::EventLog;
 use crate::metrics as m;
 use crate::topology::TopologyReader;
 
-pub use conn::{MAX_REQUEST, WRITE_TIMEOUT};
+pub use conn::{AUTH_TIMEOUT, MAX_REQUEST, WRITE_TIMEOUT};
 pub use publish::Message;
 
 /// Messages a subscriber may fall behind by before it is disconnected. Shared by all of them
@@ -53,6 +58,8 @@ const FULL: &[u8] = b"-ERR max number of clients reached\r\n";
 /// Connections one client address (IPv6: one /64) holds at once, of every listener: a
 /// host's connection pools fit, one host cannot take every connection.
 pub const CONNECTIONS_PER_CLIENT: usize = 256;
+/// Worker threads of the endpoint's own runtime.
+pub const FANOUT_THREADS: usize = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SentinelApiError {
@@ -90,9 +97,40 @@ pub struct Api {
     pub events: Arc<EventLog>,
 }
 
-/// Serves until `shutdown`: one accept loop per listener, one task per connection, and the
-/// publisher that turns topology changes into messages. Returns once all of them ended.
+/// Serves until `shutdown`, on the endpoint's own runtime (started here, on its own thread):
+/// one accept loop per listener, one task per connection, and the publisher that turns
+/// topology changes into messages. Returns once all of them ended.
 pub async fn serve(
+    listeners: Vec<TcpListener>,
+    api: Api,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    // Registered again with the new runtime's reactor there.
+    let listeners = listeners.into_iter().map(TcpListener::into_std).collect::<io::Result<_>>()?;
+    let (done, finished) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new().name("sentinel-api".into()).spawn(move || {
+        let _ = done.send(run_on_own_runtime(listeners, api, shutdown));
+    })?;
+    finished.await.unwrap_or_else(|_| Err(io::Error::other("the Sentinel API thread panicked")))
+}
+
+fn run_on_own_runtime(
+    listeners: Vec<std::net::TcpListener>,
+    api: Api,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(FANOUT_THREADS)
+        .thread_name("sentinel-api")
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listeners = listeners.into_iter().map(TcpListener::from_std);
+        serve_here(listeners.collect::<io::Result<_>>()?, api, shutdown).await
+    })
+}
+
+async fn serve_here(
     listeners: Vec<TcpListener>,
     api: Api,
     shutdown: CancellationToken,
@@ -230,6 +268,9 @@ fn describe_series() {
         metrics::counter!(m::SENTINEL_API_PUBLISHED, "channel" => channel).increment(0);
     }
     metrics::counter!(m::SENTINEL_API_DISCONNECTS, "reason" => "slow_subscriber").increment(0);
+    for limit in ["unauthenticated_input", "request_size", "auth_timeout", "idle_timeout"] {
+        metrics::counter!(m::SENTINEL_API_LIMITED, "limit" => limit).increment(0);
+    }
 }
 
 fn now_nanos() -> u128 {

@@ -17,10 +17,18 @@ pub struct Limits {
     pub max_bulk: usize,
     /// Bytes of one inline request line.
     pub max_inline: usize,
+    /// Bytes of one request in all, taken and still unparsed.
+    pub max_request: usize,
 }
 
 /// Sentinel commands are short: a name, a subcommand, a master name.
-pub const LIMITS: Limits = Limits { max_args: 1024, max_bulk: 64 * 1024, max_inline: 64 * 1024 };
+pub const LIMITS: Limits =
+    Limits { max_args: 1024, max_bulk: 64 * 1024, max_inline: 64 * 1024, max_request: 1024 * 1024 };
+
+/// Before a connection authenticates (when a password is set) it can only say `AUTH`,
+/// `HELLO`, `QUIT` or `RESET`: a few short arguments (Redis allows 10 arguments before AUTH).
+pub const UNAUTHENTICATED: Limits =
+    Limits { max_args: 10, max_bulk: 4096, max_inline: 4096, max_request: 8192 };
 
 /// The longest header line (`*<n>` or `$<n>`) accepted: an i64 and the type byte.
 const MAX_HEADER: usize = 24;
@@ -39,53 +47,150 @@ pub enum ProtocolError {
     InlineTooLong,
     #[error("unbalanced quotes in request")]
     Quotes,
-    /// More than [`crate::sentinel_api::MAX_REQUEST`] buffered without a complete request.
+    /// More than [`Limits::max_request`] of one request, taken and buffered.
     #[error("request too large")]
     TooLarge,
+}
+
+impl ProtocolError {
+    /// Whether a [`Limits`] was exceeded (rather than the bytes being no RESP).
+    pub fn is_limit(&self) -> bool {
+        matches!(
+            self,
+            Self::MultibulkLength | Self::BulkLength | Self::InlineTooLong | Self::TooLarge
+        )
+    }
+}
+
+/// A resumable parser: it keeps what it took of a request that is not complete yet, so the
+/// next read continues where the last one stopped instead of parsing the input from the start
+/// (a 1 MiB request arriving in 16 KiB reads is looked at once, not 64 times).
+#[derive(Debug, Default)]
+pub struct Parser {
+    partial: Partial,
+}
+
+#[derive(Debug, Default)]
+enum Partial {
+    /// Between requests.
+    #[default]
+    Start,
+    /// An inline line whose first `scanned` bytes hold no newline.
+    Inline { scanned: usize },
+    /// A multibulk request: the arguments taken (`held` bytes), how many are still to come,
+    /// and the length of the next one once its `$` header was taken.
+    Multibulk { args: Request, left: usize, bulk: Option<usize>, held: usize },
+}
+
+impl Parser {
+    /// Takes what it can of `buf` (the input it has not consumed yet): the bytes it consumed
+    /// (the caller drops them; they are never shown again) and the request when it is
+    /// complete. An empty request (`*0`, a blank inline line) is `Some(vec![])`.
+    pub fn next(
+        &mut self,
+        buf: &[u8],
+        limits: &Limits,
+    ) -> Result<(usize, Option<Request>), ProtocolError> {
+        let result = match &mut self.partial {
+            Partial::Start => match buf.first() {
+                None => return Ok((0, None)),
+                Some(b'*') => return self.start_multibulk(buf, limits),
+                Some(_) => inline(buf, 0, limits),
+            },
+            Partial::Inline { scanned } => inline(buf, *scanned, limits),
+            Partial::Multibulk { .. } => return self.continue_multibulk(buf, 0, limits),
+        }?;
+        match result {
+            Line::Complete(words, used) => {
+                self.partial = Partial::Start;
+                Ok((used, Some(words)))
+            }
+            Line::Scanned(scanned) => {
+                self.partial = Partial::Inline { scanned };
+                Ok((0, None))
+            }
+        }
+    }
+
+    /// Bytes of the request in progress that the parser holds (the arguments it took).
+    pub fn held(&self) -> usize {
+        match self.partial {
+            Partial::Multibulk { held, .. } => held,
+            _ => 0,
+        }
+    }
+
+    fn start_multibulk(
+        &mut self,
+        buf: &[u8],
+        limits: &Limits,
+    ) -> Result<(usize, Option<Request>), ProtocolError> {
+        let Some((count, pos)) = header(buf, 0, ProtocolError::MultibulkLength)? else {
+            return Ok((0, None));
+        };
+        if count <= 0 {
+            return Ok((pos, Some(Vec::new())));
+        }
+        if count as u64 > limits.max_args as u64 {
+            return Err(ProtocolError::MultibulkLength);
+        }
+        let left = count as usize;
+        let args = Vec::with_capacity(left.min(16));
+        self.partial = Partial::Multibulk { args, left, bulk: None, held: 0 };
+        self.continue_multibulk(buf, pos, limits)
+    }
+
+    /// Takes arguments from `buf[pos..]` until the request is complete or the input ends.
+    fn continue_multibulk(
+        &mut self,
+        buf: &[u8],
+        mut pos: usize,
+        limits: &Limits,
+    ) -> Result<(usize, Option<Request>), ProtocolError> {
+        let Partial::Multibulk { args, left, bulk, held } = &mut self.partial else {
+            return Ok((pos, None));
+        };
+        while *left > 0 {
+            let Some(len) = *bulk else {
+                match buf.get(pos) {
+                    None => return Ok((pos, None)),
+                    Some(b'$') => {}
+                    Some(&other) => return Err(ProtocolError::ExpectedBulk(other as char)),
+                }
+                let Some((len, start)) = header(buf, pos, ProtocolError::BulkLength)? else {
+                    return Ok((pos, None));
+                };
+                if len < 0 || len as u64 > limits.max_bulk as u64 {
+                    return Err(ProtocolError::BulkLength);
+                }
+                *bulk = Some(len as usize);
+                pos = start;
+                continue;
+            };
+            let Some(tail) = buf.get(pos + len..pos + len + 2) else { return Ok((pos, None)) };
+            if tail != b"\r\n" {
+                return Err(ProtocolError::MissingCrlf);
+            }
+            args.push(buf[pos..pos + len].to_vec());
+            *held += len;
+            pos += len + 2;
+            *left -= 1;
+            *bulk = None;
+        }
+        let request = std::mem::take(args);
+        self.partial = Partial::Start;
+        Ok((pos, Some(request)))
+    }
 }
 
 /// The first complete request in `buf` and how many bytes it took; `Ok(None)` when `buf`
 /// holds only part of one. An empty request (`*0`, a blank inline line) is `Some(vec![])`.
 pub fn parse(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, ProtocolError> {
-    match buf.first() {
-        None => Ok(None),
-        Some(b'*') => multibulk(buf, limits),
-        Some(_) => inline(buf, limits),
+    let mut parser = Parser::default();
+    match parser.next(buf, limits)? {
+        (used, Some(request)) => Ok(Some((request, used))),
+        (_, None) => Ok(None),
     }
-}
-
-fn multibulk(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, ProtocolError> {
-    let Some((count, mut pos)) = header(buf, 0, ProtocolError::MultibulkLength)? else {
-        return Ok(None);
-    };
-    if count <= 0 {
-        return Ok(Some((Vec::new(), pos)));
-    }
-    if count as u64 > limits.max_args as u64 {
-        return Err(ProtocolError::MultibulkLength);
-    }
-    let mut args = Vec::with_capacity(count as usize);
-    for _ in 0..count {
-        match buf.get(pos) {
-            None => return Ok(None),
-            Some(b'$') => {}
-            Some(&other) => return Err(ProtocolError::ExpectedBulk(other as char)),
-        }
-        let Some((len, start)) = header(buf, pos, ProtocolError::BulkLength)? else {
-            return Ok(None);
-        };
-        if len < 0 || len as u64 > limits.max_bulk as u64 {
-            return Err(ProtocolError::BulkLength);
-        }
-        let end = start + len as usize;
-        let Some(tail) = buf.get(end..end + 2) else { return Ok(None) };
-        if tail != b"\r\n" {
-            return Err(ProtocolError::MissingCrlf);
-        }
-        args.push(buf[start..end].to_vec());
-        pos = end + 2;
-    }
-    Ok(Some((args, pos)))
 }
 
 /// The integer of the header line at `at` (after its type byte) and where the line ends.
@@ -109,14 +214,22 @@ fn header(
     Ok(Some((n, at + 1 + cr + 2)))
 }
 
-/// A line of words separated by blanks, with Redis's double and single quotes.
-fn inline(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, ProtocolError> {
+/// An inline line: complete (its words and the bytes it took), or how far it was scanned.
+enum Line {
+    Complete(Request, usize),
+    Scanned(usize),
+}
+
+/// A line of words separated by blanks, with Redis's double and single quotes; the search
+/// for its newline starts at `scanned`.
+fn inline(buf: &[u8], scanned: usize, limits: &Limits) -> Result<Line, ProtocolError> {
     let window = &buf[..buf.len().min(limits.max_inline + 2)];
-    let Some(nl) = window.iter().position(|&b| b == b'\n') else {
+    let from = scanned.min(window.len());
+    let Some(nl) = window[from..].iter().position(|&b| b == b'\n').map(|i| from + i) else {
         return if buf.len() > limits.max_inline {
             Err(ProtocolError::InlineTooLong)
         } else {
-            Ok(None)
+            Ok(Line::Scanned(window.len()))
         };
     };
     let line = buf[..nl].strip_suffix(b"\r").unwrap_or(&buf[..nl]);
@@ -127,7 +240,7 @@ fn inline(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, Proto
     if words.len() > limits.max_args {
         return Err(ProtocolError::MultibulkLength);
     }
-    Ok(Some((words, nl + 1)))
+    Ok(Line::Complete(words, nl + 1))
 }
 
 fn split_words(line: &[u8]) -> Result<Vec<Vec<u8>>, ProtocolError> {
@@ -301,6 +414,51 @@ mod tests {
         assert_eq!(one(&long[..LIMITS.max_inline]), Ok(None));
     }
 
+    /// Found 2 of issue 26: the input was parsed again from the start after every read.
+    #[test]
+    fn a_request_split_across_reads_is_taken_as_it_arrives() {
+        let mut parser = Parser::default();
+        let bulk = vec![b'x'; 40_000];
+        let wire = [b"*2\r\n$4\r\nECHO\r\n$40000\r\n".as_slice(), &bulk, b"\r\n"].concat();
+        let mut input = Vec::new();
+        let mut taken = 0;
+        for chunk in wire.chunks(1000) {
+            input.extend_from_slice(chunk);
+            let (used, request) = parser.next(&input, &LIMITS).unwrap();
+            input.drain(..used);
+            taken += used;
+            if let Some(request) = request {
+                assert_eq!(request, vec![b"ECHO".to_vec(), bulk.clone()]);
+                assert_eq!((taken, input.len()), (wire.len(), 0));
+                return;
+            }
+            // The headers and the first argument are taken at once; only the unfinished
+            // argument waits in the input.
+            assert_eq!(taken, 22, "the headers are taken as they arrive");
+            assert_eq!(parser.held(), 4);
+        }
+        panic!("the request never completed");
+    }
+
+    #[test]
+    fn an_inline_line_is_scanned_once() {
+        let mut parser = Parser::default();
+        assert_eq!(parser.next(b"PIN", &LIMITS), Ok((0, None)));
+        assert!(matches!(parser.partial, Partial::Inline { scanned: 3 }));
+        assert_eq!(parser.next(b"PING\r\n", &LIMITS), Ok((6, Some(words(&["PING"])))));
+    }
+
+    #[test]
+    fn unauthenticated_requests_are_small() {
+        let auth = b"*2\r\n$4\r\nAUTH\r\n$6\r\nsecret\r\n";
+        assert!(parse(auth, &UNAUTHENTICATED).unwrap().is_some());
+        let many = b"*11\r\n";
+        assert_eq!(parse(many, &UNAUTHENTICATED), Err(ProtocolError::MultibulkLength));
+        let big = b"*2\r\n$4\r\nAUTH\r\n$4097\r\n";
+        assert_eq!(parse(big, &UNAUTHENTICATED), Err(ProtocolError::BulkLength));
+        assert_eq!(parse(big, &LIMITS), Ok(None));
+    }
+
     #[test]
     fn replies_encode_per_protocol() {
         let encode = |r: Reply, p| {
@@ -342,7 +500,7 @@ mod fuzz {
 
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let small = Limits { max_args: 4, max_bulk: 16, max_inline: 64 };
+            let small = Limits { max_args: 4, max_bulk: 16, max_inline: 64, max_request: 128 };
             for limits in [LIMITS, small] {
                 if let Ok(Some((_, used))) = parse(&bytes, &limits) {
                     prop_assert!(used > 0 && used <= bytes.len());
@@ -377,6 +535,34 @@ mod fuzz {
             prop_assert_eq!(parse(&wire, &LIMITS), Ok(Some((args.clone(), wire.len()))));
             let cut = split.min(wire.len() - 1);
             prop_assert_eq!(parse(&wire[..cut], &LIMITS), Ok(None));
+        }
+
+        #[test]
+        fn requests_fed_in_pieces_parse_as_a_whole(
+            args in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..8),
+            sizes in proptest::collection::vec(1usize..30, 1..64),
+        ) {
+            let wire = [encode_request(&args), b"PING x\r\n".to_vec()].concat();
+            let mut parser = Parser::default();
+            let (mut input, mut got, mut fed) = (Vec::new(), Vec::new(), 0);
+            for size in sizes.iter().cycle() {
+                if fed == wire.len() {
+                    break;
+                }
+                let end = (fed + size).min(wire.len());
+                input.extend_from_slice(&wire[fed..end]);
+                fed = end;
+                loop {
+                    let (used, request) = parser.next(&input, &LIMITS).unwrap();
+                    input.drain(..used);
+                    match request {
+                        Some(r) => got.push(r),
+                        None => break,
+                    }
+                }
+            }
+            let ping = vec![b"PING".to_vec(), b"x".to_vec()];
+            prop_assert_eq!(got, vec![args, ping]);
         }
     }
 }
