@@ -24,18 +24,40 @@ use tokio::time::{Instant, sleep};
 /// promotion (the new primary first answering `ROLE` master).
 const BACK: Duration = Duration::from_secs(1);
 
-struct Client {
-    label: &'static str,
+pub(crate) struct Client {
+    pub(crate) label: &'static str,
+    /// The settings, as the README's "Tested with" table names them.
+    settings: &'static str,
     /// Held to [`BACK`] and to no error (`quiet`) or at most one surfaced error.
     promised: bool,
     quiet: bool,
 }
 
-const CLIENTS: [Client; 4] = [
-    Client { label: "redis-py master_for default", promised: true, quiet: false },
-    Client { label: "redis-py master_for redial+retry", promised: true, quiet: true },
-    Client { label: "redis-py master_for retry only", promised: false, quiet: false },
-    Client { label: "node-redis createSentinel default", promised: true, quiet: false },
+pub(crate) const CLIENTS: [Client; 4] = [
+    Client {
+        label: "redis-py master_for default",
+        settings: "master_for(name)",
+        promised: true,
+        quiet: false,
+    },
+    Client {
+        label: "redis-py master_for redial+retry",
+        settings: "connection_class=SentinelRedialingConnection, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)",
+        promised: true,
+        quiet: true,
+    },
+    Client {
+        label: "redis-py master_for retry only",
+        settings: "retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)",
+        promised: false,
+        quiet: false,
+    },
+    Client {
+        label: "node-redis createSentinel default",
+        settings: "createSentinel({name, sentinelRootNodes})",
+        promised: true,
+        quiet: false,
+    },
 ];
 
 struct Writer {
@@ -92,6 +114,12 @@ impl Writer {
             .collect()
     }
 
+    /// `<lib> <version>` from the client's `version` line.
+    fn version(&self) -> String {
+        let lines = lock(&self.lines);
+        lines.iter().find_map(|l| l.strip_prefix("version ")).unwrap_or("?").to_string()
+    }
+
     fn errors_after(&self, ms: u64) -> usize {
         let lines = lock(&self.lines);
         let ms_of = |l: &str| l.split(' ').nth(2).and_then(|m| m.parse::<u64>().ok());
@@ -128,17 +156,6 @@ async fn watch_promotion(candidates: Vec<SocketAddr>) -> Option<(u64, SocketAddr
         sleep(Duration::from_millis(5)).await;
     }
     None
-}
-
-fn result_row(row: &serde_json::Value) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/client-results");
-    let _ = std::fs::create_dir_all(&dir);
-    if let Ok(mut f) =
-        std::fs::OpenOptions::new().create(true).append(true).open(dir.join("sentinel.jsonl"))
-    {
-        use std::io::Write;
-        let _ = writeln!(f, "{row}");
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,10 +215,14 @@ async fn sentinel_pool_clients_with_the_readme_settings_are_back_within_a_second
             c.label,
             acks.len()
         );
-        result_row(&serde_json::json!({
-            "client": c.label, "path": "polestar Sentinel endpoint", "fault": "planned",
-            "back_ms": back, "errors": errors, "lost": lost, "acked": acks.len(),
-        }));
+        crate::client_results::append(
+            "sentinel.jsonl",
+            &serde_json::json!({
+                "client": c.label, "version": w.version(), "settings": c.settings,
+                "path": "polestar Sentinel endpoint", "fault": "planned",
+                "back_ms": back, "errors": errors, "lost": lost, "acked": acks.len(),
+            }),
+        );
         if lost > 0 {
             failures.push(format!("{}: {lost} acknowledged writes lost", c.label));
         }

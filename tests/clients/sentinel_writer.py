@@ -18,6 +18,7 @@ import os
 import sys
 import time
 
+import redis
 import redis.retry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
@@ -102,6 +103,7 @@ def main():
     settings = sys.argv[5] if len(sys.argv) > 5 else "tuned"
     if os.environ.get("PY_TRACE"):
         traced()
+    print(f"version redis-py {redis.__version__}", flush=True)
     sentinel, options = sentinel_and_master(sentinels, name, settings)
     # The usual application pattern. (A client holding one connection, such as
     # `single_connection_client=True`, reconnects to the address it had in redis-py 6.4: only a
