@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-pub const BEGIN: &str = "<!-- client-results:begin (generated: client_results::render_the_readme_table) -->";
+pub const BEGIN: &str =
+    "<!-- client-results:begin (generated: client_results::render_the_readme_table) -->";
 pub const END: &str = "<!-- client-results:end -->";
 const HEADER: &str =
     "| client | version | path | fault | time back | runs | acknowledged writes lost | settings |";
@@ -121,7 +122,13 @@ fn load_rows() -> Vec<Value> {
     files
         .iter()
         .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
-        .flat_map(|p| std::fs::read_to_string(p).unwrap_or_default().lines().map(String::from).collect::<Vec<_>>())
+        .flat_map(|p| {
+            std::fs::read_to_string(p)
+                .unwrap_or_default()
+                .lines()
+                .map(String::from)
+                .collect::<Vec<_>>()
+        })
         .filter_map(|l| serde_json::from_str(&l).ok())
         .collect()
 }
@@ -163,7 +170,10 @@ fn the_readme_client_table_is_generated_and_names_every_client_tested() {
     let named: Vec<&str> =
         table.lines().skip(2).filter_map(|l| l.split(" | ").next()?.strip_prefix("| ")).collect();
     let missing: Vec<&str> = clients_tested().into_iter().filter(|c| !named.contains(c)).collect();
-    assert!(missing.is_empty(), "the README's table has no row for {missing:?}: rerun them and render");
+    assert!(
+        missing.is_empty(),
+        "the README's table has no row for {missing:?}: rerun them and render"
+    );
 }
 
 #[test]

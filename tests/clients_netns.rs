@@ -77,8 +77,7 @@ pub(crate) struct App {
     pub(crate) settings: &'static str,
 }
 
-const GLIDE_ADVISED: &str =
-    "request_timeout=500, BackoffStrategy(num_of_retries=4, factor=10, exponent_base=2), connection_timeout=500";
+const GLIDE_ADVISED: &str = "request_timeout=500, BackoffStrategy(num_of_retries=4, factor=10, exponent_base=2), connection_timeout=500";
 
 pub(crate) const APPS: [App; 7] = [
     App {

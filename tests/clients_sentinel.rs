@@ -313,7 +313,15 @@ async fn clients_through(fault: Fault, clients: &[Client]) -> Vec<Outcome> {
             .expect("LRANGE on the new primary");
         let stored: BTreeSet<u64> = stored.iter().filter_map(|s| s.parse().ok()).collect();
         let acks = w.acks();
-        let lost = acks.iter().filter(|a| !stored.contains(&a.0)).count();
+        let lost_acks: Vec<&(u64, u64, u16)> =
+            acks.iter().filter(|a| !stored.contains(&a.0)).collect();
+        let lost = lost_acks.len();
+        if lost > 0 {
+            println!(
+                "CLIENTS_SENTINEL {} lost (seq, ms, port) {lost_acks:?}; promotion at {promoted_ms}, old {old}, new {new}",
+                c.label
+            );
+        }
         let back = first_on_new(w).map(|ms| ms.saturating_sub(promoted_ms));
         let errors = w.errors_after(promoted_ms.saturating_sub(3000));
         println!(
