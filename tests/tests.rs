@@ -17,6 +17,7 @@ mod bench_switchover;
 mod bench_sentinel_api;
 mod chaos_netns;
 mod cli;
+mod client_results;
 mod clients_netns;
 mod clients_sentinel;
 mod discovery;
