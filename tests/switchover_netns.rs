@@ -494,7 +494,8 @@ async fn killed_mid_switchover(cluster: &Cluster) -> anyhow::Result<()> {
     let accepted = in_ns(&cluster.app, move || async move {
         let client = redis::Client::open(format!("redis://{old}/"))?;
         let mut conn = client.get_multiplexed_async_connection().await?;
-        let set = redis::cmd("SET").arg("after-the-kill").arg(1).query_async::<()>(&mut conn);
+        let mut set = redis::cmd("SET");
+        let set = set.arg("after-the-kill").arg(1).query_async::<()>(&mut conn);
         tokio::time::timeout(Duration::from_secs(20), set).await??;
         Ok(killed.elapsed())
     })
