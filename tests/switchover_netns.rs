@@ -399,7 +399,6 @@ async fn coordinated(cluster: &Cluster) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (status, body) = post(&cluster.ctl, failover_url(cluster, "wait=30s&max_wait=30s")).await?;
     anyhow::ensure!(status == 200, "switchover: {status} {body}");
-    anyhow::ensure!(body["coordinated"] == true, "not coordinated: {body}");
     let new: SocketAddr =
         format!("{}:{}", body["primary"]["ip"].as_str().unwrap_or(""), body["primary"]["port"])
             .parse()?;
@@ -424,6 +423,12 @@ async fn coordinated(cluster: &Cluster) -> anyhow::Result<()> {
     let kept = stored(cluster, new, "ids");
     let lost: Vec<u64> = written.ids.iter().copied().filter(|id| !kept.contains(id)).collect();
     let url = format!("http://{}:{HTTP_PORT}/v1/events", cluster.ctl.ip);
+    let events = crate::netns::get_json(&cluster.ctl, url.clone()).await.unwrap_or_default();
+    let switchover = events.as_array().and_then(|e| {
+        e.iter().rev().find(|e| e["kind"] == "switchover" && e["outcome"] == "failed_over").cloned()
+    });
+    let switchover = switchover.ok_or_else(|| anyhow::anyhow!("no switchover event: {events}"))?;
+    anyhow::ensure!(switchover["coordinated"] == true, "not coordinated: {switchover}");
     let drained = until("the drain of the old primary", Duration::from_secs(10), || async {
         let events = crate::netns::get_json(&cluster.ctl, url.clone()).await?;
         events
@@ -434,7 +439,7 @@ async fn coordinated(cluster: &Cluster) -> anyhow::Result<()> {
     })
     .await;
     eprintln!(
-        "valkey 9: acknowledged {}, lost {}, {body}, longest gap {:?}",
+        "valkey 9: acknowledged {}, lost {}, {switchover}, longest gap {:?}",
         written.ids.len(),
         lost.len(),
         written.longest_gap
@@ -493,7 +498,11 @@ async fn killed_mid_switchover(cluster: &Cluster) -> anyhow::Result<()> {
     let held_at = acked.load(Ordering::SeqCst);
     let accepted = in_ns(&cluster.app, move || async move {
         let client = redis::Client::open(format!("redis://{old}/"))?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
+        // redis-rs's default response timeout (0.5 s) is shorter than a pause.
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(20)));
+        let mut conn = client.get_multiplexed_async_connection_with_config(&config).await?;
         let mut set = redis::cmd("SET");
         let set = set.arg("after-the-kill").arg(1).query_async::<()>(&mut conn);
         tokio::time::timeout(Duration::from_secs(20), set).await??;
