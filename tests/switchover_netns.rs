@@ -316,9 +316,9 @@ async fn rolling_restart(cluster: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The ACL rules of the README's code block that starts with `user <head>` (`polestar on
-/// >NODE-PASSWORD`), the password replaced by `password`: what an operator copies is what the
-/// test runs.
+/// The ACL rules of the README's code block that starts with `user <head>`
+/// (`polestar on >NODE-PASSWORD`), the password replaced by `password`: what an operator
+/// copies is what the test runs.
 fn readme_acl(head: &str, password: &str) -> Vec<String> {
     let readme = include_str!("../README.md");
     let start = format!("user {head}");
