@@ -60,21 +60,89 @@ enum Mode {
 }
 
 /// One client process on the application host.
-struct App {
+pub(crate) struct App {
     /// Its label in the lab (log file `<label>.log`) and the key suffix it writes.
-    label: &'static str,
+    pub(crate) label: &'static str,
     /// Whether its successes are acknowledged writes (RPUSH acked:<label>), checked for loss.
     writes: bool,
     /// Whether the recovery time is held to the promise. redis-py's default retry sleeps a
     /// random 0-2 s, then 0-4 s, between reconnects: its time is reported, not promised.
     timed: bool,
+    /// The script in tests/clients (`.js`: node, `.py`: the venv's python), the arguments
+    /// before `HOST PORT LABEL` and after them.
+    script: &'static str,
+    before: &'static [&'static str],
+    after: &'static [&'static str],
+    /// The client settings, as the README's "Tested with" table names them.
+    pub(crate) settings: &'static str,
 }
 
-const APPS: [App; 4] = [
-    App { label: "ioredis", writes: true, timed: true },
-    App { label: "redis-py", writes: true, timed: false },
-    App { label: "redis-py-fast", writes: true, timed: true },
-    App { label: "ioredis-blpop", writes: false, timed: true },
+const GLIDE_ADVISED: &str = "request_timeout=500, BackoffStrategy(num_of_retries=4, factor=10, exponent_base=2), connection_timeout=500";
+
+pub(crate) const APPS: [App; 7] = [
+    App {
+        label: "ioredis",
+        writes: true,
+        timed: true,
+        script: "failover_ioredis.js",
+        before: &["writer"],
+        after: &[],
+        settings: "defaults",
+    },
+    App {
+        label: "redis-py",
+        writes: true,
+        timed: false,
+        script: "failover_redis_py.py",
+        before: &[],
+        after: &[],
+        settings: "defaults (3 retries, ExponentialWithJitterBackoff(base=1, cap=10))",
+    },
+    App {
+        label: "redis-py-fast",
+        writes: true,
+        timed: true,
+        script: "failover_redis_py.py",
+        before: &[],
+        after: &["fast"],
+        settings: "retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)",
+    },
+    App {
+        label: "ioredis-blpop",
+        writes: false,
+        timed: true,
+        script: "failover_ioredis.js",
+        before: &["blpop"],
+        after: &[],
+        settings: "defaults",
+    },
+    App {
+        label: "glide",
+        writes: true,
+        timed: true,
+        script: "failover_glide.py",
+        before: &["writer"],
+        after: &["advised"],
+        settings: GLIDE_ADVISED,
+    },
+    App {
+        label: "glide-blpop",
+        writes: false,
+        timed: true,
+        script: "failover_glide.py",
+        before: &["blpop"],
+        after: &["advised"],
+        settings: GLIDE_ADVISED,
+    },
+    App {
+        label: "glide-default",
+        writes: true,
+        timed: false,
+        script: "failover_glide.py",
+        before: &["writer"],
+        after: &["default"],
+        settings: "defaults (request_timeout=250)",
+    },
 ];
 
 fn clients_dir() -> PathBuf {
@@ -232,24 +300,20 @@ fn acked(cluster: &Cluster, label: &str) -> (String, BTreeSet<u64>) {
 
 fn spawn_apps(cluster: &Cluster, target: &str) -> anyhow::Result<()> {
     let dir = clients_dir();
-    let js = dir.join("failover_ioredis.js").to_string_lossy().into_owned();
-    let py = dir.join("failover_redis_py.py").to_string_lossy().into_owned();
     let python = dir.join("venv/bin/python").to_string_lossy().into_owned();
     anyhow::ensure!(
         dir.join("node_modules/ioredis").is_dir() && Path::new(&python).exists(),
         "the client libraries are missing: run tests/deps.sh"
     );
-    let app = &cluster.app;
-    cluster.net.spawn(app, "ioredis", "node", &[&js, "writer", target, "6379", "ioredis"])?;
-    cluster.net.spawn(app, "redis-py", &python, &[&py, target, "6379", "redis-py"])?;
-    let fast = [py.as_str(), target, "6379", "redis-py-fast", "fast"];
-    cluster.net.spawn(app, "redis-py-fast", &python, &fast)?;
-    cluster.net.spawn(
-        app,
-        "ioredis-blpop",
-        "node",
-        &[&js, "blpop", target, "6379", "ioredis-blpop"],
-    )?;
+    for app in &APPS {
+        let script = dir.join(app.script).to_string_lossy().into_owned();
+        let program = if app.script.ends_with(".js") { "node" } else { python.as_str() };
+        let mut args = vec![script.as_str()];
+        args.extend(app.before);
+        args.extend([target, "6379", app.label]);
+        args.extend(app.after);
+        cluster.net.spawn(&cluster.app, app.label, program, &args)?;
+    }
     Ok(())
 }
 
@@ -309,6 +373,19 @@ async fn flip_time(cluster: &Cluster) -> Option<SystemTime> {
         .filter_map(|e| e["time_ms"].as_u64())
         .min()
         .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+/// The fault as the README's table names it.
+fn fault_name(fault: Fault, flavor: &Flavor) -> String {
+    let name = match fault {
+        Fault::Planned => "planned",
+        Fault::Hung => "hung primary",
+        Fault::Dark => "dark host",
+    };
+    match flavor {
+        Flavor::Redis => name.to_string(),
+        other @ Flavor::Valkey { .. } => format!("{name}, {}", other.name()),
+    }
 }
 
 fn report(line: &str) {
@@ -440,6 +517,19 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
             cluster.flavor.name(),
             secs(fault_at, switch),
         ));
+        crate::client_results::append(
+            "dns.jsonl",
+            &serde_json::json!({
+                "client": app.label, "version": version, "settings": app.settings,
+                "path": match mode {
+                    Mode::Polestar => "DNS through unbound (TTL 1 s)",
+                    Mode::Pinned => "pinned address, no polestar",
+                },
+                "fault": fault_name(fault, &cluster.flavor),
+                "back_s": at.map(|at| (secs(switch, at) * 1000.0).round() / 1000.0),
+                "lost": lost.map(|(l, _)| l), "acked": lost.map(|(_, of)| of),
+            }),
+        );
         if mode == Mode::Polestar && app.timed {
             match at {
                 Some(at) if secs(switch, *at) <= limit => {}

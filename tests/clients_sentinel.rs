@@ -2,7 +2,9 @@
 //! polestar's Sentinel endpoint on a planned failover: redis-py's `Sentinel.master_for` with its
 //! default (no retry inside redis-py), with the README's redialing connection class and retry,
 //! and with the by-name retry alone (the advice that used to be given: measured, not promised),
-//! and node-redis 5's `createSentinel` with its defaults.
+//! and node-redis 5's `createSentinel` with its defaults. And the two settings the README warns
+//! about, each beside the advice: redis-py's `single_connection_client=True` (planned failover)
+//! and ioredis's default `disconnectTimeout` (hung primary).
 //!
 //! Each client prints `ack <seq> <unix-ms> <port>` / `err ...` lines (tests/clients/
 //! sentinel_writer.py, sentinel_writer_node_redis.js). Each run prints `CLIENTS_SENTINEL ...`
@@ -24,18 +26,91 @@ use tokio::time::{Instant, sleep};
 /// promotion (the new primary first answering `ROLE` master).
 const BACK: Duration = Duration::from_secs(1);
 
-struct Client {
-    label: &'static str,
+pub(crate) struct Client {
+    pub(crate) label: &'static str,
+    /// The settings, as the README's "Tested with" table names them.
+    settings: &'static str,
+    /// The writer script in tests/clients and its settings argument.
+    script: &'static str,
+    arg: Option<&'static str>,
     /// Held to [`BACK`] and to no error (`quiet`) or at most one surfaced error.
     promised: bool,
     quiet: bool,
 }
 
-const CLIENTS: [Client; 4] = [
-    Client { label: "redis-py master_for default", promised: true, quiet: false },
-    Client { label: "redis-py master_for redial+retry", promised: true, quiet: true },
-    Client { label: "redis-py master_for retry only", promised: false, quiet: false },
-    Client { label: "node-redis createSentinel default", promised: true, quiet: false },
+const PY: &str = "sentinel_writer.py";
+const IOREDIS: &str = "sentinel_writer.js";
+const IOREDIS_ADVISED: &str = "failoverDetector, disconnectTimeout=50, retryStrategy=10 ms, commandTimeout=500, reconnectOnError(READONLY)";
+
+/// The README's warnings, each beside its advice (`promised` false: the warned-about setting).
+pub(crate) const WARNED: [Client; 4] = [
+    Client {
+        label: "redis-py master_for single_connection_client",
+        settings: "Redis(connection_pool=master_for(name).connection_pool, single_connection_client=True)",
+        script: PY,
+        arg: Some("single"),
+        promised: false,
+        quiet: false,
+    },
+    Client {
+        label: "redis-py master_for default",
+        settings: "master_for(name)",
+        script: PY,
+        arg: Some("default"),
+        promised: true,
+        quiet: false,
+    },
+    Client {
+        label: "ioredis sentinels disconnectTimeout default",
+        settings: "the same without disconnectTimeout (2 s)",
+        script: IOREDIS,
+        arg: Some("default-disconnect"),
+        promised: false,
+        quiet: false,
+    },
+    Client {
+        label: "ioredis sentinels advised",
+        settings: IOREDIS_ADVISED,
+        script: IOREDIS,
+        arg: None,
+        promised: true,
+        quiet: false,
+    },
+];
+
+pub(crate) const CLIENTS: [Client; 4] = [
+    Client {
+        label: "redis-py master_for default",
+        script: "sentinel_writer.py",
+        arg: Some("default"),
+        settings: "master_for(name)",
+        promised: true,
+        quiet: false,
+    },
+    Client {
+        label: "redis-py master_for redial+retry",
+        script: "sentinel_writer.py",
+        arg: Some("redial"),
+        settings: "connection_class=SentinelRedialingConnection, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)",
+        promised: true,
+        quiet: true,
+    },
+    Client {
+        label: "redis-py master_for retry only",
+        script: "sentinel_writer.py",
+        arg: Some("advised"),
+        settings: "retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)",
+        promised: false,
+        quiet: false,
+    },
+    Client {
+        label: "node-redis createSentinel default",
+        script: "sentinel_writer_node_redis.js",
+        arg: None,
+        settings: "createSentinel({name, sentinelRootNodes})",
+        promised: true,
+        quiet: false,
+    },
 ];
 
 struct Writer {
@@ -49,26 +124,20 @@ fn clients_dir() -> PathBuf {
 }
 
 impl Writer {
-    fn start(index: usize, endpoint: SocketAddr, master: &str) -> Writer {
+    fn start(index: usize, client: &Client, endpoint: SocketAddr, master: &str) -> Writer {
         let dir = clients_dir();
         let key = format!("writes:{index}");
-        let python = dir.join("venv/bin/python");
-        let py = dir.join("sentinel_writer.py");
-        let (program, mut args): (PathBuf, Vec<String>) = match index {
-            3 => (PathBuf::from("node"), vec![path(&dir.join("sentinel_writer_node_redis.js"))]),
-            _ => (python, vec![path(&py)]),
+        let program = match client.script.ends_with(".js") {
+            true => PathBuf::from("node"),
+            false => dir.join("venv/bin/python"),
         };
         assert!(
             dir.join("venv/bin/python").exists() && dir.join("node_modules/redis").is_dir(),
             "the client libraries are missing: run `bash tests/deps.sh`"
         );
+        let mut args = vec![path(&dir.join(client.script))];
         args.extend([endpoint.to_string(), master.to_string(), key.clone(), "60".into()]);
-        match index {
-            0 => args.push("default".into()),
-            1 => args.push("redial".into()),
-            2 => args.push("advised".into()),
-            _ => {}
-        }
+        args.extend(client.arg.map(String::from));
         let mut child = Command::new(program)
             .args(&args)
             .stdin(Stdio::null())
@@ -90,6 +159,12 @@ impl Writer {
                 Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?, w.next()?.parse().ok()?))
             })
             .collect()
+    }
+
+    /// `<lib> <version>` from the client's `version` line.
+    fn version(&self) -> String {
+        let lines = lock(&self.lines);
+        lines.iter().find_map(|l| l.strip_prefix("version ")).unwrap_or("?").to_string()
     }
 
     fn errors_after(&self, ms: u64) -> usize {
@@ -130,20 +205,60 @@ async fn watch_promotion(candidates: Vec<SocketAddr>) -> Option<(u64, SocketAddr
     None
 }
 
-fn result_row(row: &serde_json::Value) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/client-results");
-    let _ = std::fs::create_dir_all(&dir);
-    if let Ok(mut f) =
-        std::fs::OpenOptions::new().create(true).append(true).open(dir.join("sentinel.jsonl"))
-    {
-        use std::io::Write;
-        let _ = writeln!(f, "{row}");
-    }
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    Planned,
+    /// SIGSTOP: no FIN, no RST; the loopback lab has no socket sweeper.
+    Hung,
+}
+
+/// What one client did: ms from the promotion to its first write on the new primary (`None`:
+/// not within the watch), and the failures of its promise.
+struct Outcome {
+    back: Option<u64>,
+    failures: Vec<String>,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_pool_clients_with_the_readme_settings_are_back_within_a_second_of_a_planned_failover()
  {
+    let outcomes = clients_through(Fault::Planned, &CLIENTS).await;
+    let failures: Vec<String> = outcomes.into_iter().flat_map(|o| o.failures).collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The README: a redis-py client made with `single_connection_client=True` reconnects to the
+/// address it had (only a connection taken from the pool asks the Sentinels), so after a
+/// planned failover it stays on the old, demoted primary (`READONLY`, nothing acknowledged
+/// there); the pool's default is on the new primary within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_single_connection_client_stays_on_the_old_primary_where_the_pool_moves() {
+    let outcomes = clients_through(Fault::Planned, &WARNED[..2]).await;
+    let (single, pooled) = (&outcomes[0], &outcomes[1]);
+    assert!(pooled.failures.is_empty(), "{}", pooled.failures.join("\n"));
+    assert!(single.failures.is_empty(), "{}", single.failures.join("\n"));
+    assert_eq!(single.back, None, "single_connection_client reached the new primary");
+}
+
+/// The README: ioredis closes a connection to a hung primary on `+switch-master` with a FIN
+/// and waits `disconnectTimeout` (2 s by default) for the close before it reconnects; with
+/// `disconnectTimeout: 50` it moves at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ioredis_waits_its_disconnect_timeout_on_a_hung_primary_unless_it_is_set_low() {
+    let outcomes = clients_through(Fault::Hung, &WARNED[2..]).await;
+    let (slow, advised) = (&outcomes[0], &outcomes[1]);
+    assert!(advised.failures.is_empty(), "{}", advised.failures.join("\n"));
+    assert!(slow.failures.is_empty(), "{}", slow.failures.join("\n"));
+    let (slow, advised) = (slow.back.unwrap_or(u64::MAX), advised.back.unwrap_or(u64::MAX));
+    assert!(
+        slow >= advised.saturating_add(1000),
+        "the default disconnectTimeout cost {slow} ms against {advised} ms: not the README's 2 s wait"
+    );
+}
+
+/// `clients` write through polestar's endpoint through `fault`; every acknowledged write must be
+/// on the new primary, and a `promised` client back within [`BACK`] of the promotion.
+async fn clients_through(fault: Fault, clients: &[Client]) -> Vec<Outcome> {
     let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
     let mut config = PolestarConfig::for_lab(&lab);
     config.drain = true;
@@ -151,8 +266,9 @@ async fn sentinel_pool_clients_with_the_readme_settings_are_back_within_a_second
     let env = Env::with_config(lab, &config).await;
     let api = env.ps.find_addr("listening for Sentinel API on ").expect("the endpoint");
     let master = env.master_name();
-    let writers: Vec<Writer> = (0..CLIENTS.len()).map(|i| Writer::start(i, api, &master)).collect();
-    for (w, c) in writers.iter().zip(&CLIENTS) {
+    let writers: Vec<Writer> =
+        clients.iter().enumerate().map(|(i, c)| Writer::start(i, c, api, &master)).collect();
+    for (w, c) in writers.iter().zip(clients) {
         env.wait_until(Duration::from_secs(30), &format!("{} writing", c.label), || async {
             let n = w.acks().len();
             anyhow::ensure!(n >= 20, "{n} acks");
@@ -164,7 +280,11 @@ async fn sentinel_pool_clients_with_the_readme_settings_are_back_within_a_second
     let candidates = env.lab.node_addrs().into_iter().filter(|a| *a != old).collect();
     let promotion = tokio::spawn(watch_promotion(candidates));
     sleep(Duration::from_millis(20)).await;
-    env.lab.failover().await.expect("SENTINEL FAILOVER");
+    let stopped = env.lab.index_of(old).expect("the primary is a lab node");
+    match fault {
+        Fault::Planned => env.lab.failover().await.expect("SENTINEL FAILOVER"),
+        Fault::Hung => env.lab.stop_node(stopped).expect("SIGSTOP the primary"),
+    }
     let new = env.lab.wait_for_primary_change(old, FAILOVER * 2).await;
     let new = new.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
     let (promoted_ms, promoted) = promotion.await.expect("the watcher").expect("a promotion");
@@ -182,35 +302,54 @@ async fn sentinel_pool_clients_with_the_readme_settings_are_back_within_a_second
         let _ = w.child.kill();
         let _ = w.child.wait();
     }
-    let mut failures = Vec::new();
-    for (w, c) in writers.iter().zip(&CLIENTS) {
+    if fault == Fault::Hung {
+        let _ = env.lab.cont_node(stopped);
+    }
+    let mut outcomes = Vec::new();
+    for (w, c) in writers.iter().zip(clients) {
+        let mut failures = Vec::new();
         let stored: Vec<String> = query(new, redis::cmd("LRANGE").arg(&w.key).arg(0).arg(-1))
             .await
             .expect("LRANGE on the new primary");
         let stored: BTreeSet<u64> = stored.iter().filter_map(|s| s.parse().ok()).collect();
         let acks = w.acks();
-        let lost = acks.iter().filter(|a| !stored.contains(&a.0)).count();
+        let lost_acks: Vec<&(u64, u64, u16)> =
+            acks.iter().filter(|a| !stored.contains(&a.0)).collect();
+        let lost = lost_acks.len();
+        if lost > 0 {
+            println!(
+                "CLIENTS_SENTINEL {} lost (seq, ms, port) {lost_acks:?}; promotion at {promoted_ms}, old {old}, new {new}",
+                c.label
+            );
+        }
         let back = first_on_new(w).map(|ms| ms.saturating_sub(promoted_ms));
         let errors = w.errors_after(promoted_ms.saturating_sub(3000));
         println!(
-            "CLIENTS_SENTINEL planned {} via polestar: back {back:?} ms after the promotion, \
+            "CLIENTS_SENTINEL {fault:?} {} via polestar: back {back:?} ms after the promotion, \
              {errors} errors surfaced, {lost} of {} acknowledged writes lost",
             c.label,
             acks.len()
         );
-        result_row(&serde_json::json!({
-            "client": c.label, "path": "polestar Sentinel endpoint", "fault": "planned",
-            "back_ms": back, "errors": errors, "lost": lost, "acked": acks.len(),
-        }));
+        crate::client_results::append(
+            "sentinel.jsonl",
+            &serde_json::json!({
+                "client": c.label, "version": w.version(), "settings": c.settings,
+                "path": "polestar Sentinel endpoint",
+                "fault": match fault { Fault::Planned => "planned", Fault::Hung => "hung primary" },
+                "back_ms": back, "errors": errors, "lost": lost, "acked": acks.len(),
+            }),
+        );
         if lost > 0 {
             failures.push(format!("{}: {lost} acknowledged writes lost", c.label));
         }
         if c.promised && back.is_none_or(|ms| ms > BACK.as_millis() as u64) {
             failures.push(format!("{}: back {back:?} ms, promised {BACK:?}", c.label));
         }
-        if c.promised && errors > usize::from(!c.quiet) {
+        // A hung primary answers nothing: commands time out until the client moves.
+        if c.promised && fault == Fault::Planned && errors > usize::from(!c.quiet) {
             failures.push(format!("{}: {errors} errors surfaced", c.label));
         }
+        outcomes.push(Outcome { back, failures });
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    outcomes
 }

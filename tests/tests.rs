@@ -16,6 +16,7 @@ mod bench_haproxy;
 mod bench_switchover;
 mod chaos_netns;
 mod cli;
+mod client_results;
 mod clients_netns;
 mod clients_sentinel;
 mod discovery;

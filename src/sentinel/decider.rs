@@ -295,7 +295,11 @@ impl Decider {
                 self.mark(&master, Mark::Selected { leader: from, at });
                 self.apply(&master, Evidence::Promoting { from, replica, target, at });
             }
-            Observation::NodeBack { link: from, master, node } => {
+            Observation::NodeBack { link: from, master, node, converted_to } => {
+                if let Some(to) = converted_to {
+                    let converted = Evidence::Converted { from, node: node.clone(), to };
+                    self.apply(&master, converted);
+                }
                 self.apply(&master, Evidence::NodeBack { from, node });
             }
             Observation::MasterDown { link, master, node, down } => {

@@ -1,8 +1,9 @@
 // An ioredis `{sentinels, name}` application that writes every 15 ms (driven by
 // tests/sentinel_api.rs).
 //
-// usage: node sentinel_writer.js SENTINELS NAME KEY SECONDS
+// usage: node sentinel_writer.js SENTINELS NAME KEY SECONDS [default-disconnect]
 //   SENTINELS  comma-separated host:port of the Sentinels (or of polestar's Sentinel endpoint)
+//   default-disconnect: the settings below without `disconnectTimeout` (ioredis's 2 s)
 //
 // Each value is RPUSHed to KEY until a node acknowledges it, then the next one. Prints:
 //   ack <seq> <unix-ms> <port of the node that acknowledged>
@@ -10,7 +11,7 @@
 'use strict';
 const Redis = require('ioredis');
 
-const [sentinelsArg, name, key, seconds] = process.argv.slice(2);
+const [sentinelsArg, name, key, seconds, variant] = process.argv.slice(2);
 const sentinels = sentinelsArg.split(',').map((a) => {
   const i = a.lastIndexOf(':');
   return { host: a.slice(0, i), port: Number(a.slice(i + 1)) };
@@ -24,7 +25,7 @@ const redis = new Redis({
   sentinels,
   name,
   failoverDetector: true,
-  disconnectTimeout: 50,
+  ...(variant === 'default-disconnect' ? {} : { disconnectTimeout: 50 }),
   connectTimeout: 500,
   commandTimeout: 500,
   retryStrategy: () => 10,
@@ -38,6 +39,7 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const line = (text) => process.stdout.write(text.replace(/\n/g, ' ') + '\n');
 
 async function main() {
+  line(`version ioredis ${require('ioredis/package.json').version}`);
   const end = Date.now() + Number(seconds) * 1000;
   let seq = 0;
   while (Date.now() < end) {

@@ -4,7 +4,10 @@ usage: sentinel_writer.py SENTINELS NAME KEY SECONDS [SETTINGS]
   SENTINELS  comma-separated host:port of the Sentinels (or of polestar's Sentinel endpoint)
   SETTINGS   `tuned` (the default here: 0.5 s socket timeouts, no retry inside redis-py, the
              loop retries), `default` (`master_for(name)` with redis-py's own settings) or
-             `advised` (the README's: `retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)`)
+             `advised` (the README's: `retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)`),
+             `redial` (that retry with a connection class that asks the Sentinels on every
+             reconnect) or `single` (`Redis(connection_pool=master_for(name).connection_pool,
+             single_connection_client=True)`)
 
 With PY_TRACE=1 it also prints `trace <unix-ms> ...` lines: each address a pooled connection
 is sent to by the Sentinels (`dial`), each socket it opens (`socket-connect`), each error reply
@@ -18,6 +21,7 @@ import os
 import sys
 import time
 
+import redis
 import redis.retry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
@@ -86,7 +90,7 @@ class SentinelRedialingConnection(SentinelManagedConnection):
 
 def sentinel_and_master(sentinels, name, settings):
     retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)
-    if settings == "default":
+    if settings in ("default", "single"):
         return Sentinel(sentinels), {}
     if settings == "advised":
         return Sentinel(sentinels), dict(retry=retry)
@@ -102,19 +106,25 @@ def main():
     settings = sys.argv[5] if len(sys.argv) > 5 else "tuned"
     if os.environ.get("PY_TRACE"):
         traced()
+    print(f"version redis-py {redis.__version__}", flush=True)
     sentinel, options = sentinel_and_master(sentinels, name, settings)
     # The usual application pattern. (A client holding one connection, such as
     # `single_connection_client=True`, reconnects to the address it had in redis-py 6.4: only a
     # connection taken from the pool asks the Sentinels again.)
     master = sentinel.master_for(name, **options)
+    if settings == "single":
+        # master_for passes its keyword arguments to the connections: a single-connection
+        # client is made on the pool master_for built.
+        master = redis.Redis(connection_pool=master.connection_pool, single_connection_client=True)
     pool = master.connection_pool
     end = time.time() + seconds
     seq = 0
     while time.time() < end:
         try:
             master.rpush(key, seq)
-            # Single-threaded: the connection just released is the one that carried the write.
-            port = pool._available_connections[-1].port
+            # Single-threaded: the held connection, or the one just released, carried the write.
+            conn = master.connection or pool._available_connections[-1]
+            port = conn.port
             print(f"ack {seq} {now_ms()} {port}", flush=True)
             seq += 1
         except Exception as e:  # every failure is retried with the same value

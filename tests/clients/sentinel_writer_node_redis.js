@@ -22,6 +22,7 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const line = (text) => process.stdout.write(text.replace(/\n/g, ' ') + '\n');
 
 async function main() {
+  line(`version node-redis ${require('redis/package.json').version}`);
   const sentinel = createSentinel({ name, sentinelRootNodes });
   sentinel.on('error', (e) => line(`trace ${Date.now()} error ${e.message}`));
   if (process.env.NR_TRACE) {
