@@ -80,6 +80,8 @@ pub struct Switched {
     pub lag_bytes: u64,
     /// How long the fenced primary waited for them.
     pub waited_ms: u64,
+    /// Whether Sentinel accepted Valkey 9's `SENTINEL FAILOVER <master> COORDINATED`.
+    pub coordinated: bool,
 }
 
 /// What a handoff of a node did.

@@ -18,6 +18,7 @@ pub mod log_every;
 pub mod log_output;
 pub mod metrics;
 pub mod node;
+pub mod phases;
 pub mod reach;
 pub mod readiness;
 pub mod reload;

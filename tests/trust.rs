@@ -7,14 +7,16 @@ use crate::common;
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::ensure;
 use common::*;
 use polestar::lab::{Lab, LabOptions};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{broadcast, mpsc};
 use tokio::time::{Instant, sleep, timeout};
 
 const SENTINEL_SECRET: &str = "sentinel-secret-5b1c";
@@ -30,10 +32,14 @@ struct Claim {
 }
 
 /// A hand-written Sentinel that answers polestar's questions with `claim`, and records every
-/// command any client sent it.
+/// command any client sent it. The test scripts it: [`Self::say`] pushes an event to every
+/// subscriber, [`Self::die`] closes every connection and refuses new ones.
 struct FakeSentinel {
     addr: SocketAddr,
     commands: Arc<Mutex<Vec<Vec<String>>>>,
+    /// Every subscribed connection holds a receiver; `None` tells it to close.
+    events: broadcast::Sender<Option<(String, String)>>,
+    dead: Arc<AtomicBool>,
 }
 
 impl FakeSentinel {
@@ -41,22 +47,42 @@ impl FakeSentinel {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the fake Sentinel");
         let addr = listener.local_addr().expect("bound");
         let commands = Arc::new(Mutex::new(Vec::new()));
-        let log = commands.clone();
+        let (events, _) = broadcast::channel(64);
+        let dead = Arc::new(AtomicBool::new(false));
+        let (log, tx, gone) = (commands.clone(), events.clone(), dead.clone());
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve(stream, claim.clone(), log.clone()));
+                if !gone.load(Ordering::SeqCst) {
+                    tokio::spawn(serve(stream, claim.clone(), log.clone(), tx.subscribe()));
+                }
             }
         });
-        Self { addr, commands }
+        Self { addr, commands, events, dead }
     }
 
     fn commands(&self) -> Vec<Vec<String>> {
         lock(&self.commands).clone()
     }
+
+    /// Pushes `channel payload` as a `pmessage` to every connection that `PSUBSCRIBE`d.
+    fn say(&self, channel: &str, payload: &str) {
+        let _ = self.events.send(Some((channel.to_string(), payload.to_string())));
+    }
+
+    /// The Sentinel dies: every connection is closed, new ones are dropped at once.
+    fn die(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        let _ = self.events.send(None);
+    }
+
+    /// How many connections have `PSUBSCRIBE`d (and so receive what [`Self::say`] pushes).
+    fn subscribed(&self) -> usize {
+        self.commands().iter().filter(|c| c[0].eq_ignore_ascii_case("PSUBSCRIBE")).count()
+    }
 }
 
 /// One RESP command (an array of bulk strings, or an inline line), `None` at the end.
-async fn read_command(reader: &mut BufReader<TcpStream>) -> Option<Vec<String>> {
+async fn read_command(reader: &mut (impl AsyncBufRead + Unpin)) -> Option<Vec<String>> {
     let mut line = String::new();
     if reader.read_line(&mut line).await.ok()? == 0 {
         return None;
@@ -128,18 +154,48 @@ fn reply(args: &[String], c: &Claim) -> String {
     }
 }
 
-async fn serve(stream: TcpStream, claim: Claim, log: Arc<Mutex<Vec<Vec<String>>>>) {
-    let mut reader = BufReader::new(stream);
-    while let Some(args) = read_command(&mut reader).await {
-        if args.is_empty() {
-            continue;
+/// One connection: replies in order; once it has `PSUBSCRIBE`d, the scripted events too.
+/// The commands are read by their own task, so a pushed event never cuts a command in half.
+async fn serve(
+    stream: TcpStream,
+    claim: Claim,
+    log: Arc<Mutex<Vec<Vec<String>>>>,
+    mut events: broadcast::Receiver<Option<(String, String)>>,
+) {
+    let (read, mut write) = stream.into_split();
+    let (tx, mut commands) = mpsc::unbounded_channel::<Vec<String>>();
+    let reader = tokio::spawn(async move {
+        let mut reader = BufReader::new(read);
+        while let Some(args) = read_command(&mut reader).await {
+            if !args.is_empty() && tx.send(args).is_err() {
+                return;
+            }
         }
-        let answer = reply(&args, &claim);
-        lock(&log).push(args);
-        if reader.get_mut().write_all(answer.as_bytes()).await.is_err() {
-            return;
+    });
+    let mut subscribed = false;
+    loop {
+        let out = tokio::select! {
+            args = commands.recv() => {
+                let Some(args) = args else { break };
+                subscribed |= args[0].eq_ignore_ascii_case("PSUBSCRIBE");
+                let answer = reply(&args, &claim);
+                lock(&log).push(args);
+                answer
+            }
+            event = events.recv() => match event {
+                Ok(Some((channel, payload))) if subscribed => {
+                    let (kind, pattern) = (bulk("pmessage"), bulk("*"));
+                    format!(">4\r\n{kind}{pattern}{}{}", bulk(&channel), bulk(&payload))
+                }
+                Ok(Some(_)) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Ok(None) | Err(broadcast::error::RecvError::Closed) => break,
+            },
+        };
+        if write.write_all(out.as_bytes()).await.is_err() {
+            break;
         }
     }
+    reader.abort();
 }
 
 /// A standalone redis-server that has nothing to do with the lab's master.
@@ -501,4 +557,118 @@ async fn dns_txt(dns: SocketAddr) -> Vec<String> {
     let answer = Message::from_vec(&buf[..n]).expect("a DNS message");
     let txt = answer.answers.iter().filter(|r| matches!(r.data, RData::TXT(_)));
     txt.map(|r| r.data.to_string()).collect()
+}
+
+/// `slave <node> <ip> <port> @ <master> <ip> <port>`, as Sentinel names a replica in events.
+fn replica_event(master: &str, node: SocketAddr, of: SocketAddr) -> String {
+    let (ip, port) = (node.ip(), node.port());
+    format!("slave {node} {ip} {port} @ {master} {} {}", of.ip(), of.port())
+}
+
+async fn role_of(node: SocketAddr) -> anyhow::Result<String> {
+    let role: Vec<redis::Value> = polestar::lab::query(node, &redis::cmd("ROLE")).await?;
+    match role.first() {
+        Some(redis::Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
+        other => anyhow::bail!("ROLE answered {other:?}"),
+    }
+}
+
+/// Two real Sentinels and a scripted third one, all configured; polestar follows them.
+async fn with_scripted_sentinel(drain: bool) -> (Env, FakeSentinel, SocketAddr, u64) {
+    let lab = Lab::start(LabOptions { sentinels: 2, ..LabOptions::default() }).await;
+    let lab = lab.expect("the lab starts");
+    let primary = lab.primary().await.expect("the lab's primary");
+    let epoch = lab.epoch().await.expect("the config epoch");
+    let claim = Claim { master: lab.master_name().to_string(), primary, epoch };
+    let fake = FakeSentinel::start(claim).await;
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.sentinels.push(fake.addr.to_string());
+    config.drain = drain;
+    let env = Env::with_config(lab, &config).await;
+    env.wait_until(STARTUP, "all three Sentinels reached, the scripted one subscribed", || async {
+        let m = env.master().await?;
+        ensure!(m["sentinels"]["reachable"] == 3, "{m}");
+        ensure!(primary_of(&m) == Some(primary), "{m}");
+        ensure!(fake.subscribed() >= 1, "the scripted Sentinel has no subscriber yet");
+        Ok(())
+    })
+    .await;
+    (env, fake, primary, epoch)
+}
+
+/// Regression (issue 25, item 6), with a scripted leader among two real Sentinels: the leader
+/// sent `SLAVEOF NO ONE` and polestar flipped to the replica on its `ROLE`; the leader died
+/// before `+promoted-slave`, so no Sentinel learned the new configuration, and the real ones
+/// turned the node back into a replica of the old primary (`+convert-to-slave`, their own
+/// doing, some seconds later). polestar went on publishing that replica for good.
+#[tokio::test]
+async fn a_provisional_flip_whose_leader_dies_is_withdrawn_when_the_others_convert_the_node_back() {
+    let (env, leader, primary, epoch) = with_scripted_sentinel(false).await;
+    let replica = env.lab.replicas().await.expect("the replicas")[0];
+    let m = env.master_name();
+    let chosen = replica_event(&m, replica, primary);
+    leader.say("+new-epoch", &(epoch + 1).to_string());
+    leader.say("+try-failover", &format!("master {m} {} {}", primary.ip(), primary.port()));
+    leader.say("+selected-slave", &chosen);
+    leader.say("+failover-state-send-slaveof-noone", &chosen);
+    // The leader's SLAVEOF NO ONE reaches the replica; the leader dies right after it.
+    let mut no_one = redis::cmd("REPLICAOF");
+    no_one.arg("NO").arg("ONE");
+    polestar::lab::query::<String>(replica, &no_one).await.expect("REPLICAOF NO ONE");
+    let flipped = env.wait_api_primary(replica, Duration::from_secs(5)).await;
+    assert_eq!(epoch_of(&flipped), Some(epoch + 1), "{flipped}");
+    leader.die();
+
+    // Sentinel converts a replica that claims master once it has seen it so for 8 s with no
+    // newer configuration; it reads a replica's INFO every 10 s.
+    let m = env.wait_api_primary(primary, Duration::from_secs(45)).await;
+    assert_eq!(epoch_of(&m), Some(epoch), "the old primary at its own epoch: {m}");
+    let role = role_of(replica).await.expect("ROLE");
+    assert_eq!(role, "slave", "published back only once the Sentinels made it a replica");
+    let (_, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
+    let revert = events.as_array().into_iter().flatten().any(|e| e["kind"] == "revert");
+    assert!(revert, "no revert event: {events}");
+}
+
+/// Issue 25, item 5, with real Sentinels and a scripted configured one that missed the
+/// failover: after a real failover, it reports the new primary as a returning replica of the
+/// old one (`-sdown slave <new> @ m <old>`, then `+convert-to-slave`), as a Sentinel does when
+/// a partition heals before it learns the new epoch. The published primary is never sent
+/// `REPLICAOF`, fenced or drained. (The Sentinel is scripted: making a real one report exactly
+/// this in the moment before it learns the new epoch is a race the test cannot hold.)
+#[tokio::test]
+async fn a_sentinel_that_missed_the_failover_gets_the_new_primary_no_replicaof() {
+    let (env, stale, old, _) = with_scripted_sentinel(true).await;
+    env.lab.failover().await.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
+    let new = env.lab.wait_for_primary_change(old, FAILOVER * 2).await;
+    let new = new.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
+    env.wait_api_primary(new, Duration::from_secs(5)).await;
+    env.lab.wait_converged(FAILOVER * 2).await.expect("the Sentinels converge");
+    let mut reset = redis::cmd("CONFIG");
+    reset.arg("RESETSTAT");
+    polestar::lab::query::<String>(new, &reset).await.expect("CONFIG RESETSTAT");
+    let (_, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
+    let ids = events.as_array().into_iter().flatten().filter_map(|e| e["id"].as_u64());
+    let since = ids.max().unwrap_or(0);
+
+    let stale_says = replica_event(&env.master_name(), new, old);
+    stale.say("-sdown", &stale_says);
+    stale.say("+convert-to-slave", &stale_says);
+    let watch_until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < watch_until {
+        let m = env.master().await.expect("the API answers");
+        assert_eq!(primary_of(&m), Some(new), "the API moved: {m}");
+        assert_eq!(role_of(new).await.expect("ROLE"), "master", "the new primary was demoted");
+        sleep(Duration::from_millis(200)).await;
+    }
+    let stats: String = polestar::lab::query(new, redis::cmd("INFO").arg("commandstats"))
+        .await
+        .expect("INFO commandstats");
+    for demotion in ["cmdstat_replicaof", "cmdstat_slaveof", "cmdstat_client|pause"] {
+        assert!(!stats.contains(demotion), "the published primary got {demotion}:\n{stats}");
+    }
+    let named = new.to_string();
+    let actions = node_actions(&env, since).await;
+    let touched: Vec<_> = actions.iter().filter(|e| e.to_string().contains(&named)).collect();
+    assert!(touched.is_empty(), "polestar acted on the published primary: {touched:?}");
 }

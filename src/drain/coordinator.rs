@@ -176,7 +176,8 @@ impl Coordinator {
         // A fence set at a promotion of another node than the one that turned out to be old.
         let others = |node, o: &Orders| o.drain.is_none() && node != old.addr();
         stop_where(episodes, master, Stop::Superseded, others);
-        let order = DrainOrder { at, reason: Reason::Flip, only_if_master: false };
+        let flipped = Some(Instant::now());
+        let order = DrainOrder { at, reason: Reason::Flip, only_if_master: false, flipped };
         let demote = (!provisional).then(|| new.clone());
         self.drain_order(episodes, shutdown, master, &old, order, new, demote);
     }
@@ -198,8 +199,12 @@ impl Coordinator {
             tracing::debug!(master, %node, why, "not draining a returning node");
             return;
         }
-        let order =
-            DrainOrder { at: Instant::now(), reason: Reason::Returning, only_if_master: true };
+        let order = DrainOrder {
+            at: Instant::now(),
+            reason: Reason::Returning,
+            only_if_master: true,
+            flipped: None,
+        };
         self.drain_order(
             episodes,
             shutdown,

@@ -87,6 +87,9 @@ pub struct DrainOrder {
     pub reason: Reason,
     /// Drain only if the node still answers `ROLE` master (a returning node).
     pub only_if_master: bool,
+    /// A flip's: when the coordinator got it (just after it was published), where the
+    /// `flip_to_drained` phase counts from until a pass reached every client.
+    pub flipped: Option<Instant>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -532,6 +535,7 @@ impl Episode {
         let cutoff = order.at + self.shared.cfg.grace;
         let mut next = Instant::now();
         let mut first = true;
+        let mut timing = order.flipped;
         loop {
             tokio::select! {
                 () = sleep_until(next) => {}
@@ -541,7 +545,7 @@ impl Episode {
                 }
             }
             let started = Instant::now();
-            match self.pass(order, first, cutoff).await {
+            match self.pass(order, first, cutoff, &mut timing).await {
                 Some(true) => first = false,
                 Some(false) => {
                     self.drained.store(true, Ordering::SeqCst);
@@ -592,7 +596,14 @@ impl Episode {
 
     /// One pass. `Some(true)` when it ran, `Some(false)` when the order does not apply (a
     /// returning node that is no longer master), `None` when the node did not answer.
-    async fn pass(&self, order: DrainOrder, first: bool, cutoff: Instant) -> Option<bool> {
+    /// `timing`: the flip, until a pass that reached every client records `flip_to_drained`.
+    async fn pass(
+        &self,
+        order: DrainOrder,
+        first: bool,
+        cutoff: Instant,
+        timing: &mut Option<Instant>,
+    ) -> Option<bool> {
         if first && order.only_if_master {
             match self.link.role().await {
                 Ok(Role::Master) => {}
@@ -612,6 +623,12 @@ impl Episode {
         match drain(&self.link, &self.shared.rules, &pacer, scope, reason).await {
             Ok(report) => {
                 self.reachable_again();
+                if report.interrupted.is_none()
+                    && let Some(flipped) = timing.take()
+                {
+                    let now = Instant::now().into_std();
+                    crate::phases::record(&[crate::phases::drained(flipped.into_std(), now)]);
+                }
                 record(&self.shared.events, &self.master, &report, first);
                 Some(true)
             }

@@ -262,6 +262,9 @@ pub enum Evidence {
     FailoverEnded { from: SentinelId, aborted: bool },
     /// A node of the master is back or changed role (`-sdown`, `+convert-to-slave`, ...).
     NodeBack { from: SentinelId, node: Node },
+    /// `+convert-to-slave`: `from` just told `node` to replicate from `to` (a Sentinel that
+    /// saw a replica claim master for seconds with no newer configuration turns it back).
+    Converted { from: SentinelId, node: Node, to: Addr },
     /// What a watched promotion target answered to `ROLE` (`at`: when the promotion event
     /// that started the watch reached polestar, for the latency).
     Role { target: Candidate, role: Role, at: Instant },
@@ -331,6 +334,7 @@ pub fn decide(
         Evidence::Promoted { from, target, at } => d.promoted(from, target, at),
         Evidence::FailoverEnded { from, aborted } => d.failover_ended(from, aborted),
         Evidence::NodeBack { from, node } => d.node_back(node, from),
+        Evidence::Converted { from, node, to } => d.converted(from, &node, &to),
         Evidence::Role { target, role, at } => d.role(target, &role, at),
         Evidence::Tick { now } => d.tick(now),
     }
@@ -498,7 +502,8 @@ impl Decision<'_> {
     }
 
     /// Gives the failover up: withdraws a provisional flip and lifts what was started for it.
-    /// `gave_up`: polestar's own timeout, not a Sentinel's abort (see [`Signal::Aborted`]).
+    /// `gave_up`: no Sentinel aborted it (polestar's own timeout or a withdrawal; see
+    /// [`Signal::Aborted`]).
     fn abort(&mut self, gave_up: bool) {
         self.state.promotion = None;
         let current = std::mem::replace(&mut self.state.publication, Publication::Unknown);
@@ -533,6 +538,27 @@ impl Decision<'_> {
         let (published, epoch) = (primary.node.clone(), primary.epoch);
         let master = self.master.to_string();
         self.actions.push(Action::Signal(Signal::Returning { master, node, published, epoch }));
+    }
+
+    /// The Sentinels turn the provisionally published node back into a replica of the
+    /// primary before it: the leader never finished (it died before `+promoted-slave`, so no
+    /// Sentinel ever learned the new configuration) and the others convert the node back once
+    /// it has claimed master for a while. The flip is withdrawn, on the word of a Sentinel
+    /// other than the leader whose own report is that primary at its epoch while a majority
+    /// agrees: one stale or lying Sentinel cannot undo a flip. Nobody aborted, so the fence
+    /// is left to lapse (`gave_up`) rather than lifted under another polestar.
+    fn converted(&mut self, from: SentinelId, node: &Node, to: &Addr) {
+        let Publication::Provisional { primary, leader, before, .. } = &self.state.publication
+        else {
+            return;
+        };
+        let Some(back) = before.primary() else { return };
+        let speaker = self.state.reports.get(&from) == Some(back);
+        let majority = self.state.agreeing(back) >= self.quorum.majority();
+        let undone = primary.node.addr() == node.addr() && names(&back.node, to);
+        if undone && *leader != from && speaker && majority {
+            self.abort(true);
+        }
     }
 
     /// A promotion that no flip followed in time is given up (its fence lifted).

@@ -23,6 +23,7 @@ use crate::events::EventLog;
 use crate::failover::Signal;
 use crate::metrics as m;
 use crate::node::{Nodes, Role};
+use crate::phases::{self, Mark, Timeline};
 use crate::topology::{Master, MasterState, Node, Publisher, SentinelCounts, TopologyWriter};
 
 /// How long one `ROLE` answer of a watched node may take.
@@ -50,6 +51,8 @@ struct Entry {
     discovered: super::discovered::Discovered,
     /// The primary's down states already recorded.
     downs: Downs,
+    /// The failover under way, for `polestar_failover_seconds`.
+    phases: Timeline,
 }
 
 /// Which node's `+sdown` and `+odown` are recorded and not yet ended, so that a transition
@@ -72,15 +75,16 @@ impl Downs {
         true
     }
 
+    /// Whether the recorded `+odown` is of `node`.
+    fn odown_of(&self, node: &Node) -> bool {
+        self.odown.as_ref().is_some_and(|a| names(node, a))
+    }
+
     /// `node` is published as the primary (again): its next down is a new episode, even if
     /// Sentinel never said the last one ended (after a failover it names it as a replica).
     fn primary_is(&mut self, node: &Node) {
-        let is = |a: &Addr| {
-            let by_name = node.hostname.as_deref() == Some(a.host.as_str());
-            a.port == node.port && (by_name || a.host.parse() == Ok(node.ip))
-        };
         for slot in [&mut self.sdown, &mut self.odown] {
-            if slot.as_ref().is_some_and(is) {
+            if slot.as_ref().is_some_and(|a| names(node, a)) {
                 *slot = None;
             }
         }
@@ -288,9 +292,14 @@ impl Decider {
                 if let Some(t) = &target {
                     self.epoch(from, t.epoch);
                 }
+                self.mark(&master, Mark::Selected { leader: from, at });
                 self.apply(&master, Evidence::Promoting { from, replica, target, at });
             }
-            Observation::NodeBack { link: from, master, node } => {
+            Observation::NodeBack { link: from, master, node, converted_to } => {
+                if let Some(to) = converted_to {
+                    let converted = Evidence::Converted { from, node: node.clone(), to };
+                    self.apply(&master, converted);
+                }
                 self.apply(&master, Evidence::NodeBack { from, node });
             }
             Observation::MasterDown { link, master, node, down } => {
@@ -310,6 +319,11 @@ impl Decider {
         let Some(entry) = self.masters.get_mut(master) else { return };
         if !entry.downs.note(node, down) {
             return;
+        }
+        if down.objective {
+            let mark =
+                if down.began { Mark::Odown { at: Instant::now() } } else { Mark::OdownEnded };
+            entry.phases = phases::decide(entry.phases, mark).0;
         }
         let (event, node) = (down.channel(), format!("{}:{}", node.host, node.port));
         let sentinel = self.links.get(link).map(|l| l.addr.to_string());
@@ -337,8 +351,11 @@ impl Decider {
             Action::Switched { from, to, cause, at } => {
                 // The snapshot goes out before anything else is done with the change.
                 self.publish_snapshot();
+                let (first, flipped) = (from.is_none(), Instant::now());
                 if let Some(entry) = self.masters.get_mut(master) {
+                    let old_odown = from.as_ref().is_some_and(|f| entry.downs.odown_of(f));
                     entry.downs.primary_is(&to.node);
+                    self.mark(master, Mark::Flipped { at: flipped, first, old_odown });
                 }
                 let latency = at.elapsed();
                 let from = from.as_ref().map(ToString::to_string);
@@ -371,7 +388,12 @@ impl Decider {
                 tracing::info!(%master, "no longer suspect: the Sentinels agree on an acceptable primary");
                 self.events.push("suspect_cleared", Some(master), json!({}));
             }
-            Action::Signal(signal) => self.signal(signal),
+            Action::Signal(signal) => {
+                if matches!(signal, Signal::Aborted { .. }) {
+                    self.mark(master, Mark::Aborted);
+                }
+                self.signal(signal);
+            }
             Action::WatchRole { target, at } => self.watch_role(master, target, at),
             Action::Warm(replicas) => {
                 for r in replicas {
@@ -379,6 +401,14 @@ impl Decider {
                 }
             }
         }
+    }
+
+    /// Moves `master`'s failover timeline on and records the phases that ended.
+    fn mark(&mut self, master: &str, mark: Mark) {
+        let Some(entry) = self.masters.get_mut(master) else { return };
+        let (timeline, ended) = phases::decide(entry.phases, mark);
+        entry.phases = timeline;
+        phases::record(&ended);
     }
 
     /// Tells the drain side; only ever for changes the configured Sentinels agreed on.
@@ -635,6 +665,12 @@ impl Decider {
             sentinels,
         }
     }
+}
+
+/// Whether `node` is the instance a Sentinel named `a` (by address or announced hostname).
+fn names(node: &Node, a: &Addr) -> bool {
+    let by_name = node.hostname.as_deref() == Some(a.host.as_str());
+    a.port == node.port && (by_name || a.host.parse() == Ok(node.ip))
 }
 
 fn record_discovered(master: &str, n: usize) {

@@ -304,11 +304,11 @@ impl Link {
                 }));
                 return scope;
             }
-            Event::NodeBack { master, node } => {
+            Event::NodeBack { master, node, converted_to } => {
                 let scope = self.scope(master.clone());
                 pending.push(Box::pin(async move {
                     let node = resolve(&node).await;
-                    Ok(node.map(|node| Observation::NodeBack { link, master, node }))
+                    Ok(node.map(|node| Observation::NodeBack { link, master, node, converted_to }))
                 }));
                 return scope;
             }

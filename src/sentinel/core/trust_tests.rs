@@ -137,3 +137,67 @@ fn a_returning_node_that_never_was_the_masters_is_left_alone() {
         run(settled(), &quorum(2), vec![Evidence::NodeBack { from: 0, node: node(9999) }]);
     assert!(signals.is_empty(), "{signals:?}");
 }
+
+/// `from`'s `+convert-to-slave slave <port> @ m <to>`.
+fn converted(from: SentinelId, port: u16, to: u16) -> Evidence {
+    Evidence::Converted { from, node: node(port), to: addr(to) }
+}
+
+/// Regression (issue 25, item 6): the leader sent `SLAVEOF NO ONE` and polestar flipped to
+/// 7002 on its `ROLE`, then the leader died before `+promoted-slave`. No Sentinel ever learned
+/// the new configuration; the others turned 7002 back into a replica of 7001, and polestar
+/// went on publishing a replica (its promotion counted as flipped, so no timeout ended it).
+#[test]
+fn a_provisional_flip_whose_leader_dies_is_withdrawn_when_the_others_convert_the_node_back() {
+    let q = quorum(2);
+    // Sentinels 1 and 2 still report 7001 at epoch 1; the leader 0 is gone.
+    let others = vec![Evidence::Gone { from: 0 }, report(1, 7001, 1), report(2, 7001, 1)];
+    let (dead, signals, _) = run(flipped(), &q, others);
+    assert!(signals.is_empty() && provisional(&dead), "not yet: {signals:?}");
+    let later = Evidence::Tick { now: Instant::now() + FENCE_WITHOUT_FLIP * 4 };
+    let (dead, signals, _) = run(dead, &q, vec![later]);
+    assert!(signals.is_empty() && provisional(&dead), "time alone withdraws nothing");
+    // Who speaks, and toward where, decides: (name, evidence, withdrawn).
+    let cases = [
+        ("a reporting Sentinel converts it to the old primary", converted(1, 7002, 7001), true),
+        ("the dead leader's word", converted(0, 7002, 7001), false),
+        ("converted toward another node", converted(1, 7002, 7003), false),
+        ("another node converted", converted(1, 7003, 7001), false),
+        ("a plain -sdown of the node", Evidence::NodeBack { from: 1, node: node(7002) }, false),
+    ];
+    for (name, evidence, withdrawn) in cases {
+        let (state, signals, actions) = run(dead.clone(), &q, vec![evidence]);
+        if withdrawn {
+            assert_eq!(published(&state), Some((7001, 1)), "{name}");
+            assert!(!provisional(&state) && state.promotion.is_none(), "{name}");
+            assert_eq!(signals, [S::Aborted], "{name}");
+            assert!(actions.iter().any(|a| matches!(a, Action::Withdrawn { .. })), "{name}");
+            let gave_up = actions
+                .iter()
+                .any(|a| matches!(a, Action::Signal(Signal::Aborted { gave_up: true, .. })));
+            assert!(gave_up, "{name}: no Sentinel aborted, the fence is left to lapse");
+        } else {
+            assert!(provisional(&state) && published(&state) == Some((7002, 2)), "{name}");
+            assert!(signals.is_empty(), "{name}: {signals:?}");
+        }
+    }
+}
+
+/// The same conversion is no evidence while the Sentinels do not agree on the old primary:
+/// one stale or lying Sentinel cannot undo a flip (nor can a Sentinel reporting another).
+#[test]
+fn a_conversion_without_a_majority_for_the_old_primary_withdraws_nothing() {
+    let q = quorum(2);
+    let cases = [
+        ("one Sentinel of three reports the old primary", vec![report(1, 7001, 1)]),
+        ("the speaker reports the new one", vec![report(1, 7002, 2), report(2, 7001, 1)]),
+    ];
+    for (name, reports) in cases {
+        let mut evidence = vec![Evidence::Gone { from: 0 }, Evidence::Gone { from: 2 }];
+        evidence.extend(reports);
+        evidence.push(converted(1, 7002, 7001));
+        let (state, signals, _) = run(flipped(), &q, evidence);
+        assert!(provisional(&state) && published(&state) == Some((7002, 2)), "{name}");
+        assert!(!signals.contains(&S::Aborted), "{name}: {signals:?}");
+    }
+}
