@@ -23,7 +23,9 @@ use crate::events::EventLog;
 use crate::failover::Signal;
 use crate::metrics as m;
 use crate::node::{Nodes, Role};
-use crate::topology::{Master, MasterState, Node, Publisher, SentinelCounts, TopologyWriter};
+use crate::topology::{
+    Master, MasterState, Node, Publisher, SentinelCounts, TopologyWriter, Withdrawn,
+};
 
 /// How long one `ROLE` answer of a watched node may take.
 const ROLE_DEADLINE: Duration = Duration::from_millis(1000);
@@ -50,6 +52,9 @@ struct Entry {
     discovered: super::discovered::Discovered,
     /// The primary's down states already recorded.
     downs: Downs,
+    /// The last provisional flip withdrawn, shown (for agents) while it is above what is
+    /// published; a switch clears it.
+    withdrawn: Option<Candidate>,
 }
 
 /// Which node's `+sdown` and `+odown` are recorded and not yet ended, so that a transition
@@ -339,6 +344,7 @@ impl Decider {
                 self.publish_snapshot();
                 if let Some(entry) = self.masters.get_mut(master) {
                     entry.downs.primary_is(&to.node);
+                    entry.withdrawn = None;
                 }
                 let latency = at.elapsed();
                 let from = from.as_ref().map(ToString::to_string);
@@ -357,6 +363,9 @@ impl Decider {
                 self.events.push("switch", Some(master), data);
             }
             Action::Withdrawn { undone, back } => {
+                if let Some(entry) = self.masters.get_mut(master) {
+                    entry.withdrawn = Some(undone.clone());
+                }
                 let (undone, back) = (undone.node.to_string(), back.map(|b| b.node.to_string()));
                 tracing::warn!(%master, %undone, back = back.as_deref().unwrap_or("-"), "failover aborted: provisional primary withdrawn");
                 self.events.push("revert", Some(master), json!({ "from": undone, "to": back }));
@@ -633,8 +642,15 @@ impl Decider {
             state,
             replicas: e.state.replicas.clone(),
             sentinels,
+            withdrawn: withdrawn(e.withdrawn.as_ref(), primary),
         }
     }
+}
+
+/// A withdrawn flip is shown while it is above the published epoch (and so explains it).
+fn withdrawn(undone: Option<&Candidate>, published: Option<&Candidate>) -> Option<Withdrawn> {
+    let undone = undone.filter(|u| published.is_none_or(|p| u.epoch > p.epoch))?;
+    Some(Withdrawn { node: undone.node.clone(), epoch: undone.epoch })
 }
 
 fn record_discovered(master: &str, n: usize) {
