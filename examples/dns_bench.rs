@@ -79,6 +79,7 @@ fn master(i: usize, round: u64) -> (String, Arc<Master>) {
             .map(|h| Replica { ip: ip(h), port: 6379, hostname: None, healthy: true })
             .collect(),
         sentinels: SentinelCounts::default(),
+        withdrawn: None,
     };
     (master.name.clone(), Arc::new(master))
 }

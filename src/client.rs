@@ -413,6 +413,7 @@ mod tests {
         let replica =
             |healthy| ReplicaView { ip: [10, 0, 0, 2].into(), port: 6379, hostname: None, healthy };
         MasterView {
+            withdrawn: None,
             name: name.into(),
             dns_name: name.into(),
             epoch: primary.as_ref().map(|_| 12),

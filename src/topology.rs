@@ -110,6 +110,17 @@ pub struct Master {
     pub state: MasterState,
     pub replicas: Vec<Replica>,
     pub sentinels: SentinelCounts,
+    /// The provisional flip (above `epoch`) a failover's abort took back, when that is why
+    /// `primary` is what it is: the one case in which a master's epoch goes down, said
+    /// explicitly so that agents follow it (they refuse a lower epoch otherwise).
+    pub withdrawn: Option<Withdrawn>,
+}
+
+/// The provisional primary a failover's abort took back, at the epoch it was published with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Withdrawn {
+    pub node: Node,
+    pub epoch: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -210,6 +221,7 @@ mod tests {
 
     fn master(name: &str, epoch: u64) -> Master {
         Master {
+            withdrawn: None,
             name: name.into(),
             label: name.into(),
             primary: None,

@@ -74,13 +74,17 @@ async fn switch_ms(ps: &Polestar, to: &str) -> Option<u64> {
 }
 
 #[tokio::test]
-async fn an_agent_over_https_with_the_token_follows_a_failover_while_its_other_upstream_is_down() {
+async fn an_agent_over_https_with_the_token_follows_a_failover_while_one_of_its_three_upstreams_is_down()
+ {
     let dir = tempfile::tempdir().unwrap();
     let certs = Certs::generate(&dir.path().join("tls")).expect("certificates");
     let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
     let up = upstream(&lab, &certs, dir.path()).await;
-    let dead = format!("http://127.0.0.1:{}", polestar::lab::free_service_port().unwrap());
-    let agent = agent(&lab, &certs, dir.path(), &[dead, up.api()], AGENT_TOKEN).await;
+    let other = upstream(&lab, &certs, dir.path()).await;
+    // A majority of the three configured upstreams is two: the dead one still counts.
+    let dead = format!("https://127.0.0.1:{}", polestar::lab::free_service_port().unwrap());
+    let urls = [dead, up.api(), other.api()];
+    let agent = agent(&lab, &certs, dir.path(), &urls, AGENT_TOKEN).await;
     let old = lab.primary().await.expect("primary").to_string();
     wait_primary(&agent, lab.master_name(), &old, STARTUP).await;
 
@@ -326,7 +330,7 @@ async fn a_lying_upstream_makes_the_agent_destroy_nothing_outside_the_data_nodes
         agent_token: None,
         drain_settings: vec![],
         sentinel_settings: vec![],
-        source: Some(format!("upstream: {url}")),
+        source: Some(format!("upstream: {{urls: [\"{url}\"], allow_plaintext: true}}")),
         http_settings: vec![],
         https_ca: None,
         extra: "sweep:\n  remote: true\n".into(),

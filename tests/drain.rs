@@ -291,6 +291,7 @@ impl Harness {
             .map(|n| Replica { ip: n.ip, port: n.port, hostname: None, healthy: true })
             .collect();
         let m = Master {
+            withdrawn: None,
             name: master.into(),
             label: master.into(),
             primary: Some(primary),

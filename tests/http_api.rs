@@ -100,6 +100,7 @@ fn master(name: &str, primary: Option<&str>, epoch: Option<u64>) -> Master {
         Node { ip: addr.ip(), port: addr.port(), hostname: None }
     };
     Master {
+        withdrawn: None,
         name: name.into(),
         label: topology::label_for(name),
         primary: primary.map(node),

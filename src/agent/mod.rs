@@ -6,15 +6,16 @@
 //! (`GET /v1/masters`), then follows its event stream (`GET /v1/events/stream`) and reads the
 //! full state again on every event, and after every gap: a reconnect, with backoff, forever.
 //! One merger (the single writer of the agent's topology) combines the latest answer of each
-//! upstream that answers: per master the highest plausible epoch wins, so one polestar down
-//! costs nothing. While no upstream answers every master is `stale` and keeps its primary, so
-//! nothing is swept because of the outage.
+//! upstream: per master, a change of primary needs a majority of the configured upstreams
+//! serving it (address and epoch), so one lying or lagging polestar moves nothing, and one
+//! down of three costs nothing. While no majority confirms it, a master keeps its primary,
+//! marked `stale`, so nothing is swept because of an outage.
 //!
 //! An agent may destroy sockets on its host (`sweep.remote`), so what it accepts is bounded:
 //! the bearer token on every request, https verified against `upstream.ca_file`, no redirects,
-//! a size limit on every answer, and the guards of [`state::combine`] (an absurd epoch, an epoch
-//! jump, an equal epoch with another primary, or a new primary that was not a replica of the
-//! master, is refused).
+//! a size limit on every answer, and the guards of [`state::decide`] (an absurd epoch, no
+//! majority, an equal epoch with another primary, a lower epoch that is no withdrawal, or a
+//! new primary that was not a replica of the master, is refused).
 
 mod sse;
 pub mod state;
@@ -207,8 +208,8 @@ impl Merger {
             *slot = views;
         }
         let current = self.writer.reader().borrow().clone();
-        let up: Vec<&[MasterView]> = self.latest.iter().flatten().map(Vec::as_slice).collect();
-        let next = if up.is_empty() {
+        let up: Vec<Option<&[MasterView]>> = self.latest.iter().map(|v| v.as_deref()).collect();
+        let next = if up.iter().all(Option::is_none) {
             state::stale(&current)
         } else {
             let (views, refused) = state::combine(&current, &up);

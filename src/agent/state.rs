@@ -1,14 +1,17 @@
-//! Turning an upstream's `GET /v1/masters` answer into this polestar's next snapshot (pure).
+//! Turning the upstreams' `GET /v1/masters` answers into this polestar's next snapshot (pure).
 //!
-//! The upstream's view is taken as published truth, with the same two guards the Sentinel side
-//! applies: a known primary is never replaced by "unknown" (an upstream that has just restarted
-//! answers before it has a confirmed state), and a lower epoch is never published.
+//! No one upstream is believed: an agent may destroy sockets and send node credentials on
+//! what it publishes, so a primary is published only when a majority of the configured
+//! upstreams serve it ([`decide`]), the way the Sentinel side counts only a majority of its
+//! configured Sentinels. Against what is published: a known primary is never replaced by
+//! "unknown" (an upstream that has just restarted answers before it has a confirmed state),
+//! and a lower epoch only by an explicit withdrawal.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::http::view::{MasterView, NodeView};
-use crate::topology::{Master, MasterState, Node, Replica, SentinelCounts, Snapshot};
+use crate::http::view::{MasterView, NodeView, ReplicaView};
+use crate::topology::{Master, MasterState, Node, Replica, SentinelCounts, Snapshot, Withdrawn};
 
 /// Which masters to follow and under which DNS labels (from this polestar's own config).
 pub trait Labels {
@@ -18,68 +21,198 @@ pub trait Labels {
 
 /// An epoch above this is no Sentinel's (one per failover attempt: billions of failovers).
 pub const MAX_EPOCH: u64 = 1 << 32;
-/// A master's epoch grows by one per failover attempt; more than this at once is not believed.
-pub const MAX_EPOCH_JUMP: u64 = 1000;
 
-/// The views to publish from the latest answers of every upstream that answers: per master,
-/// the highest epoch among the plausible ones ([`plausible`]). Returns them and why the others
-/// were refused.
-pub fn combine(current: &Snapshot, upstreams: &[&[MasterView]]) -> (Vec<MasterView>, Vec<String>) {
-    let mut best: BTreeMap<&str, &MasterView> = BTreeMap::new();
-    let mut refused = Vec::new();
-    for view in upstreams.iter().flat_map(|views| views.iter()) {
-        if let Err(why) = plausible(current.master(&view.name).map(|m| &**m), view) {
-            refused.push(format!("{}: {why}", view.name));
-            continue;
-        }
-        // On equal epochs an upstream that is `ok` beats one that has lost its Sentinels.
-        let better = best.get(view.name.as_str()).is_none_or(|b| {
-            view.epoch > b.epoch || (view.epoch == b.epoch && b.state != "ok" && view.state == "ok")
-        });
-        if better {
-            best.insert(&view.name, view);
-        }
-    }
-    let mut views: Vec<MasterView> = best.into_values().cloned().collect();
-    // A master whose every view was refused keeps what this agent published for it.
-    let kept = upstreams.iter().flat_map(|v| v.iter()).filter_map(|v| current.master(&v.name));
-    for old in kept {
-        if !views.iter().any(|v| v.name == old.name) {
-            views.push(MasterView::from(&**old));
-        }
-    }
-    (views, refused)
+/// What the configured upstreams say of one master, taken together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Publish this view: a majority of the configured upstreams serve its primary at its
+    /// epoch (its replicas: those a majority lists), and it may follow what is published.
+    Follow(MasterView),
+    /// Keep what is published (marked `stale`): no majority serves a primary it may follow;
+    /// `Some(why)` when one was offered and refused.
+    Keep(Option<String>),
 }
 
-/// Whether a view of a master can be believed, given what this agent published for it: an
-/// upstream that invents an epoch (to pin the agent), or a primary without a failover, or one
-/// that was never a data node of the master, is refused; the master keeps what it has.
-fn plausible(old: Option<&Master>, view: &MasterView) -> Result<(), String> {
-    let epoch = view.epoch.unwrap_or(0);
-    if epoch > MAX_EPOCH {
-        return Err(format!("epoch {epoch} is not a Sentinel epoch"));
-    }
-    let Some(old) = old else { return Ok(()) };
-    let (Some(old_primary), Some(new_primary)) = (&old.primary, &view.primary) else {
-        return Ok(());
+/// A primary at an epoch, as the upstreams name it.
+type Key = (std::net::SocketAddr, u64);
+
+/// The one rule of an agent's trust, for one master: a primary (address and epoch) is
+/// published only when a majority of the `configured` upstreams serve it (`views` holds the
+/// latest view of each upstream that answers and has the master, `None` for the others: an
+/// unreachable upstream still counts in the denominator). Against what is published, a
+/// higher epoch needs the new primary to have been a replica (as a majority listed them); an
+/// equal epoch never names another primary; a lower epoch is taken only as the explicit
+/// withdrawal of the provisional flip that is published. No bound on how far an epoch moves:
+/// Sentinel's epoch is one counter for every master, and the majority is the bound.
+pub fn decide(
+    current: Option<&Master>,
+    views: &[Option<&MasterView>],
+    configured: usize,
+) -> Decision {
+    let majority = configured / 2 + 1;
+    let named: Vec<&MasterView> = views.iter().flatten().copied().filter(|v| sane(v)).collect();
+    let count = |key: Key| named.iter().filter(|v| key_of(v) == Some(key)).count();
+    let agreed = named.iter().filter_map(|v| key_of(v)).find(|k| count(*k) >= majority);
+    let Some(key) = agreed else {
+        let absurd = views.iter().flatten().find_map(|v| absurd(v));
+        return Decision::Keep(absurd.or_else(|| offered(current, &named, configured, &count)));
     };
-    let old_epoch = old.epoch.unwrap_or(0);
-    if epoch > old_epoch.saturating_add(MAX_EPOCH_JUMP) {
-        return Err(format!("epoch jumps from {old_epoch} to {epoch}"));
+    let agreeing: Vec<&MasterView> =
+        named.iter().copied().filter(|v| key_of(v) == Some(key)).collect();
+    let view = agreed_view(&agreeing, majority);
+    match follows(current, &view, &agreeing, majority) {
+        Ok(()) => Decision::Follow(view),
+        Err(why) => Decision::Keep(Some(why)),
     }
-    let moved = old_primary.addr() != new_primary.addr();
-    if moved && epoch == old_epoch {
-        return Err(format!(
-            "primary {} at the same epoch {epoch} as {old_primary}",
-            new_primary.addr()
-        ));
+}
+
+/// A primary, at an epoch no Sentinel could have passed (the view does not count).
+fn sane(view: &MasterView) -> bool {
+    view.primary.is_some() && view.epoch.unwrap_or(0) <= MAX_EPOCH
+}
+
+fn absurd(view: &MasterView) -> Option<String> {
+    let epoch = view.epoch.filter(|e| *e > MAX_EPOCH)?;
+    Some(format!("epoch {epoch} is not a Sentinel epoch"))
+}
+
+fn key_of(view: &MasterView) -> Option<Key> {
+    Some((view.primary.as_ref()?.addr(), view.epoch.unwrap_or(0)))
+}
+
+fn key_of_master(master: &Master) -> Option<Key> {
+    Some((master.primary.as_ref()?.addr(), master.epoch.unwrap_or(0)))
+}
+
+/// Why nothing is followed, when an upstream offers something other than what is published.
+fn offered(
+    current: Option<&Master>,
+    named: &[&MasterView],
+    configured: usize,
+    count: &dyn Fn(Key) -> usize,
+) -> Option<String> {
+    let published = current.and_then(key_of_master);
+    let other = named.iter().filter_map(|v| key_of(v)).find(|k| Some(*k) != published)?;
+    let (addr, epoch) = other;
+    Some(format!(
+        "primary {addr} at epoch {epoch} is served by {} of the {configured} configured \
+         upstreams, not a majority",
+        count(other)
+    ))
+}
+
+/// Whether the agreed view may replace what is published.
+fn follows(
+    current: Option<&Master>,
+    view: &MasterView,
+    agreeing: &[&MasterView],
+    majority: usize,
+) -> Result<(), String> {
+    let Some((old_addr, old_epoch)) = current.and_then(key_of_master) else { return Ok(()) };
+    let Some((addr, epoch)) = key_of(view) else { return Ok(()) };
+    let was_replica = current
+        .is_some_and(|m| m.replicas.iter().any(|r| (r.ip, r.port) == (addr.ip(), addr.port())));
+    match epoch.cmp(&old_epoch) {
+        _ if addr == old_addr && epoch >= old_epoch => Ok(()),
+        std::cmp::Ordering::Greater if was_replica => Ok(()),
+        std::cmp::Ordering::Greater => Err(format!("new primary {addr} was not a replica of it")),
+        std::cmp::Ordering::Equal => {
+            Err(format!("primary {addr} at the same epoch {epoch} as {old_addr}"))
+        }
+        std::cmp::Ordering::Less => {
+            let undone = |v: &&&MasterView| {
+                v.withdrawn
+                    .as_ref()
+                    .is_some_and(|w| ((w.ip, w.port).into(), w.epoch) == (old_addr, old_epoch))
+            };
+            if agreeing.iter().filter(undone).count() >= majority {
+                Ok(())
+            } else {
+                Err(format!(
+                    "epoch {epoch} is below the published {old_epoch} and no majority withdrew {old_addr}"
+                ))
+            }
+        }
     }
-    let was_replica =
-        old.replicas.iter().any(|r| (r.ip, r.port) == (new_primary.ip, new_primary.port));
-    if moved && epoch > old_epoch && !was_replica {
-        return Err(format!("new primary {} was not a replica of it", new_primary.addr()));
+}
+
+/// The view a majority agrees on: the primary, epoch and the rest of one of them (one that
+/// sees its Sentinels first), with the replicas and the withdrawal a majority lists.
+fn agreed_view(agreeing: &[&MasterView], majority: usize) -> MasterView {
+    // `decide` calls this with at least a majority (one or more) of views.
+    let base = agreeing.iter().find(|v| v.state == "ok").unwrap_or(&agreeing[0]);
+    let mut view = (*base).clone();
+    let listed = |r: &ReplicaView| {
+        agreeing
+            .iter()
+            .filter(|v| v.replicas.iter().any(|o| (o.ip, o.port) == (r.ip, r.port)))
+            .count()
+    };
+    let healthy = |r: &ReplicaView| {
+        agreeing
+            .iter()
+            .filter(|v| v.replicas.iter().any(|o| (o.ip, o.port) == (r.ip, r.port) && o.healthy))
+            .count()
+    };
+    let mut replicas: Vec<ReplicaView> = Vec::new();
+    for r in agreeing.iter().flat_map(|v| v.replicas.iter()) {
+        if listed(r) >= majority && !replicas.iter().any(|o| (o.ip, o.port) == (r.ip, r.port)) {
+            replicas.push(ReplicaView { healthy: healthy(r) >= majority, ..r.clone() });
+        }
     }
-    Ok(())
+    view.replicas = replicas;
+    let same = |w: &Option<_>| agreeing.iter().filter(|v| v.withdrawn == *w).count();
+    view.withdrawn = view.withdrawn.clone().filter(|_| same(&view.withdrawn) >= majority);
+    view
+}
+
+/// The views to publish, one per master some upstream that answers has: what [`decide`]
+/// follows, or what this agent published (`stale`), or `unknown` for a master it has none
+/// of. `upstreams` holds one slot per configured upstream (`None`: down). Returns them and
+/// why offered changes were refused.
+pub fn combine(
+    current: &Snapshot,
+    upstreams: &[Option<&[MasterView]>],
+) -> (Vec<MasterView>, Vec<String>) {
+    let all = || upstreams.iter().flatten().flat_map(|views| views.iter());
+    let mut names: Vec<&str> = all().map(|v| v.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut refused = Vec::new();
+    let mut out = Vec::new();
+    for name in names {
+        let slots: Vec<Option<&MasterView>> =
+            upstreams.iter().map(|u| u.and_then(|vs| vs.iter().find(|v| v.name == name))).collect();
+        let old = current.master(name).map(|m| &**m);
+        match decide(old, &slots, upstreams.len()) {
+            Decision::Follow(view) => out.push(view),
+            Decision::Keep(why) => {
+                refused.extend(why.map(|why| format!("{name}: {why}")));
+                // A name listed here is in some slot.
+                let any = slots.iter().flatten().next().copied();
+                out.extend(old.map(kept).or_else(|| any.map(unknown)));
+            }
+        }
+    }
+    (out, refused)
+}
+
+/// What this agent published for a master, kept while no majority moves it.
+fn kept(old: &Master) -> MasterView {
+    let state = if old.primary.is_some() { MasterState::Stale } else { MasterState::Unknown };
+    MasterView { state: state.as_str().into(), ..MasterView::from(old) }
+}
+
+/// A master no majority names a primary for yet.
+fn unknown(view: &MasterView) -> MasterView {
+    MasterView {
+        primary: None,
+        epoch: None,
+        since: None,
+        state: MasterState::Unknown.as_str().into(),
+        withdrawn: None,
+        ..view.clone()
+    }
 }
 
 /// The snapshot after reading `views` from the upstream, given the current one.
@@ -87,8 +220,7 @@ pub fn merge(current: &Snapshot, views: &[MasterView], labels: &dyn Labels) -> S
     let mut masters = BTreeMap::new();
     for view in views {
         let Some(label) = labels.label(&view.name, &view.dns_name) else { continue };
-        let old = current.master(&view.name);
-        let master = from_view(view, label, old.map(|m| &**m));
+        let master = from_view(view, label);
         masters.insert(view.name.clone(), Arc::new(master));
     }
     if views.is_empty() {
@@ -115,8 +247,8 @@ fn next(current: &Snapshot, masters: BTreeMap<String, Arc<Master>>, reachable: b
     Snapshot { version: current.version + 1, masters, source_reachable: reachable }
 }
 
-fn from_view(view: &MasterView, label: String, old: Option<&Master>) -> Master {
-    let mut master = Master {
+fn from_view(view: &MasterView, label: String) -> Master {
+    Master {
         name: view.name.clone(),
         label,
         primary: view.primary.as_ref().map(node),
@@ -130,21 +262,11 @@ fn from_view(view: &MasterView, label: String, old: Option<&Master>) -> Master {
             agreeing: view.sentinels.agreeing,
             discovered: view.sentinels.discovered.clone(),
         },
-    };
-    if let Some(old) = old.filter(|old| keeps_old_primary(old, &master)) {
-        master.primary = old.primary.clone();
-        master.epoch = old.epoch;
-        master.since = old.since;
-        if master.state == MasterState::Unknown {
-            master.state = MasterState::Stale;
-        }
+        withdrawn: view.withdrawn.as_ref().map(|w| Withdrawn {
+            node: Node { ip: w.ip, port: w.port, hostname: None },
+            epoch: w.epoch,
+        }),
     }
-    master
-}
-
-/// An unknown primary or a lower epoch upstream never replaces what this polestar published.
-fn keeps_old_primary(old: &Master, new: &Master) -> bool {
-    old.primary.is_some() && (new.primary.is_none() || new.epoch < old.epoch)
 }
 
 fn node(view: &NodeView) -> Node {

@@ -116,6 +116,7 @@ const PATHS: &[&str] = &[
     "upstream.urls",
     "upstream.ca_file",
     "upstream.token_file",
+    "upstream.allow_plaintext",
     "bogus",
     "drain.bogus",
 ];

@@ -134,6 +134,9 @@ pub struct Upstream {
     pub ca_file: Option<PathBuf>,
     /// Sent as `Authorization: Bearer` on every request (`upstream.token_file`).
     pub token: Option<Secret>,
+    /// `upstream.allow_plaintext`: an `http://` URL may carry the token, or feed
+    /// `sweep.remote`, anyway (a trusted network; refused by default, see [`plaintext`]).
+    pub allow_plaintext: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -362,6 +365,9 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
         Some((auth, false)) => Auth { tls: sentinel_tls.unwrap_or_default(), ..auth },
         None => Auth { tls: sentinel_tls.unwrap_or_default(), ..Auth::default() },
     };
+    if let Some(u) = &upstream {
+        plaintext(u, sweep.as_ref().and_then(|s| s.as_ref()), p);
+    }
     let source = match (sentinels, upstream) {
         (Some(s), None) => Source::Sentinels(s?),
         (None, Some(u)) => Source::Upstream(u),
@@ -489,7 +495,12 @@ pub fn read_secret(path: &Path) -> Result<Secret, String> {
 fn upstream(value: Value, base: &Path, p: &mut Problems) -> Option<Upstream> {
     if let Value::String(url) = value {
         let url = parse_upstream(url).map_err(|e| p.push("upstream", e)).ok()?;
-        return Some(Upstream { urls: vec![url], ca_file: None, token: None });
+        return Some(Upstream {
+            urls: vec![url],
+            ca_file: None,
+            token: None,
+            allow_plaintext: false,
+        });
     }
     let mut s = Section::new("upstream", value, p);
     let urls_path = s.path("urls");
@@ -499,6 +510,7 @@ fn upstream(value: Value, base: &Path, p: &mut Problems) -> Option<Upstream> {
     let token_path = s.path("token_file");
     let token =
         s.take::<PathBuf>("token_file", p).and_then(|f| secret_file(&base.join(f), &token_path, p));
+    let allow_plaintext = s.take("allow_plaintext", p).unwrap_or(false);
     s.finish(p);
     if let Some(ca) = &ca_file
         && let Err(e) = crate::tls::roots(Some(ca))
@@ -506,7 +518,7 @@ fn upstream(value: Value, base: &Path, p: &mut Problems) -> Option<Upstream> {
         p.push(&ca_path, e);
     }
     match urls {
-        Some(urls) if !urls.is_empty() => Some(Upstream { urls, ca_file, token }),
+        Some(urls) if !urls.is_empty() => Some(Upstream { urls, ca_file, token, allow_plaintext }),
         Some(_) => {
             p.push(&urls_path, "must list at least one polestar URL");
             None
@@ -515,6 +527,30 @@ fn upstream(value: Value, base: &Path, p: &mut Problems) -> Option<Upstream> {
             p.push(&urls_path, "missing");
             None
         }
+    }
+}
+
+/// An `http://` upstream is refused when the agent sends it the token (anyone on the path
+/// reads it) or acts on its answers with `sweep.remote` (anyone on the path can forge one and
+/// have this host's sockets destroyed), unless `upstream.allow_plaintext` says so.
+fn plaintext(upstream: &Upstream, sweep: Option<&Sweep>, p: &mut Problems) {
+    if upstream.allow_plaintext {
+        return;
+    }
+    let why = match (&upstream.token, sweep.is_some_and(|s| s.remote)) {
+        (Some(_), _) => "upstream.token_file would be sent in clear",
+        (None, true) => {
+            "sweep.remote would destroy sockets on an answer anyone on the path can forge"
+        }
+        (None, false) => return,
+    };
+    for (i, url) in upstream.urls.iter().enumerate().filter(|(_, u)| u.starts_with("http://")) {
+        p.push(
+            &format!("upstream.urls[{i}]"),
+            format!(
+                "{url:?} is plain http and {why}: use https, or set upstream.allow_plaintext: true"
+            ),
+        );
     }
 }
 

@@ -230,3 +230,39 @@ fn a_sentinel_api_beyond_loopback_without_a_password_is_a_warning() {
     let local = Config::parse(&text("127.0.0.1:26379"), Path::new("/")).expect("valid");
     assert!(local.warnings.is_empty(), "{:?}", local.warnings);
 }
+
+/// Issue 25 item 3: an agent sent its token over plain http, and swept sockets on answers
+/// anyone on the path could forge; `check` accepted both.
+#[test]
+fn an_http_upstream_with_a_token_or_sweep_remote_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("agent.token"), "t0ken\n").expect("write");
+    let load = |text: &str| Config::parse(text, dir.path());
+    let token = "upstream: {urls: ['https://10.0.0.5:8053', 'http://10.0.0.6:8053'], \
+                 token_file: agent.token";
+    let refused = [
+        (format!("{token}}}"), "upstream.urls[1]: \"http://10.0.0.6:8053\" is plain http"),
+        ("upstream: http://10.0.0.5:8053\nsweep: {remote: true}".into(), "sweep.remote"),
+        (
+            "upstream: {urls: ['http://10.0.0.5:8053']}\nsweep: {remote: true}".into(),
+            "upstream.urls[0]",
+        ),
+    ];
+    for (text, want) in refused {
+        let Err(ParseError::Invalid(problems)) = load(&text) else { panic!("accepted: {text}") };
+        assert!(problems.iter().any(|p| p.contains(want)), "{want}: {problems:?}");
+        assert!(problems.iter().any(|p| p.contains("upstream.allow_plaintext")), "{problems:?}");
+    }
+    let accepted = [
+        format!("{token}, allow_plaintext: true}}"),
+        "upstream: {urls: ['http://10.0.0.5:8053'], allow_plaintext: true}\nsweep: {remote: true}"
+            .into(),
+        "upstream: {urls: ['https://10.0.0.5:8053'], token_file: agent.token}\nsweep: {remote: true}"
+            .into(),
+        "upstream: http://10.0.0.5:8053".into(),
+        "upstream: http://10.0.0.5:8053\nsweep: {local_ports: [6379]}".into(),
+    ];
+    for text in accepted {
+        assert!(load(&text).is_ok(), "{text}: {:?}", load(&text).err());
+    }
+}

@@ -57,6 +57,7 @@ mod tests {
 
     fn master(name: &str, primary: Option<Node>) -> (String, Arc<Master>) {
         let master = Master {
+            withdrawn: None,
             name: name.into(),
             label: name.into(),
             primary,

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::topology::{Master, Node, Replica, SentinelCounts};
+use crate::topology::{Master, Node, Replica, SentinelCounts, Withdrawn};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MasterView {
@@ -22,6 +22,18 @@ pub struct MasterView {
     pub state: String,
     pub replicas: Vec<ReplicaView>,
     pub sentinels: SentinelsView,
+    /// Set when a provisional flip was withdrawn (the failover was aborted): the primary it
+    /// had named and that primary's epoch, above the `epoch` served now. Absent otherwise
+    /// (and from older polestars).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub withdrawn: Option<WithdrawnView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WithdrawnView {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub epoch: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,7 +82,14 @@ impl From<&Master> for MasterView {
             state: m.state.as_str().to_owned(),
             replicas: m.replicas.iter().map(ReplicaView::from).collect(),
             sentinels: (&m.sentinels).into(),
+            withdrawn: m.withdrawn.as_ref().map(WithdrawnView::from),
         }
+    }
+}
+
+impl From<&Withdrawn> for WithdrawnView {
+    fn from(w: &Withdrawn) -> Self {
+        Self { ip: w.node.ip, port: w.node.port, epoch: w.epoch }
     }
 }
 
@@ -114,6 +133,7 @@ mod tests {
     #[test]
     fn a_master_serializes_to_the_documented_fields() {
         let master = Master {
+            withdrawn: None,
             name: "mymaster".into(),
             label: "cache".into(),
             primary: Some(Node { ip: [10, 0, 0, 1].into(), port: 6379, hostname: None }),

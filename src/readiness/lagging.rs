@@ -73,6 +73,7 @@ mod tests {
         let replica =
             |port| Replica { ip: [10, 0, 0, 2].into(), port, hostname: None, healthy: true };
         let master = Master {
+            withdrawn: None,
             name: "m".into(),
             label: "m".into(),
             primary: None,

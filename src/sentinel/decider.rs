@@ -24,7 +24,9 @@ use crate::failover::Signal;
 use crate::metrics as m;
 use crate::node::{Nodes, Role};
 use crate::phases::{self, Mark, Timeline};
-use crate::topology::{Master, MasterState, Node, Publisher, SentinelCounts, TopologyWriter};
+use crate::topology::{
+    Master, MasterState, Node, Publisher, SentinelCounts, TopologyWriter, Withdrawn,
+};
 
 /// How long one `ROLE` answer of a watched node may take.
 const ROLE_DEADLINE: Duration = Duration::from_millis(1000);
@@ -53,6 +55,9 @@ struct Entry {
     downs: Downs,
     /// The failover under way, for `polestar_failover_seconds`.
     phases: Timeline,
+    /// The last provisional flip withdrawn, shown (for agents) while it is above what is
+    /// published; a switch clears it.
+    withdrawn: Option<Candidate>,
 }
 
 /// Which node's `+sdown` and `+odown` are recorded and not yet ended, so that a transition
@@ -355,6 +360,7 @@ impl Decider {
                 if let Some(entry) = self.masters.get_mut(master) {
                     let old_odown = from.as_ref().is_some_and(|f| entry.downs.odown_of(f));
                     entry.downs.primary_is(&to.node);
+                    entry.withdrawn = None;
                     self.mark(master, Mark::Flipped { at: flipped, first, old_odown });
                 }
                 let latency = at.elapsed();
@@ -374,6 +380,9 @@ impl Decider {
                 self.events.push("switch", Some(master), data);
             }
             Action::Withdrawn { undone, back } => {
+                if let Some(entry) = self.masters.get_mut(master) {
+                    entry.withdrawn = Some(undone.clone());
+                }
                 let (undone, back) = (undone.node.to_string(), back.map(|b| b.node.to_string()));
                 tracing::warn!(%master, %undone, back = back.as_deref().unwrap_or("-"), "failover aborted: provisional primary withdrawn");
                 self.events.push("revert", Some(master), json!({ "from": undone, "to": back }));
@@ -663,6 +672,7 @@ impl Decider {
             state,
             replicas: e.state.replicas.clone(),
             sentinels,
+            withdrawn: withdrawn(e.withdrawn.as_ref(), primary),
         }
     }
 }
@@ -671,6 +681,12 @@ impl Decider {
 fn names(node: &Node, a: &Addr) -> bool {
     let by_name = node.hostname.as_deref() == Some(a.host.as_str());
     a.port == node.port && (by_name || a.host.parse() == Ok(node.ip))
+}
+
+/// A withdrawn flip is shown while it is above the published epoch (and so explains it).
+fn withdrawn(undone: Option<&Candidate>, published: Option<&Candidate>) -> Option<Withdrawn> {
+    let undone = undone.filter(|u| published.is_none_or(|p| u.epoch > p.epoch))?;
+    Some(Withdrawn { node: undone.node.clone(), epoch: undone.epoch })
 }
 
 fn record_discovered(master: &str, n: usize) {

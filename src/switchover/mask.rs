@@ -109,6 +109,7 @@ mod tests {
         let replica =
             |port, healthy| Replica { ip: [10, 0, 0, 2].into(), port, hostname: None, healthy };
         let master = |name: &str| Master {
+            withdrawn: None,
             name: name.into(),
             label: name.into(),
             primary: None,

@@ -237,6 +237,7 @@ pub fn master(label: &str, primary: Option<(&str, u16)>, replicas: &[(&str, bool
         healthy: *healthy,
     };
     Master {
+        withdrawn: None,
         name: label.to_string(),
         label: label.to_string(),
         primary: primary.map(|(ip, port)| node(ip, port)),

@@ -35,21 +35,27 @@ fn the_upstream_view_is_published() {
     assert_eq!(primary(&next).as_deref(), Some("10.0.0.2:6379"));
 }
 
+fn combined(current: &Snapshot, upstreams: &[Option<&[MasterView]>]) -> (Snapshot, Vec<String>) {
+    let (views, refused) = combine(current, upstreams);
+    (merge(current, &views, &All), refused)
+}
+
 #[test]
 fn a_restarting_upstream_does_not_erase_the_primary() {
     let s = merge(&Snapshot::default(), &[view(Some("10.0.0.1"), Some(3), "ok")], &All);
-    let loading = merge(&s, &[view(None, None, "unknown")], &All);
+    let (loading, _) = combined(&s, &[Some(&[view(None, None, "unknown")])]);
     assert_eq!(primary(&loading).as_deref(), Some("10.0.0.1:6379"));
     assert_eq!(loading.master("m").map(|m| m.state), Some(MasterState::Stale));
-    let empty = merge(&s, &[], &All);
+    let (empty, _) = combined(&s, &[Some(&[])]);
     assert_eq!(primary(&empty).as_deref(), Some("10.0.0.1:6379"));
 }
 
 #[test]
 fn a_lower_epoch_is_never_published() {
     let s = merge(&Snapshot::default(), &[view(Some("10.0.0.2"), Some(5), "ok")], &All);
-    let older = merge(&s, &[view(Some("10.0.0.1"), Some(4), "ok")], &All);
+    let (older, refused) = combined(&s, &[Some(&[view(Some("10.0.0.1"), Some(4), "ok")])]);
     assert_eq!(primary(&older).as_deref(), Some("10.0.0.2:6379"));
+    assert!(refused.iter().any(|r| r.contains("no majority withdrew")), "{refused:?}");
 }
 
 #[test]
@@ -62,40 +68,210 @@ fn an_unreachable_upstream_marks_stale_and_keeps_the_primary() {
     assert!(crate::sweep::plan::changes(&s, &down).is_empty());
 }
 
-fn combined(current: &Snapshot, upstreams: &[&[MasterView]]) -> (Snapshot, Vec<String>) {
-    let (views, refused) = combine(current, upstreams);
-    (merge(current, &views, &All), refused)
-}
-
 #[test]
-fn the_highest_epoch_of_the_upstreams_that_answer_wins() {
-    let s = merge(&Snapshot::default(), &[view(Some("10.0.0.1"), Some(1), "ok")], &All);
-    let behind = [view(Some("10.0.0.1"), Some(1), "ok")];
-    let ahead = [view(Some("10.0.0.2"), Some(2), "ok")];
-    let (next, refused) = combined(&s, &[&behind, &ahead]);
-    assert_eq!(primary(&next).as_deref(), Some("10.0.0.2:6379"));
-    assert!(refused.is_empty(), "{refused:?}");
-    // Equal epochs: the upstream that still sees its Sentinels wins.
-    let stale = [view(Some("10.0.0.2"), Some(2), "stale")];
-    let (next, _) = combined(&next, &[&stale, &ahead]);
-    assert_eq!(next.master("m").map(|m| m.state), Some(MasterState::Ok));
-}
-
-#[test]
-fn an_absurd_epoch_a_jump_or_an_equal_epoch_with_another_primary_is_refused() {
+fn an_absurd_epoch_an_equal_epoch_with_another_primary_or_no_replica_is_refused() {
     let s = merge(&Snapshot::default(), &[view(Some("10.0.0.1"), Some(5), "ok")], &All);
     for (bad, why) in [
         (view(Some("10.0.0.2"), Some(u64::MAX), "ok"), "not a Sentinel epoch"),
-        (view(Some("10.0.0.2"), Some(5 + MAX_EPOCH_JUMP + 1), "ok"), "jumps"),
         (view(Some("10.0.0.2"), Some(5), "ok"), "same epoch"),
         (view(Some("10.9.9.9"), Some(6), "ok"), "not a replica"),
     ] {
-        let (next, refused) = combined(&s, &[&[bad]]);
+        let (next, refused) = combined(&s, &[Some(&[bad])]);
         assert_eq!(primary(&next).as_deref(), Some("10.0.0.1:6379"), "{why}");
-        assert_eq!(next.master("m").map(|m| m.state), Some(MasterState::Ok), "{why}");
         assert!(refused.iter().any(|r| r.contains(why)), "{why}: {refused:?}");
     }
     // A plausible one afterwards is taken: nothing is pinned.
-    let (next, _) = combined(&s, &[&[view(Some("10.0.0.2"), Some(6), "ok")]]);
+    let (next, _) = combined(&s, &[Some(&[view(Some("10.0.0.2"), Some(6), "ok")])]);
     assert_eq!(primary(&next).as_deref(), Some("10.0.0.2:6379"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The majority rule (issue 25, items 2 and 3), as a table over `decide`.
+
+const A: &str = "10.0.0.1"; // the primary
+const R: &str = "10.0.0.2"; // its replica
+const X: &str = "10.6.6.6"; // the attacker's node
+
+/// The view of `m` with `primary` at `epoch` and these replicas.
+fn at(primary: &str, epoch: u64, replicas: &[&str]) -> MasterView {
+    let mut v = view(Some(primary), Some(epoch), "ok");
+    v.replicas = replicas
+        .iter()
+        .map(|ip| ReplicaView {
+            ip: ip.parse().expect("ip"),
+            port: 6379,
+            hostname: None,
+            healthy: true,
+        })
+        .collect();
+    v
+}
+
+/// The same, saying that `undone` at `epoch` was withdrawn.
+fn withdrawing(mut v: MasterView, undone: &str, epoch: u64) -> MasterView {
+    let ip = undone.parse().expect("ip");
+    v.withdrawn = Some(crate::http::view::WithdrawnView { ip, port: 6379, epoch });
+    v
+}
+
+/// What the agent publishes for `m` once it has `current` and reads `views` of `configured`.
+fn published(
+    current: &MasterView,
+    views: &[Option<MasterView>],
+    configured: usize,
+) -> Option<(String, u64)> {
+    let s = merge(&Snapshot::default(), std::slice::from_ref(current), &All);
+    let slots: Vec<Option<&MasterView>> = views.iter().map(Option::as_ref).collect();
+    let (v, _) = match decide(s.master("m").map(|m| &**m), &slots, configured) {
+        Decision::Follow(v) => (v, ()),
+        Decision::Keep(_) => (current.clone(), ()),
+    };
+    Some((v.primary?.ip.to_string(), v.epoch?))
+}
+
+#[test]
+fn a_change_of_primary_needs_a_majority_of_the_configured_upstreams() {
+    let now = at(A, 5, &[R]);
+    let real = at(R, 6, &[A]);
+    let a = |e: u64| Some((A.to_string(), e));
+    let r = |e: u64| Some((R.to_string(), e));
+    #[rustfmt::skip]
+    let table: Vec<(&str, Vec<Option<MasterView>>, usize, Option<(String, u64)>)> = vec![
+        ("a real failover served by all three",
+            vec![Some(real.clone()), Some(real.clone()), Some(real.clone())], 3, r(6)),
+        ("a real failover served by two of three (one behind)",
+            vec![Some(real.clone()), Some(now.clone()), Some(real.clone())], 3, r(6)),
+        ("a real failover served by two of three (one unreachable)",
+            vec![Some(real.clone()), None, Some(real.clone())], 3, r(6)),
+        ("one upstream alone of three, the others unreachable: they still count",
+            vec![Some(real.clone()), None, None], 3, a(5)),
+        ("one of two, the other unreachable",
+            vec![Some(real.clone()), None], 2, a(5)),
+        ("the epoch jumps by thousands (one counter for every master): the majority is the bound",
+            vec![Some(at(R, 5001, &[A])), Some(at(R, 5001, &[A])), None], 3, r(5001)),
+        ("one lying upstream jumping the epoch",
+            vec![Some(at(X, 999_999, &[A])), Some(now.clone()), Some(now.clone())], 3, a(5)),
+        ("one lying upstream jumping the epoch, the others unreachable",
+            vec![Some(at(X, 999_999, &[A])), None, None], 3, a(5)),
+        ("upstreams disagreeing: three primaries",
+            vec![Some(at(R, 6, &[A])), Some(at(X, 7, &[A])), Some(now.clone())], 3, a(5)),
+        ("upstreams disagreeing on the epoch of the same primary",
+            vec![Some(at(R, 6, &[A])), Some(at(R, 7, &[A])), None], 3, a(5)),
+        ("a majority at the same epoch naming another primary",
+            vec![Some(at(R, 5, &[A])), Some(at(R, 5, &[A])), Some(at(R, 5, &[A]))], 3, a(5)),
+        ("a majority at a higher epoch naming a node that was never a replica",
+            vec![Some(at(X, 6, &[A])), Some(at(X, 6, &[A])), None], 3, a(5)),
+        ("a majority raising the epoch of the same primary",
+            vec![Some(at(A, 9, &[R])), Some(at(A, 9, &[R])), None], 3, a(9)),
+        ("a lower epoch without a withdrawal",
+            vec![Some(at(R, 4, &[A])), Some(at(R, 4, &[A])), Some(at(R, 4, &[A]))], 3, a(5)),
+        ("an absurd epoch, even from every upstream",
+            vec![Some(at(R, u64::MAX, &[A])), Some(at(R, u64::MAX, &[A]))], 2, a(5)),
+        ("a single configured upstream: a majority of one",
+            vec![Some(real.clone())], 1, r(6)),
+        ("a single configured upstream, unreachable",
+            vec![None], 1, a(5)),
+        ("a single configured upstream naming a node that was never a replica",
+            vec![Some(at(X, 6, &[A]))], 1, a(5)),
+    ];
+    for (case, views, configured, want) in table {
+        assert_eq!(published(&now, &views, configured), want, "{case}");
+    }
+}
+
+/// Issue 25 item 3: with several `upstream.urls`, the highest epoch from any one won, and the
+/// "was a replica" check read the replica list that same upstream sent.
+#[test]
+fn one_upstream_adds_the_attackers_node_to_the_replicas_at_e_plus_1_then_promotes_it_at_e_plus_2() {
+    let honest = at(A, 5, &[R]);
+    let mut s = merge(&Snapshot::default(), &[honest.clone()], &All);
+    let lies = [at(A, 6, &[R, X]), at(X, 7, &[A, R])];
+    for lie in lies {
+        let answers = [Some(vec![lie]), Some(vec![honest.clone()]), Some(vec![honest.clone()])];
+        let slots: Vec<Option<&[MasterView]>> = answers.iter().map(|a| a.as_deref()).collect();
+        s = combined(&s, &slots).0;
+        assert_eq!(primary(&s).as_deref(), Some("10.0.0.1:6379"));
+        let m = s.master("m").expect("m");
+        assert_eq!(m.epoch, Some(5));
+        assert!(m.replicas.iter().all(|r| r.ip.to_string() != X), "{:?}", m.replicas);
+    }
+    // With the other two unreachable, the lie is still one of three.
+    for lie in [at(A, 6, &[R, X]), at(X, 7, &[A, R])] {
+        s = combined(&s, &[Some(&[lie]), None, None]).0;
+        assert_eq!(primary(&s).as_deref(), Some("10.0.0.1:6379"));
+        assert_eq!(s.master("m").map(|m| m.state), Some(MasterState::Stale));
+    }
+}
+
+/// Issue 25 item 3: one upstream promoting a replica at e+1, then at e+2 (the same replica or
+/// another node), is one voice of three however often it speaks.
+#[test]
+fn one_upstream_promoting_a_replica_at_e_plus_1_then_at_e_plus_2_moves_nothing() {
+    let honest = at(A, 5, &[R]);
+    let mut s = merge(&Snapshot::default(), &[honest.clone()], &All);
+    for lie in [at(R, 6, &[A]), at(R, 7, &[A])] {
+        let views = [lie, honest.clone(), honest.clone()];
+        let slots: Vec<Option<&[MasterView]>> =
+            views.iter().map(|v| Some(std::slice::from_ref(v))).collect();
+        let (next, _) = combined(&s, &slots);
+        assert_eq!(primary(&next).as_deref(), Some("10.0.0.1:6379"));
+        assert_eq!(next.master("m").map(|m| m.state), Some(MasterState::Ok), "outvoted");
+        s = next;
+    }
+}
+
+/// Issue 25 item 3: a withdrawn provisional flip went back to a lower epoch, and agents
+/// refused it and kept serving the replica the failover had given up.
+#[test]
+fn agents_refused_the_lower_epoch_of_a_withdrawn_provisional_flip_and_kept_a_replica() {
+    let provisional = at(R, 6, &[]);
+    let back = withdrawing(at(A, 5, &[R]), R, 6);
+    let a = |e: u64| Some((A.to_string(), e));
+    let r = |e: u64| Some((R.to_string(), e));
+    #[rustfmt::skip]
+    let table: Vec<(&str, Vec<Option<MasterView>>, usize, Option<(String, u64)>)> = vec![
+        ("every upstream withdrew it", vec![Some(back.clone()), Some(back.clone()), Some(back.clone())], 3, a(5)),
+        ("a majority withdrew it", vec![Some(back.clone()), None, Some(back.clone())], 3, a(5)),
+        ("one of three withdrew it", vec![Some(back.clone()), Some(provisional.clone()), None], 3, r(6)),
+        ("a single upstream withdrew it", vec![Some(back.clone())], 1, a(5)),
+        ("a lower epoch without the withdrawal", vec![Some(at(A, 5, &[R]))], 1, r(6)),
+        ("the withdrawal of another flip", vec![Some(withdrawing(at(A, 5, &[R]), R, 7))], 1, r(6)),
+        ("the withdrawal of another node", vec![Some(withdrawing(at(A, 5, &[R]), X, 6))], 1, r(6)),
+    ];
+    for (case, views, configured, want) in table {
+        assert_eq!(published(&provisional, &views, configured), want, "{case}");
+    }
+}
+
+#[test]
+fn a_replica_is_published_when_a_majority_lists_it() {
+    let views = [at(A, 5, &[R, X]), at(A, 5, &[R]), at(A, 5, &[R])];
+    let slots: Vec<Option<&MasterView>> = views.iter().map(Some).collect();
+    let Decision::Follow(v) = decide(None, &slots, 3) else { panic!("a majority agrees") };
+    let listed: Vec<String> = v.replicas.iter().map(|r| r.ip.to_string()).collect();
+    assert_eq!(listed, [R]);
+}
+
+#[test]
+fn an_agent_that_starts_needs_a_majority_for_its_first_primary() {
+    let (s, _) = combined(&Snapshot::default(), &[Some(&[at(X, 9, &[])]), None, None]);
+    assert_eq!(primary(&s), None);
+    assert_eq!(s.master("m").map(|m| m.state), Some(MasterState::Unknown));
+    let two = [Some(vec![at(A, 5, &[R])]), Some(vec![at(A, 5, &[R])]), None];
+    let slots: Vec<Option<&[MasterView]>> = two.iter().map(|a| a.as_deref()).collect();
+    let (s, _) = combined(&Snapshot::default(), &slots);
+    assert_eq!(primary(&s).as_deref(), Some("10.0.0.1:6379"));
+}
+
+#[test]
+fn on_equal_epochs_a_view_that_sees_its_sentinels_is_published() {
+    let s = merge(&Snapshot::default(), &[at(A, 5, &[R])], &All);
+    let mut stale = at(R, 6, &[A]);
+    stale.state = "stale".into();
+    let views = [stale, at(R, 6, &[A])];
+    let slots: Vec<Option<&[MasterView]>> =
+        views.iter().map(|v| Some(std::slice::from_ref(v))).collect();
+    let (next, _) = combined(&s, &slots);
+    assert_eq!(primary(&next).as_deref(), Some("10.0.0.2:6379"));
+    assert_eq!(next.master("m").map(|m| m.state), Some(MasterState::Ok));
 }

@@ -12,6 +12,7 @@ const BASE: &str = "sentinels: { addresses: [\"127.0.0.1:26379\"] }\nmasters: [{
 
 fn snapshot(names: &[String], known: bool) -> Snapshot {
     let master = |name: &String| Master {
+        withdrawn: None,
         name: name.clone(),
         label: name.clone(),
         primary: known.then(|| Node { ip: [127, 0, 0, 1].into(), port: 6379, hostname: None }),

@@ -19,6 +19,7 @@ fn master(primary: Option<&str>, replicas: &[&str], state: MasterState) -> Arc<M
         })
         .collect();
     Arc::new(Master {
+        withdrawn: None,
         name: "m".into(),
         label: "m".into(),
         primary: primary.map(node),
