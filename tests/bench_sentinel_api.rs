@@ -44,14 +44,13 @@ async fn subscriber(api: SocketAddr, source: SocketAddr) -> anyhow::Result<tokio
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a benchmark: bench/sentinel-api-crowd.sh"]
 async fn bench_twenty_thousand_subscribers_hear_the_switch() {
-    let count: usize = std::env::var("SUBSCRIBERS").ok().and_then(|n| n.parse().ok()).unwrap_or(20_000);
+    let count: usize =
+        std::env::var("SUBSCRIBERS").ok().and_then(|n| n.parse().ok()).unwrap_or(20_000);
     raise_fd_limit(count as u64 * 2 + 4096);
     let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
     let mut config = PolestarConfig::for_lab(&lab);
-    config.extra = format!(
-        "sentinel_api:\n  listen: [\"127.0.0.1:0\"]\n  max_connections: {}\n",
-        count + 100
-    );
+    config.extra =
+        format!("sentinel_api:\n  listen: [\"127.0.0.1:0\"]\n  max_connections: {}\n", count + 100);
     let env = Env::with_config(lab, &config).await;
     let api = env.ps.find_addr("listening for Sentinel API on ").expect("the API listens");
     let before = rss_kib(env.ps.pid());

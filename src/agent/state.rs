@@ -24,6 +24,7 @@ pub const MAX_EPOCH: u64 = 1 << 32;
 
 /// What the configured upstreams say of one master, taken together.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)] // one short-lived decision per master and merge
 pub enum Decision {
     /// Publish this view: a majority of the configured upstreams serve its primary at its
     /// epoch (its replicas: those a majority lists), and it may follow what is published.

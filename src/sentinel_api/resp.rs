@@ -424,7 +424,7 @@ mod tests {
         let mut taken = 0;
         for chunk in wire.chunks(1000) {
             input.extend_from_slice(chunk);
-            let (used, request) = parser.next(&input, &LIMITS).unwrap();
+            let (used, request) = parser.next(&input, &LIMITS).expect("a well-formed request");
             input.drain(..used);
             taken += used;
             if let Some(request) = request {
@@ -553,7 +553,7 @@ mod fuzz {
                 input.extend_from_slice(&wire[fed..end]);
                 fed = end;
                 loop {
-                    let (used, request) = parser.next(&input, &LIMITS).unwrap();
+                    let (used, request) = parser.next(&input, &LIMITS).expect("a well-formed request");
                     input.drain(..used);
                     match request {
                         Some(r) => got.push(r),

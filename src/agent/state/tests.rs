@@ -2,6 +2,9 @@ use serde_json::json;
 
 use super::*;
 
+/// A table row: what it shows, each upstream's view, the configured count, what is followed.
+type Row = (&'static str, Vec<Option<MasterView>>, usize, Option<(String, u64)>);
+
 struct All;
 impl Labels for All {
     fn label(&self, _: &str, upstream: &str) -> Option<String> {
@@ -136,7 +139,7 @@ fn a_change_of_primary_needs_a_majority_of_the_configured_upstreams() {
     let a = |e: u64| Some((A.to_string(), e));
     let r = |e: u64| Some((R.to_string(), e));
     #[rustfmt::skip]
-    let table: Vec<(&str, Vec<Option<MasterView>>, usize, Option<(String, u64)>)> = vec![
+    let table: Vec<Row> = vec![
         ("a real failover served by all three",
             vec![Some(real.clone()), Some(real.clone()), Some(real.clone())], 3, r(6)),
         ("a real failover served by two of three (one behind)",
@@ -184,7 +187,7 @@ fn a_change_of_primary_needs_a_majority_of_the_configured_upstreams() {
 #[test]
 fn one_upstream_adds_the_attackers_node_to_the_replicas_at_e_plus_1_then_promotes_it_at_e_plus_2() {
     let honest = at(A, 5, &[R]);
-    let mut s = merge(&Snapshot::default(), &[honest.clone()], &All);
+    let mut s = merge(&Snapshot::default(), std::slice::from_ref(&honest), &All);
     let lies = [at(A, 6, &[R, X]), at(X, 7, &[A, R])];
     for lie in lies {
         let answers = [Some(vec![lie]), Some(vec![honest.clone()]), Some(vec![honest.clone()])];
@@ -208,7 +211,7 @@ fn one_upstream_adds_the_attackers_node_to_the_replicas_at_e_plus_1_then_promote
 #[test]
 fn one_upstream_promoting_a_replica_at_e_plus_1_then_at_e_plus_2_moves_nothing() {
     let honest = at(A, 5, &[R]);
-    let mut s = merge(&Snapshot::default(), &[honest.clone()], &All);
+    let mut s = merge(&Snapshot::default(), std::slice::from_ref(&honest), &All);
     for lie in [at(R, 6, &[A]), at(R, 7, &[A])] {
         let views = [lie, honest.clone(), honest.clone()];
         let slots: Vec<Option<&[MasterView]>> =
@@ -229,7 +232,7 @@ fn agents_refused_the_lower_epoch_of_a_withdrawn_provisional_flip_and_kept_a_rep
     let a = |e: u64| Some((A.to_string(), e));
     let r = |e: u64| Some((R.to_string(), e));
     #[rustfmt::skip]
-    let table: Vec<(&str, Vec<Option<MasterView>>, usize, Option<(String, u64)>)> = vec![
+    let table: Vec<Row> = vec![
         ("every upstream withdrew it", vec![Some(back.clone()), Some(back.clone()), Some(back.clone())], 3, a(5)),
         ("a majority withdrew it", vec![Some(back.clone()), None, Some(back.clone())], 3, a(5)),
         ("one of three withdrew it", vec![Some(back.clone()), Some(provisional.clone()), None], 3, r(6)),
