@@ -332,7 +332,10 @@ async fn deploy(cluster: &Cluster, mode: Mode) -> anyhow::Result<Option<ResolvCo
     let src = cluster.sentinels_yaml();
     cluster.polestar(&cluster.ctl, "ctl-polestar", &src, &listen, &central).await?;
     cluster.node_polestar("sweep:\n  local_ports: [6379]\n").await?;
-    let upstream = format!("upstream: http://{}:{HTTP_PORT}\n", cluster.ctl.ip);
+    let upstream = format!(
+        "upstream: {{urls: [\"http://{}:{HTTP_PORT}\"], allow_plaintext: true}}\n",
+        cluster.ctl.ip
+    );
     let (agent_listen, sweep) = (format!("127.0.0.1:{HTTP_PORT}"), "sweep:\n  remote: true\n");
     cluster.polestar(&cluster.app, "app-agent", &upstream, &agent_listen, sweep).await?;
     let resolv = ResolvConf::write(&cluster.app)?;
@@ -605,7 +608,10 @@ async fn late_connect_to_dark_primary(cluster: &Cluster) -> anyhow::Result<()> {
     const GRACE: Duration = Duration::from_millis(2500);
     let listen = format!("{}:{HTTP_PORT}", cluster.ctl.ip);
     cluster.polestar(&cluster.ctl, "ctl-polestar", &cluster.sentinels_yaml(), &listen, "").await?;
-    let upstream = format!("upstream: http://{}:{HTTP_PORT}\n", cluster.ctl.ip);
+    let upstream = format!(
+        "upstream: {{urls: [\"http://{}:{HTTP_PORT}\"], allow_plaintext: true}}\n",
+        cluster.ctl.ip
+    );
     let (agent_listen, sweep) = (format!("127.0.0.1:{HTTP_PORT}"), "sweep:\n  remote: true\n");
     cluster.polestar(&cluster.app, "app-agent", &upstream, &agent_listen, sweep).await?;
     let old = cluster.primary();

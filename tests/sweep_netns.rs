@@ -172,7 +172,10 @@ async fn dark_primary(cluster: &Cluster, agent: bool) -> anyhow::Result<()> {
     let src = cluster.sentinels_yaml();
     let sweep = "sweep:\n  remote: true\n";
     let app_listen = format!("127.0.0.1:{HTTP_PORT}");
-    let upstream = format!("upstream: http://{}:{HTTP_PORT}\n", cluster.ctl.ip);
+    let upstream = format!(
+        "upstream: {{urls: [\"http://{}:{HTTP_PORT}\"], allow_plaintext: true}}\n",
+        cluster.ctl.ip
+    );
     if agent {
         cluster.central("ctl-polestar").await?;
         cluster.polestar(&cluster.app, "app-polestar", &upstream, &app_listen, sweep).await?;

@@ -194,7 +194,7 @@ impl Cluster {
 
     async fn start_agent(&self) -> anyhow::Result<()> {
         let yaml = format!(
-            "upstream: http://{}:{HTTP_PORT}\nhttp:\n  listen: \"127.0.0.1:{HTTP_PORT}\"\n\
+            "upstream: {{urls: [\"http://{}:{HTTP_PORT}\"], allow_plaintext: true}}\nhttp:\n  listen: \"127.0.0.1:{HTTP_PORT}\"\n\
              sweep:\n  remote: true\n",
             self.ctl.ip
         );
