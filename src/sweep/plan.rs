@@ -51,7 +51,8 @@ pub enum Target {
     /// connections the node's own `CLIENT LIST` named), on the local addresses that reach
     /// that node (`served`). `listed`: when the node answered `CLIENT LIST` this round, only
     /// the peers it listed; a connection made since (a polestar's fence or demotion opening
-    /// one at the flip) waits for the next round's listing, which names it.
+    /// one at the flip) waits for the next round's listing, which names it; so does one the
+    /// listing shows still in its handshake, not yet named.
     Local {
         port: u16,
         spared: BTreeSet<IpAddr>,
