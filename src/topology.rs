@@ -205,6 +205,11 @@ impl Publisher {
     pub fn reader(&self) -> TopologyReader {
         self.writer.subscribe()
     }
+
+    /// The snapshot published last.
+    pub fn current(&self) -> Arc<Snapshot> {
+        self.writer.borrow().clone()
+    }
 }
 
 /// The DNS label for a master name: lower-cased, anything outside `[a-z0-9-]` mapped to `-`.

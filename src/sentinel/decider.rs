@@ -146,6 +146,9 @@ pub struct Decider {
     /// The links' stop token (a child of `shutdown`), cancelled when the decider is dropped,
     /// also by a panic: a restarted decider does not leave its predecessor's links running.
     links_stop: CancellationToken,
+    /// `Some` while one report is being read: the actions its masters' rules decided, carried
+    /// out together once every master of the report is decided (see [`Decider::report`]).
+    batch: Option<Vec<(String, Action)>>,
 }
 
 impl Drop for Decider {
@@ -188,6 +191,7 @@ impl Decider {
             links_stop: shutdown.child_token(),
             shutdown,
             acl_checked: HashSet::new(),
+            batch: None,
         };
         for (name, label) in decider.wanted.clone().into_iter().flatten() {
             decider.masters.insert(name, Entry { label, ..Entry::default() });
@@ -346,16 +350,22 @@ impl Decider {
         let state = std::mem::take(&mut entry.state);
         let (state, actions) = decide(master, state, &self.quorum, evidence);
         entry.state = state;
+        if let Some(batch) = &mut self.batch {
+            batch.extend(actions.into_iter().map(|a| (master.to_string(), a)));
+            return;
+        }
         for action in actions {
-            self.act(master, action);
+            self.act(master, action, Published::Not);
         }
     }
 
-    fn act(&mut self, master: &str, action: Action) {
+    fn act(&mut self, master: &str, action: Action, published: Published) {
         match action {
             Action::Switched { from, to, cause, at } => {
                 // The snapshot goes out before anything else is done with the change.
-                self.publish_snapshot();
+                if published == Published::Not {
+                    self.publish_snapshot();
+                }
                 let (first, flipped) = (from.is_none(), Instant::now());
                 if let Some(entry) = self.masters.get_mut(master) {
                     let old_odown = from.as_ref().is_some_and(|f| entry.downs.odown_of(f));
@@ -508,7 +518,23 @@ impl Decider {
         }
     }
 
+    /// One Sentinel's answer about its masters. Their rules are all run first and what they
+    /// decided is carried out after, with one snapshot published before any of it: a report of
+    /// a thousand masters that each switch (every start-up) published a thousand snapshots of a
+    /// thousand masters, one per switch, and woke every reader each time.
     fn report(&mut self, report: Report) {
+        self.batch = Some(Vec::new());
+        self.read_report(report);
+        let actions = self.batch.take().unwrap_or_default();
+        if actions.iter().any(|(_, a)| matches!(a, Action::Switched { .. })) {
+            self.publish_snapshot();
+        }
+        for (master, action) in actions {
+            self.act(&master, action, Published::Already);
+        }
+    }
+
+    fn read_report(&mut self, report: Report) {
         let Some(link) = self.links.get_mut(report.link) else { return };
         if !link.up {
             return;
@@ -640,8 +666,13 @@ impl Decider {
             self.events.push(kind, None, json!({ "sentinels_reachable": reachable }));
         }
         let masters: Vec<Master> = self.masters.iter().map(|(n, e)| self.view(n, e)).collect();
+        let before = self.topology.current();
         if let Some(snapshot) = self.topology.publish(masters, reachable) {
-            for master in snapshot.masters.values() {
+            // A master that did not change kept its `Arc`, and so its gauges.
+            let changed = |m: &&Arc<Master>| {
+                before.masters.get(&m.name).is_none_or(|old| !Arc::ptr_eq(old, m))
+            };
+            for master in snapshot.masters.values().filter(changed) {
                 record_gauges(master);
             }
         }
@@ -675,6 +706,13 @@ impl Decider {
             withdrawn: withdrawn(e.withdrawn.as_ref(), primary),
         }
     }
+}
+
+/// Whether the snapshot already holds the states an action comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Published {
+    Not,
+    Already,
 }
 
 /// Whether `node` is the instance a Sentinel named `a` (by address or announced hostname).

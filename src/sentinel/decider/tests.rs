@@ -259,3 +259,42 @@ async fn an_address_shown_to_be_no_sentinel_does_not_count_towards_the_majority(
     d.observe(report(0, 7001, 3, Vec::new()));
     assert_eq!(primary(&mut d), Some((7001, 3)), "one Sentinel of one");
 }
+
+/// A report of many masters that all switch at once (every start-up) publishes one snapshot,
+/// not one per master: 1000 masters cost 1000 snapshots of 1000 masters each before.
+#[tokio::test]
+async fn a_report_of_many_switching_masters_publishes_once() {
+    let text = "sentinels: {addresses: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:3']}\n";
+    let config = Config::parse(text, Path::new("/")).expect("valid test config");
+    let (writer, reader) = crate::topology::channel();
+    let mut d = Decider::new(&config, writer, Arc::new(EventLog::new()), CancellationToken::new());
+    for l in 0..3 {
+        up(&mut d, l);
+    }
+    let many = |link: LinkId| {
+        let masters = (0..200)
+            .map(|i| MasterReport {
+                name: format!("m{i}"),
+                primary: node(10_000 + i),
+                epoch: 1,
+                failover_in_progress: false,
+                replicas: Vec::new(),
+                followers: Vec::new(),
+                peers: Vec::new(),
+            })
+            .collect();
+        Observation::Report(Report { link, scope: Scope::All, masters, with_peers: true })
+    };
+    d.publish_snapshot();
+    let before = reader.borrow().version;
+    for l in 0..3 {
+        d.observe(many(l));
+        d.publish_snapshot();
+    }
+    let snapshot = reader.borrow().clone();
+    assert_eq!(snapshot.masters.len(), 200);
+    let published = snapshot.masters.values().filter(|m| m.primary.is_some()).count();
+    assert_eq!(published, 200, "every master published by the majority's reports");
+    let versions = snapshot.version - before;
+    assert!(versions <= 6, "{versions} snapshots for three reports of 200 masters");
+}
