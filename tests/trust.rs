@@ -672,3 +672,101 @@ async fn a_sentinel_that_missed_the_failover_gets_the_new_primary_no_replicaof()
     let touched: Vec<_> = actions.iter().filter(|e| e.to_string().contains(&named)).collect();
     assert!(touched.is_empty(), "polestar acted on the published primary: {touched:?}");
 }
+
+/// An agent (the real binary, `upstream:`) following `central`'s HTTP, with DNS for `master`
+/// under the `cache` label.
+async fn agent_of(central: &Polestar, master: &str) -> Polestar {
+    let config = PolestarConfig {
+        sentinels: vec![],
+        masters: vec![(master.to_string(), Some("cache".to_string()))],
+        dns: true,
+        dns_notify: vec![],
+        drain: false,
+        admin_token: None,
+        agent_token: None,
+        drain_settings: vec![],
+        sentinel_settings: vec![],
+        source: Some(format!("upstream: {{urls: [\"{}\"], allow_plaintext: true}}", central.api())),
+        http_settings: vec![],
+        https_ca: None,
+        extra: String::new(),
+    };
+    Polestar::start(&config).await
+}
+
+/// Until the agent's HTTP and DNS both answer `addr` at `epoch`; returns its master view.
+async fn wait_agent(
+    env: &Env,
+    agent: &Polestar,
+    addr: SocketAddr,
+    epoch: u64,
+    deadline: Duration,
+) -> serde_json::Value {
+    let dns = agent.dns.expect("the agent serves DNS");
+    env.wait_until(deadline, &format!("the agent answers {addr} at epoch {epoch}"), || async {
+        let m = agent.master(&env.master_name()).await?;
+        ensure!(primary_of(&m) == Some(addr) && epoch_of(&m) == Some(epoch), "agent: {m}");
+        let srv = resolve_srv(dns).await?;
+        ensure!(srv == addr, "the agent's DNS names {srv}:\n{}", agent.log_tail(20));
+        Ok(m)
+    })
+    .await
+    .clone()
+}
+
+/// Issue 25, item 3: a withdrawn provisional flip reaches agents. The central polestar flips
+/// to a replica on the scripted leader's `SLAVEOF NO ONE` (epoch E+1), the leader dies before
+/// `+promoted-slave`, the real Sentinels turn the node back and the central polestar withdraws
+/// the flip (the old primary at epoch E, `withdrawn` naming the flip). An agent following it
+/// followed the flip, then refused the lower epoch and kept serving a replica. Now its HTTP and
+/// DNS are the real primary again, and it shows the withdrawal that let it lower the epoch.
+#[tokio::test]
+async fn a_withdrawn_provisional_flip_reaches_an_agent() {
+    let (env, leader, primary, epoch) = with_scripted_sentinel(false).await;
+    let agent = agent_of(&env.ps, &env.master_name()).await;
+    wait_agent(&env, &agent, primary, epoch, STARTUP).await;
+    let replica = env.lab.replicas().await.expect("the replicas")[0];
+    // A new primary must have been a replica in what the agent published.
+    env.wait_until(FAILOVER, "the agent lists the replica", || async {
+        let m = agent.master(&env.master_name()).await?;
+        let listed = m["replicas"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["ip"] == replica.ip().to_string() && r["port"] == replica.port());
+        ensure!(listed, "agent: {m}");
+        Ok(())
+    })
+    .await;
+    let m = env.master_name();
+    let chosen = replica_event(&m, replica, primary);
+    leader.say("+new-epoch", &(epoch + 1).to_string());
+    leader.say("+try-failover", &format!("master {m} {} {}", primary.ip(), primary.port()));
+    leader.say("+selected-slave", &chosen);
+    leader.say("+failover-state-send-slaveof-noone", &chosen);
+    let mut no_one = redis::cmd("REPLICAOF");
+    no_one.arg("NO").arg("ONE");
+    polestar::lab::query::<String>(replica, &no_one).await.expect("REPLICAOF NO ONE");
+    env.wait_api_primary(replica, Duration::from_secs(5)).await;
+    // The agent follows the provisional flip (it is what its upstream publishes)...
+    wait_agent(&env, &agent, replica, epoch + 1, Duration::from_secs(10)).await;
+    leader.die();
+
+    // ...and its withdrawal: the central polestar first, then the agent.
+    let central = env.wait_api_primary(primary, Duration::from_secs(45)).await;
+    assert_eq!(epoch_of(&central), Some(epoch), "{central}");
+    let undone = serde_json::json!({"ip": replica.ip().to_string(), "port": replica.port(), "epoch": epoch + 1});
+    assert_eq!(
+        central["withdrawn"], undone,
+        "the central polestar names the withdrawal: {central}"
+    );
+    let back = wait_agent(&env, &agent, primary, epoch, Duration::from_secs(10)).await;
+    assert_eq!(back["withdrawn"], undone, "the agent shows why it lowered the epoch: {back}");
+    let (_, events) = agent.get_json("/v1/events").await.expect("GET /v1/events");
+    let to = |addr: SocketAddr| {
+        let addr = addr.to_string();
+        events.as_array().into_iter().flatten().any(|e| e["kind"] == "switch" && e["to"] == addr)
+    };
+    assert!(to(replica) && to(primary), "the agent's switch events: {events}");
+    assert!(!agent.logged("no majority withdrew"), "{}", agent.log_tail(40));
+}
