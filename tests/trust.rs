@@ -29,6 +29,8 @@ struct Claim {
     master: String,
     primary: SocketAddr,
     epoch: u64,
+    /// Listed by `SENTINEL REPLICAS`, replicating from `primary`.
+    replicas: Vec<SocketAddr>,
 }
 
 /// A hand-written Sentinel that answers polestar's questions with `claim`, and records every
@@ -119,9 +121,22 @@ fn master_record(c: &Claim) -> String {
         ("runid", "0".repeat(40)),
         ("flags", "master".into()),
         ("config-epoch", c.epoch.to_string()),
-        ("num-slaves", "0".into()),
+        ("num-slaves", c.replicas.len().to_string()),
         ("num-other-sentinels", "2".into()),
         ("quorum", "2".into()),
+    ])
+}
+
+fn replica_record(r: SocketAddr, c: &Claim) -> String {
+    map(&[
+        ("name", r.to_string()),
+        ("ip", r.ip().to_string()),
+        ("port", r.port().to_string()),
+        ("flags", "slave".into()),
+        ("role-reported", "slave".into()),
+        ("master-link-status", "ok".into()),
+        ("master-host", c.primary.ip().to_string()),
+        ("master-port", c.primary.port().to_string()),
     ])
 }
 
@@ -147,7 +162,11 @@ fn reply(args: &[String], c: &Claim) -> String {
                 bulk(&c.primary.port().to_string())
             )
         }
-        ["SENTINEL", "REPLICAS" | "SLAVES" | "SENTINELS", _] => "*0\r\n".into(),
+        ["SENTINEL", "REPLICAS" | "SLAVES", _] => {
+            let records: String = c.replicas.iter().map(|r| replica_record(*r, c)).collect();
+            format!("*{}\r\n{records}", c.replicas.len())
+        }
+        ["SENTINEL", "SENTINELS", _] => "*0\r\n".into(),
         ["PSUBSCRIBE", pattern] => format!(">3\r\n{}{}:1\r\n", bulk("psubscribe"), bulk(pattern)),
         ["PUBLISH", ..] => ":0\r\n".into(),
         _ => "+OK\r\n".into(),
@@ -309,7 +328,8 @@ async fn a_forged_hello_neither_moves_nor_freezes_polestar_nor_gets_credentials(
     let (_, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
     let ids = events.as_array().into_iter().flatten().filter_map(|e| e["id"].as_u64());
     let before_attack = ids.max().unwrap_or(0);
-    let claim = Claim { master: env.master_name(), primary: unrelated.addr, epoch: 999 };
+    let claim =
+        Claim { master: env.master_name(), primary: unrelated.addr, epoch: 999, replicas: vec![] };
     let fake = FakeSentinel::start(claim).await;
     let hello = format!(
         "127.0.0.1,{},{FAKE_RUNID},{epoch},{},{},{},{epoch}",
@@ -394,8 +414,12 @@ async fn a_configured_sentinel_with_an_absurd_epoch_is_outvoted() {
     let unrelated = Unrelated::start().await;
     let opts = LabOptions { sentinels: 2, ..LabOptions::default() };
     let lab = Lab::start(opts).await.expect("the lab starts");
-    let claim =
-        Claim { master: lab.master_name().to_string(), primary: unrelated.addr, epoch: 999 };
+    let claim = Claim {
+        master: lab.master_name().to_string(),
+        primary: unrelated.addr,
+        epoch: 999,
+        replicas: vec![],
+    };
     let fake = FakeSentinel::start(claim).await;
     let mut config = PolestarConfig::for_lab(&lab);
     config.sentinels.push(fake.addr.to_string());
@@ -574,12 +598,18 @@ async fn role_of(node: SocketAddr) -> anyhow::Result<String> {
 }
 
 /// Two real Sentinels and a scripted third one, all configured; polestar follows them.
-async fn with_scripted_sentinel(drain: bool) -> (Env, FakeSentinel, SocketAddr, u64) {
+/// `replicas`: the scripted one lists the lab's replicas too (else none, so that what
+/// polestar publishes of them flickers with which Sentinel answered last).
+async fn with_scripted_sentinel(
+    drain: bool,
+    replicas: bool,
+) -> (Env, FakeSentinel, SocketAddr, u64) {
     let lab = Lab::start(LabOptions { sentinels: 2, ..LabOptions::default() }).await;
     let lab = lab.expect("the lab starts");
     let primary = lab.primary().await.expect("the lab's primary");
     let epoch = lab.epoch().await.expect("the config epoch");
-    let claim = Claim { master: lab.master_name().to_string(), primary, epoch };
+    let replicas = if replicas { lab.replicas().await.expect("the replicas") } else { vec![] };
+    let claim = Claim { master: lab.master_name().to_string(), primary, epoch, replicas };
     let fake = FakeSentinel::start(claim).await;
     let mut config = PolestarConfig::for_lab(&lab);
     config.sentinels.push(fake.addr.to_string());
@@ -603,7 +633,7 @@ async fn with_scripted_sentinel(drain: bool) -> (Env, FakeSentinel, SocketAddr, 
 /// doing, some seconds later). polestar went on publishing that replica for good.
 #[tokio::test]
 async fn a_provisional_flip_whose_leader_dies_is_withdrawn_when_the_others_convert_the_node_back() {
-    let (env, leader, primary, epoch) = with_scripted_sentinel(false).await;
+    let (env, leader, primary, epoch) = with_scripted_sentinel(false, false).await;
     let replica = env.lab.replicas().await.expect("the replicas")[0];
     let m = env.master_name();
     let chosen = replica_event(&m, replica, primary);
@@ -638,7 +668,7 @@ async fn a_provisional_flip_whose_leader_dies_is_withdrawn_when_the_others_conve
 /// this in the moment before it learns the new epoch is a race the test cannot hold.)
 #[tokio::test]
 async fn a_sentinel_that_missed_the_failover_gets_the_new_primary_no_replicaof() {
-    let (env, stale, old, _) = with_scripted_sentinel(true).await;
+    let (env, stale, old, _) = with_scripted_sentinel(true, false).await;
     env.lab.failover().await.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
     let new = env.lab.wait_for_primary_change(old, FAILOVER * 2).await;
     let new = new.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
@@ -722,7 +752,7 @@ async fn wait_agent(
 /// DNS are the real primary again, and it shows the withdrawal that let it lower the epoch.
 #[tokio::test]
 async fn a_withdrawn_provisional_flip_reaches_an_agent() {
-    let (env, leader, primary, epoch) = with_scripted_sentinel(false).await;
+    let (env, leader, primary, epoch) = with_scripted_sentinel(false, true).await;
     let agent = agent_of(&env.ps, &env.master_name()).await;
     wait_agent(&env, &agent, primary, epoch, STARTUP).await;
     let replica = env.lab.replicas().await.expect("the replicas")[0];
