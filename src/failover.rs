@@ -35,10 +35,12 @@ pub enum Signal {
     /// of the configured Sentinels): the old primary may be demoted.
     Confirmed { master: String, new: Node, epoch: u64 },
     /// The failover was aborted (and a provisional flip withdrawn): lift every fence and stop
-    /// every drain started for it. `gave_up`: no Sentinel aborted it, polestar's own
-    /// [`FENCE_WITHOUT_FLIP`](crate::sentinel::core::FENCE_WITHOUT_FLIP) ran out; its fences
-    /// are then left to lapse, not lifted: `CLIENT UNPAUSE` lifts every polestar's pause, and
-    /// another polestar that saw the flip may still need its fence.
+    /// every drain started for it. `gave_up`: no Sentinel aborted the failover under way
+    /// (polestar's own [`FENCE_WITHOUT_FLIP`](crate::sentinel::core::FENCE_WITHOUT_FLIP) ran
+    /// out, the Sentinels converted a provisional primary back, or a leader aborted an older
+    /// attempt while another leader's newer one goes on); its fences are then left to lapse,
+    /// not lifted: `CLIENT UNPAUSE` lifts every polestar's pause, and another polestar may
+    /// still need its fence.
     Aborted { master: String, gave_up: bool },
     /// A configured Sentinel reports `node` of `master` coming back (-sdown,
     /// +convert-to-slave, +role-change, +reboot) while `published` at `epoch` is the primary

@@ -6,6 +6,7 @@
 use crate::common;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -308,7 +309,6 @@ fn rss_kb(pid: u32) -> u64 {
 async fn a_lying_upstream_makes_the_agent_destroy_nothing_outside_the_data_nodes_it_follows() {
     use fake::{Script, master};
     use serde_json::json;
-    use std::sync::Arc;
 
     let [a, r, v, v2, v3, v4] = [(); 6].map(|_| Victim::new());
     let (a, r, v, v2, v3, v4) = (a.await, r.await, v.await, v2.await, v3.await, v4.await);
@@ -386,5 +386,152 @@ async fn wait_reads(script: &fake::Script, phase: usize, agent: &Polestar) {
     while script.reads(phase) < 3 {
         assert!(Instant::now() < end, "phase {phase} was not read:\n{}", agent.log_tail(40));
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A listener on loopback that answers nothing and records every connection and every byte it
+/// receives: a data node as an attacker controls it (or a silent one, for the control case).
+struct Recorder {
+    port: u16,
+    connections: Arc<std::sync::atomic::AtomicUsize>,
+    bytes: Arc<std::sync::Mutex<Vec<u8>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Recorder {
+    async fn start() -> Recorder {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let bytes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (count, seen) = (connections.clone(), bytes.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n @ 1..) = stream.read(&mut buf).await {
+                        lock(&seen).extend_from_slice(&buf[..n]);
+                    }
+                });
+            }
+        });
+        Recorder { port, connections, bytes, task }
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn received(&self, needle: &[u8]) -> bool {
+        lock(&self.bytes).windows(needle.len()).any(|w| w == needle)
+    }
+
+    fn shown(&self) -> String {
+        String::from_utf8_lossy(&lock(&self.bytes)).into_owned()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Issue 25, item 3: an agent with node credentials and `sweep.remote` follows three upstreams,
+/// one of which lies in the two steps that once moved an agent (first the attacker's node X
+/// among the replicas, then X promoted at the next epoch, then X replaced by Y, the change that
+/// would make the agent sweep X and probe its `ROLE` with the node credentials). X and Y are
+/// listeners of the test that record every byte: neither is ever connected to. The control:
+/// the real failover that all three then serve makes the agent probe the old primary P (also
+/// a recorder), and P does receive the credentials, so the recorders would have seen them.
+#[tokio::test]
+async fn sweep_probes_send_no_credentials_to_a_node_no_majority_named() {
+    use fake::{Script, master};
+    use serde_json::json;
+
+    const SECRET: &str = "node-secret-of-the-agent-4f1e";
+    let (p, q, x, y) = (Recorder::start(), Recorder::start(), Recorder::start(), Recorder::start());
+    let (p, q, x, y) = (p.await, q.await, x.await, y.await);
+    let honest = json!([master("mymaster", p.port, 1, &[q.port])]);
+    let scripts: Vec<Arc<Script>> = (0..3).map(|_| Arc::new(Script::default())).collect();
+    let mut urls = Vec::new();
+    let mut tasks = Vec::new();
+    for script in &scripts {
+        script.set(0, Some(honest.clone()));
+        let (url, task) = fake::start(script.clone()).await;
+        urls.push(format!("\"{url}\""));
+        tasks.push(task);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("node.pass");
+    std::fs::write(&secret, SECRET).unwrap();
+    let config = PolestarConfig {
+        sentinels: vec![],
+        masters: vec![("mymaster".into(), None)],
+        dns: false,
+        dns_notify: vec![],
+        drain: false,
+        admin_token: None,
+        agent_token: None,
+        // Past the grace, every round of the client-side sweep asks the old primary's `ROLE`.
+        drain_settings: vec!["grace: 200ms".into(), "interval: 100ms".into(), "window: 5s".into()],
+        sentinel_settings: vec![],
+        source: Some(format!("upstream: {{urls: [{}], allow_plaintext: true}}", urls.join(", "))),
+        http_settings: vec![],
+        https_ca: None,
+        extra: format!(
+            "sweep:\n  remote: true\nnodes:\n  username: polestar\n  password_file: {}\n",
+            secret.display()
+        ),
+    };
+    let agent = Polestar::start(&config).await;
+    let at = |r: &Recorder| format!("127.0.0.1:{}", r.port);
+    wait_primary(&agent, "mymaster", &at(&p), STARTUP).await;
+
+    // The minority: X listed as a replica, X promoted, X replaced by Y.
+    let lies = [
+        json!([master("mymaster", p.port, 1, &[q.port, x.port])]),
+        json!([master("mymaster", x.port, 2, &[p.port, y.port])]),
+        json!([master("mymaster", y.port, 3, &[x.port])]),
+    ];
+    for (i, lie) in lies.into_iter().enumerate() {
+        let phase = i + 1;
+        scripts[0].set(phase, Some(lie));
+        wait_reads(&scripts[0], phase, &agent).await;
+        let m = wait_primary(&agent, "mymaster", &at(&p), Duration::from_secs(1)).await;
+        assert_eq!(m["epoch"], 1, "{m}");
+    }
+    assert!(agent.logged("not a majority"), "{}", agent.log_tail(40));
+
+    // The real failover, P to its replica Q, served by all three.
+    for script in &scripts {
+        script.set(4, Some(json!([master("mymaster", q.port, 2, &[p.port])])));
+    }
+    wait_primary(&agent, "mymaster", &at(&q), FAILOVER).await;
+    let end = Instant::now() + FAILOVER;
+    while !p.received(SECRET.as_bytes()) {
+        assert!(
+            Instant::now() < end,
+            "the old primary was never probed with the credentials (got {:?}):\n{}",
+            p.shown(),
+            agent.log_tail(40)
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    eprintln!(
+        "SWEEP PROBES: the old primary got {} connection(s), X {}, Y {}",
+        p.connections(),
+        x.connections(),
+        y.connections()
+    );
+    for (name, r) in [("X", &x), ("Y", &y)] {
+        assert_eq!(r.connections(), 0, "{name} was connected to ({:?})", r.shown());
+        assert!(!r.received(SECRET.as_bytes()), "{name} got the node credentials");
+    }
+    for task in tasks {
+        task.abort();
     }
 }

@@ -29,6 +29,8 @@ struct Claim {
     master: String,
     primary: SocketAddr,
     epoch: u64,
+    /// Listed by `SENTINEL REPLICAS`, replicating from `primary`.
+    replicas: Vec<SocketAddr>,
 }
 
 /// A hand-written Sentinel that answers polestar's questions with `claim`, and records every
@@ -119,9 +121,22 @@ fn master_record(c: &Claim) -> String {
         ("runid", "0".repeat(40)),
         ("flags", "master".into()),
         ("config-epoch", c.epoch.to_string()),
-        ("num-slaves", "0".into()),
+        ("num-slaves", c.replicas.len().to_string()),
         ("num-other-sentinels", "2".into()),
         ("quorum", "2".into()),
+    ])
+}
+
+fn replica_record(r: SocketAddr, c: &Claim) -> String {
+    map(&[
+        ("name", r.to_string()),
+        ("ip", r.ip().to_string()),
+        ("port", r.port().to_string()),
+        ("flags", "slave".into()),
+        ("role-reported", "slave".into()),
+        ("master-link-status", "ok".into()),
+        ("master-host", c.primary.ip().to_string()),
+        ("master-port", c.primary.port().to_string()),
     ])
 }
 
@@ -147,7 +162,11 @@ fn reply(args: &[String], c: &Claim) -> String {
                 bulk(&c.primary.port().to_string())
             )
         }
-        ["SENTINEL", "REPLICAS" | "SLAVES" | "SENTINELS", _] => "*0\r\n".into(),
+        ["SENTINEL", "REPLICAS" | "SLAVES", _] => {
+            let records: String = c.replicas.iter().map(|r| replica_record(*r, c)).collect();
+            format!("*{}\r\n{records}", c.replicas.len())
+        }
+        ["SENTINEL", "SENTINELS", _] => "*0\r\n".into(),
         ["PSUBSCRIBE", pattern] => format!(">3\r\n{}{}:1\r\n", bulk("psubscribe"), bulk(pattern)),
         ["PUBLISH", ..] => ":0\r\n".into(),
         _ => "+OK\r\n".into(),
@@ -309,7 +328,8 @@ async fn a_forged_hello_neither_moves_nor_freezes_polestar_nor_gets_credentials(
     let (_, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
     let ids = events.as_array().into_iter().flatten().filter_map(|e| e["id"].as_u64());
     let before_attack = ids.max().unwrap_or(0);
-    let claim = Claim { master: env.master_name(), primary: unrelated.addr, epoch: 999 };
+    let claim =
+        Claim { master: env.master_name(), primary: unrelated.addr, epoch: 999, replicas: vec![] };
     let fake = FakeSentinel::start(claim).await;
     let hello = format!(
         "127.0.0.1,{},{FAKE_RUNID},{epoch},{},{},{},{epoch}",
@@ -394,8 +414,12 @@ async fn a_configured_sentinel_with_an_absurd_epoch_is_outvoted() {
     let unrelated = Unrelated::start().await;
     let opts = LabOptions { sentinels: 2, ..LabOptions::default() };
     let lab = Lab::start(opts).await.expect("the lab starts");
-    let claim =
-        Claim { master: lab.master_name().to_string(), primary: unrelated.addr, epoch: 999 };
+    let claim = Claim {
+        master: lab.master_name().to_string(),
+        primary: unrelated.addr,
+        epoch: 999,
+        replicas: vec![],
+    };
     let fake = FakeSentinel::start(claim).await;
     let mut config = PolestarConfig::for_lab(&lab);
     config.sentinels.push(fake.addr.to_string());
@@ -574,12 +598,18 @@ async fn role_of(node: SocketAddr) -> anyhow::Result<String> {
 }
 
 /// Two real Sentinels and a scripted third one, all configured; polestar follows them.
-async fn with_scripted_sentinel(drain: bool) -> (Env, FakeSentinel, SocketAddr, u64) {
+/// `replicas`: the scripted one lists the lab's replicas too (else none, so that what
+/// polestar publishes of them flickers with which Sentinel answered last).
+async fn with_scripted_sentinel(
+    drain: bool,
+    replicas: bool,
+) -> (Env, FakeSentinel, SocketAddr, u64) {
     let lab = Lab::start(LabOptions { sentinels: 2, ..LabOptions::default() }).await;
     let lab = lab.expect("the lab starts");
     let primary = lab.primary().await.expect("the lab's primary");
     let epoch = lab.epoch().await.expect("the config epoch");
-    let claim = Claim { master: lab.master_name().to_string(), primary, epoch };
+    let replicas = if replicas { lab.replicas().await.expect("the replicas") } else { vec![] };
+    let claim = Claim { master: lab.master_name().to_string(), primary, epoch, replicas };
     let fake = FakeSentinel::start(claim).await;
     let mut config = PolestarConfig::for_lab(&lab);
     config.sentinels.push(fake.addr.to_string());
@@ -603,7 +633,7 @@ async fn with_scripted_sentinel(drain: bool) -> (Env, FakeSentinel, SocketAddr, 
 /// doing, some seconds later). polestar went on publishing that replica for good.
 #[tokio::test]
 async fn a_provisional_flip_whose_leader_dies_is_withdrawn_when_the_others_convert_the_node_back() {
-    let (env, leader, primary, epoch) = with_scripted_sentinel(false).await;
+    let (env, leader, primary, epoch) = with_scripted_sentinel(false, false).await;
     let replica = env.lab.replicas().await.expect("the replicas")[0];
     let m = env.master_name();
     let chosen = replica_event(&m, replica, primary);
@@ -638,7 +668,7 @@ async fn a_provisional_flip_whose_leader_dies_is_withdrawn_when_the_others_conve
 /// this in the moment before it learns the new epoch is a race the test cannot hold.)
 #[tokio::test]
 async fn a_sentinel_that_missed_the_failover_gets_the_new_primary_no_replicaof() {
-    let (env, stale, old, _) = with_scripted_sentinel(true).await;
+    let (env, stale, old, _) = with_scripted_sentinel(true, false).await;
     env.lab.failover().await.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
     let new = env.lab.wait_for_primary_change(old, FAILOVER * 2).await;
     let new = new.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
@@ -671,4 +701,102 @@ async fn a_sentinel_that_missed_the_failover_gets_the_new_primary_no_replicaof()
     let actions = node_actions(&env, since).await;
     let touched: Vec<_> = actions.iter().filter(|e| e.to_string().contains(&named)).collect();
     assert!(touched.is_empty(), "polestar acted on the published primary: {touched:?}");
+}
+
+/// An agent (the real binary, `upstream:`) following `central`'s HTTP, with DNS for `master`
+/// under the `cache` label.
+async fn agent_of(central: &Polestar, master: &str) -> Polestar {
+    let config = PolestarConfig {
+        sentinels: vec![],
+        masters: vec![(master.to_string(), Some("cache".to_string()))],
+        dns: true,
+        dns_notify: vec![],
+        drain: false,
+        admin_token: None,
+        agent_token: None,
+        drain_settings: vec![],
+        sentinel_settings: vec![],
+        source: Some(format!("upstream: {{urls: [\"{}\"], allow_plaintext: true}}", central.api())),
+        http_settings: vec![],
+        https_ca: None,
+        extra: String::new(),
+    };
+    Polestar::start(&config).await
+}
+
+/// Until the agent's HTTP and DNS both answer `addr` at `epoch`; returns its master view.
+async fn wait_agent(
+    env: &Env,
+    agent: &Polestar,
+    addr: SocketAddr,
+    epoch: u64,
+    deadline: Duration,
+) -> serde_json::Value {
+    let dns = agent.dns.expect("the agent serves DNS");
+    env.wait_until(deadline, &format!("the agent answers {addr} at epoch {epoch}"), || async {
+        let m = agent.master(&env.master_name()).await?;
+        ensure!(primary_of(&m) == Some(addr) && epoch_of(&m) == Some(epoch), "agent: {m}");
+        let srv = resolve_srv(dns).await?;
+        ensure!(srv == addr, "the agent's DNS names {srv}:\n{}", agent.log_tail(20));
+        Ok(m)
+    })
+    .await
+    .clone()
+}
+
+/// Issue 25, item 3: a withdrawn provisional flip reaches agents. The central polestar flips
+/// to a replica on the scripted leader's `SLAVEOF NO ONE` (epoch E+1), the leader dies before
+/// `+promoted-slave`, the real Sentinels turn the node back and the central polestar withdraws
+/// the flip (the old primary at epoch E, `withdrawn` naming the flip). An agent following it
+/// followed the flip, then refused the lower epoch and kept serving a replica. Now its HTTP and
+/// DNS are the real primary again, and it shows the withdrawal that let it lower the epoch.
+#[tokio::test]
+async fn a_withdrawn_provisional_flip_reaches_an_agent() {
+    let (env, leader, primary, epoch) = with_scripted_sentinel(false, true).await;
+    let agent = agent_of(&env.ps, &env.master_name()).await;
+    wait_agent(&env, &agent, primary, epoch, STARTUP).await;
+    let replica = env.lab.replicas().await.expect("the replicas")[0];
+    // A new primary must have been a replica in what the agent published.
+    env.wait_until(FAILOVER, "the agent lists the replica", || async {
+        let m = agent.master(&env.master_name()).await?;
+        let listed = m["replicas"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["ip"] == replica.ip().to_string() && r["port"] == replica.port());
+        ensure!(listed, "agent: {m}");
+        Ok(())
+    })
+    .await;
+    let m = env.master_name();
+    let chosen = replica_event(&m, replica, primary);
+    leader.say("+new-epoch", &(epoch + 1).to_string());
+    leader.say("+try-failover", &format!("master {m} {} {}", primary.ip(), primary.port()));
+    leader.say("+selected-slave", &chosen);
+    leader.say("+failover-state-send-slaveof-noone", &chosen);
+    let mut no_one = redis::cmd("REPLICAOF");
+    no_one.arg("NO").arg("ONE");
+    polestar::lab::query::<String>(replica, &no_one).await.expect("REPLICAOF NO ONE");
+    env.wait_api_primary(replica, Duration::from_secs(5)).await;
+    // The agent follows the provisional flip (it is what its upstream publishes)...
+    wait_agent(&env, &agent, replica, epoch + 1, Duration::from_secs(10)).await;
+    leader.die();
+
+    // ...and its withdrawal: the central polestar first, then the agent.
+    let central = env.wait_api_primary(primary, Duration::from_secs(45)).await;
+    assert_eq!(epoch_of(&central), Some(epoch), "{central}");
+    let undone = serde_json::json!({"ip": replica.ip().to_string(), "port": replica.port(), "epoch": epoch + 1});
+    assert_eq!(
+        central["withdrawn"], undone,
+        "the central polestar names the withdrawal: {central}"
+    );
+    let back = wait_agent(&env, &agent, primary, epoch, Duration::from_secs(10)).await;
+    assert_eq!(back["withdrawn"], undone, "the agent shows why it lowered the epoch: {back}");
+    let (_, events) = agent.get_json("/v1/events").await.expect("GET /v1/events");
+    let to = |addr: SocketAddr| {
+        let addr = addr.to_string();
+        events.as_array().into_iter().flatten().any(|e| e["kind"] == "switch" && e["to"] == addr)
+    };
+    assert!(to(replica) && to(primary), "the agent's switch events: {events}");
+    assert!(!agent.logged("no majority withdrew"), "{}", agent.log_tail(40));
 }

@@ -104,6 +104,7 @@ pub fn spawn(
         writer: crate::topology::Publisher::new(writer),
         events: events.clone(),
         refused: HashSet::new(),
+        lineage: state::Lineage::default(),
     };
     tokio::spawn(run(merger, urls, client, events, shutdown))
 }
@@ -200,6 +201,8 @@ struct Merger {
     events: Arc<EventLog>,
     /// Refusals logged already, so that a fake upstream repeating one does not flood the log.
     refused: HashSet<String>,
+    /// Every node published as a primary or replica of each master: a new primary must be one.
+    lineage: state::Lineage,
 }
 
 impl Merger {
@@ -212,11 +215,12 @@ impl Merger {
         let next = if up.iter().all(Option::is_none) {
             state::stale(&current)
         } else {
-            let (views, refused) = state::combine(&current, &up);
+            let (views, refused) = state::combine(&current, &up, &self.lineage);
             self.log_refused(refused);
             state::merge(&current, &views, &self.labels)
         };
         self.record_switches(&current, &next);
+        self.lineage.record(&next);
         self.publish(next);
     }
 

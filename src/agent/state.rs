@@ -8,6 +8,7 @@
 //! and a lower epoch only by an explicit withdrawal.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::http::view::{MasterView, NodeView, ReplicaView};
@@ -22,6 +23,39 @@ pub trait Labels {
 /// An epoch above this is no Sentinel's (one per failover attempt: billions of failovers).
 pub const MAX_EPOCH: u64 = 1 << 32;
 
+/// How many nodes of a master [`Lineage`] remembers (the oldest are forgotten first).
+const LINEAGE_CAP: usize = 256;
+
+/// Per master, every node this agent published as its primary or one of its replicas (only
+/// what a majority of the upstreams served gets published). A new primary must be one of
+/// them: the replicas published right now are not enough, since an upstream publishes the
+/// replicas of whichever Sentinel answered last, and a failover that came while that list
+/// lacked the promoted replica was refused for good (every later view names the new primary
+/// at a higher epoch, and it never was a replica in what the agent kept).
+#[derive(Debug, Default)]
+pub struct Lineage(BTreeMap<String, Vec<SocketAddr>>);
+
+impl Lineage {
+    pub fn of(&self, master: &str) -> &[SocketAddr] {
+        self.0.get(master).map_or(&[], Vec::as_slice)
+    }
+
+    /// Remembers what `snapshot` publishes.
+    pub fn record(&mut self, snapshot: &Snapshot) {
+        for (name, m) in &snapshot.masters {
+            let known = self.0.entry(name.clone()).or_default();
+            let nodes = m.primary.iter().map(Node::addr);
+            for addr in nodes.chain(m.replicas.iter().map(|r| SocketAddr::new(r.ip, r.port))) {
+                if !known.contains(&addr) {
+                    known.push(addr);
+                }
+            }
+            let excess = known.len().saturating_sub(LINEAGE_CAP);
+            known.drain(..excess);
+        }
+    }
+}
+
 /// What the configured upstreams say of one master, taken together.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[allow(clippy::large_enum_variant)] // one short-lived decision per master and merge
@@ -35,13 +69,14 @@ pub enum Decision {
 }
 
 /// A primary at an epoch, as the upstreams name it.
-type Key = (std::net::SocketAddr, u64);
+type Key = (SocketAddr, u64);
 
 /// The one rule of an agent's trust, for one master: a primary (address and epoch) is
 /// published only when a majority of the `configured` upstreams serve it (`views` holds the
 /// latest view of each upstream that answers and has the master, `None` for the others: an
 /// unreachable upstream still counts in the denominator). Against what is published, a
-/// higher epoch needs the new primary to have been a replica (as a majority listed them); an
+/// higher epoch needs the new primary to have been a replica (as a majority listed them, now
+/// or before: `known`, the master's [`Lineage`]); an
 /// equal epoch never names another primary; a lower epoch is taken only as the explicit
 /// withdrawal of the provisional flip that is published. No bound on how far an epoch moves:
 /// Sentinel's epoch is one counter for every master, and the majority is the bound.
@@ -49,6 +84,7 @@ pub fn decide(
     current: Option<&Master>,
     views: &[Option<&MasterView>],
     configured: usize,
+    known: &[SocketAddr],
 ) -> Decision {
     let majority = configured / 2 + 1;
     let named: Vec<&MasterView> = views.iter().flatten().copied().filter(|v| sane(v)).collect();
@@ -61,7 +97,7 @@ pub fn decide(
     let agreeing: Vec<&MasterView> =
         named.iter().copied().filter(|v| key_of(v) == Some(key)).collect();
     let view = agreed_view(&agreeing, majority);
-    match follows(current, &view, &agreeing, majority) {
+    match follows(current, &view, &agreeing, majority, known) {
         Ok(()) => Decision::Follow(view),
         Err(why) => Decision::Keep(Some(why)),
     }
@@ -108,11 +144,13 @@ fn follows(
     view: &MasterView,
     agreeing: &[&MasterView],
     majority: usize,
+    known: &[SocketAddr],
 ) -> Result<(), String> {
     let Some((old_addr, old_epoch)) = current.and_then(key_of_master) else { return Ok(()) };
     let Some((addr, epoch)) = key_of(view) else { return Ok(()) };
-    let was_replica = current
+    let listed = current
         .is_some_and(|m| m.replicas.iter().any(|r| (r.ip, r.port) == (addr.ip(), addr.port())));
+    let was_replica = listed || known.contains(&addr);
     match epoch.cmp(&old_epoch) {
         _ if addr == old_addr && epoch >= old_epoch => Ok(()),
         std::cmp::Ordering::Greater if was_replica => Ok(()),
@@ -169,11 +207,13 @@ fn agreed_view(agreeing: &[&MasterView], majority: usize) -> MasterView {
 
 /// The views to publish, one per master some upstream that answers has: what [`decide`]
 /// follows, or what this agent published (`stale`), or `unknown` for a master it has none
-/// of. `upstreams` holds one slot per configured upstream (`None`: down). Returns them and
+/// of. `upstreams` holds one slot per configured upstream (`None`: down); `lineage` is what
+/// this agent published before. Returns them and
 /// why offered changes were refused.
 pub fn combine(
     current: &Snapshot,
     upstreams: &[Option<&[MasterView]>],
+    lineage: &Lineage,
 ) -> (Vec<MasterView>, Vec<String>) {
     let all = || upstreams.iter().flatten().flat_map(|views| views.iter());
     let mut names: Vec<&str> = all().map(|v| v.name.as_str()).collect();
@@ -185,7 +225,7 @@ pub fn combine(
         let slots: Vec<Option<&MasterView>> =
             upstreams.iter().map(|u| u.and_then(|vs| vs.iter().find(|v| v.name == name))).collect();
         let old = current.master(name).map(|m| &**m);
-        match decide(old, &slots, upstreams.len()) {
+        match decide(old, &slots, upstreams.len(), lineage.of(name)) {
             Decision::Follow(view) => out.push(view),
             Decision::Keep(why) => {
                 refused.extend(why.map(|why| format!("{name}: {why}")));

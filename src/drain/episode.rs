@@ -2,7 +2,10 @@
 //! its window: the fence loop and the drain loop, run side by side in one task per node so that
 //! a slow or dead node delays nothing but itself.
 //!
-//! The fence loop runs every `interval`. Before the promotion is confirmed it fences: while the
+//! The fence loop runs every `interval`; its rules are one pure transition,
+//! [`phase::step`] (where the fence stands, the orders, what the node answered, the time:
+//! the next phase and the I/O to do), table-tested, and the loop is the shell that does the
+//! I/O. Before the promotion is confirmed it fences: while the
 //! node answers `ROLE` master it is paused for [`pause_length`] (longer than the gap between
 //! renewals, short enough to lapse on its own soon after a polestar crash), renewed until
 //! `fence_until` ([`FENCE_HOLD`] after the latest signal of the failover). Once the promotion is
@@ -45,10 +48,13 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
+mod phase;
+
 use super::Shared;
 use super::killer::{Reason, Scope, drain, record, select};
 use super::node::{NodeError, NodeLink, Role};
 use crate::topology::Node;
+use phase::{Action, Demotion, Phase, Probe, step};
 
 /// How long a fence lasts after the latest signal of its failover (a promotion, a provisional
 /// flip, a confirmation) when no demotion ends it first: a fence that no promotion follows
@@ -121,8 +127,8 @@ pub fn pause_length(interval: Duration) -> Duration {
     interval * 2 + Duration::from_millis(500)
 }
 
-/// What one demotion attempt found.
-enum Demotion {
+/// What one demotion attempt found, as the shell reports it.
+enum Outcome {
     /// We sent `REPLICAOF`; the node answers replica now.
     Done { killed: usize },
     /// The node already answers replica (Sentinel or another polestar demoted it).
@@ -131,29 +137,15 @@ enum Demotion {
     Refused(String),
 }
 
-/// What a demotion attempt leaves the fence loop to do.
-enum Attempt {
-    /// The node is a replica now.
-    Demoted,
-    /// It answered but must not be demoted (yet): keep fencing.
-    Refused,
-    Unreachable,
-}
-
 pub struct Episode {
     shared: Arc<Shared>,
     master: String,
     link: NodeLink,
-    /// Whether polestar holds a pause on the node (set before the command is sent).
-    paused: AtomicBool,
-    /// The node answers replica (until the orders change): nothing left to fence or demote.
-    demoted: AtomicBool,
+    /// Where the fence stands ([`phase::step`]'s state); only the fence loop reads or writes
+    /// it, across its restarts.
+    phase: Mutex<Phase>,
     /// We demoted it ourselves: a returning node's drain goes ahead although it answers replica.
     demoted_by_us: AtomicBool,
-    /// It answered replica at some point of the current drain order: if it answers master
-    /// later, Sentinel promoted it again, and it is never demoted (until a returning-node order
-    /// says it came back claiming master).
-    seen_replica: AtomicBool,
     /// The drain loop reached the node for the current order.
     drained: AtomicBool,
     /// An unreachable node is reported once per episode, not every interval.
@@ -180,10 +172,8 @@ impl Episode {
             shared,
             master,
             link,
-            paused: AtomicBool::new(false),
-            demoted: AtomicBool::new(false),
+            phase: Mutex::new(Phase::default()),
             demoted_by_us: AtomicBool::new(false),
-            seen_replica: AtomicBool::new(false),
             drained: AtomicBool::new(true),
             unreachable: AtomicBool::new(false),
             refused: AtomicBool::new(false),
@@ -215,103 +205,93 @@ impl Episode {
             .set(0.0);
     }
 
-    /// Returns the generation of the orders it ended on.
+    /// Returns the generation of the orders it ended on. The rules are [`phase::step`]'s;
+    /// this does the I/O it asks for and reports each answer back on the same tick.
     async fn fence_loop(&self, mut orders: watch::Receiver<Orders>) -> u64 {
         let interval = self.shared.cfg.interval;
         let mut next = Instant::now();
         let mut last_drain = None;
         loop {
             let until = orders.borrow().until;
+            let mut changed = false;
             tokio::select! {
                 () = sleep_until(next.min(until)) => {}
-                changed = orders.changed() => {
-                    if changed.is_err() { return 0 }
-                    // New orders (a returning node again): look at the node afresh.
-                    self.demoted.store(false, Ordering::SeqCst);
+                result = orders.changed() => {
+                    if result.is_err() { return 0 }
+                    changed = true;
                 }
             }
             let current = orders.borrow_and_update().clone();
-            if current.drain != last_drain {
-                last_drain = current.drain;
-                if last_drain.is_some_and(|d| d.reason == Reason::Returning) {
-                    // Back claiming master (restarted from an old config): demote it again.
-                    self.seen_replica.store(false, Ordering::SeqCst);
-                }
-            }
+            let returning = current.drain != last_drain
+                && current.drain.is_some_and(|d| d.reason == Reason::Returning);
+            last_drain = current.drain;
             let now = Instant::now();
             next = now + interval;
-            if let Some(stop) = current.stop {
-                match stop {
-                    Stop::GaveUp => self.left_to_lapse(),
-                    _ => self.lift(stop.as_str()).await,
-                }
-                return current.generation;
-            }
-            if now >= current.until {
-                self.expire(&current).await;
-                return current.generation;
-            }
-            if self.demoted.load(Ordering::SeqCst) {
-                next = current.until;
-                continue;
-            }
-            if let Some(to) = &current.demote {
-                match self.demote(to).await {
-                    Attempt::Demoted => continue,
-                    Attempt::Refused => {}
-                    Attempt::Unreachable => {
-                        // A hung node: keep an attempt queued at it (each is bounded by its
-                        // deadlines), so that it is demoted the moment it resumes.
-                        if now.elapsed() >= interval {
-                            next = Instant::now();
+            let mut probe = Some(Probe::Tick { changed, returning });
+            while let Some(seen) = probe.take() {
+                let (phase, actions) = step(self.phase(), &current, seen, now);
+                self.set_phase(phase);
+                for action in actions {
+                    match action {
+                        Action::End => return current.generation,
+                        Action::SleepUntil(at) => next = at,
+                        Action::WakeBy(at) => next = next.min(at),
+                        Action::RetryIfSlow if now.elapsed() >= interval => next = Instant::now(),
+                        Action::RetryIfSlow => {}
+                        Action::CheckRole => probe = Some(Probe::Role(self.check_role().await)),
+                        Action::Demote { to, seen_replica } => {
+                            probe = Some(Probe::Demotion(self.demote(&to, seen_replica).await));
                         }
-                        continue;
+                        other => self.perform(other, &current).await,
                     }
                 }
             }
-            if now < current.fence_until {
-                self.fence_once().await;
-                next = next.min(current.fence_until);
-            } else if self.paused.load(Ordering::SeqCst) {
-                self.fence_over(&current, "fence_over").await;
-            } else {
-                self.fence_tried.send_replace(true);
-                if current.drain.is_none() {
-                    return current.generation;
-                }
-            }
         }
     }
 
-    /// One `ROLE` check and the pause or unpause it calls for.
-    async fn fence_once(&self) -> Option<Role> {
-        let role = self.check_and_fence().await;
-        self.fence_tried.send_replace(true);
-        role
+    fn phase(&self) -> Phase {
+        // Held to copy or replace the value; a poisoned slot still holds a valid phase.
+        *self.phase.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn check_and_fence(&self) -> Option<Role> {
-        let role = match self.link.role().await {
-            Ok(role) => role,
-            Err(e) => return self.unreachable(e, "fence"),
-        };
-        match role {
-            Role::Master => self.fence().await,
-            Role::Replica => {
-                self.demoted.store(true, Ordering::SeqCst);
-                self.seen_replica.store(true, Ordering::SeqCst);
-                self.lift("replica").await;
-            }
-            Role::Other(ref other) => {
+    fn set_phase(&self, phase: Phase) {
+        *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = phase;
+    }
+
+    /// The actions of [`phase::step`] that report nothing back.
+    async fn perform(&self, action: Action, orders: &Orders) {
+        match action {
+            Action::Lift(reason) => self.lift(reason).await,
+            Action::LeaveToLapse => self.left_to_lapse(),
+            Action::Abandon => self.abandon(),
+            Action::FenceOver(reason) => self.fence_over(orders, reason).await,
+            Action::Pause { first } => self.fence(first).await,
+            Action::FenceTried => drop(self.fence_tried.send_replace(true)),
+            // Done by the fence loop itself.
+            Action::CheckRole
+            | Action::Demote { .. }
+            | Action::SleepUntil(_)
+            | Action::WakeBy(_)
+            | Action::RetryIfSlow
+            | Action::End => {}
+        }
+    }
+
+    /// One `ROLE` check of the fence.
+    async fn check_role(&self) -> Option<Role> {
+        match self.link.role().await {
+            Ok(Role::Other(other)) => {
                 tracing::warn!(master = %self.master, node = %self.node(), role = %other, "not fencing: unexpected role");
+                Some(Role::Other(other))
             }
+            Ok(role) => Some(role),
+            Err(e) => self.unreachable(e, "fence"),
         }
-        Some(role)
     }
 
-    async fn fence(&self) {
+    /// Pauses the node's writes for [`pause_length`]; `first`: it was not paused by us.
+    async fn fence(&self, first: bool) {
         let length = pause_length(self.shared.cfg.interval);
-        let first = !self.paused.swap(true, Ordering::SeqCst);
         if let Err(e) = self.link.pause(length).await {
             self.unreachable::<()>(e, "fence");
             return;
@@ -326,9 +306,6 @@ impl Episode {
     /// Lifts our pause at once: the node is a replica, or the Sentinels agreed it stays the
     /// primary. Either way no polestar needs a fence on it.
     async fn lift(&self, reason: &'static str) {
-        if !self.paused.swap(false, Ordering::SeqCst) {
-            return;
-        }
         if let Err(e) = self.link.unpause().await {
             tracing::warn!(master = %self.master, node = %self.node(), error = %e, "cannot lift the pause; it lapses by itself");
         }
@@ -337,11 +314,9 @@ impl Episode {
 
     /// Stops renewing our pause without lifting it: it lapses within [`pause_length`].
     fn left_to_lapse(&self) {
-        if self.paused.swap(false, Ordering::SeqCst) {
-            tracing::info!(master = %self.master, node = %self.node(), "no flip followed the fence: left to lapse");
-            let data = json!({ "node": self.node(), "reason": "gave_up" });
-            self.shared.events.push("unfence", Some(&self.master), data);
-        }
+        tracing::info!(master = %self.master, node = %self.node(), "no flip followed the fence: left to lapse");
+        let data = json!({ "node": self.node(), "reason": "gave_up" });
+        self.shared.events.push("unfence", Some(&self.master), data);
     }
 
     fn unfenced(&self, reason: &'static str) {
@@ -350,67 +325,63 @@ impl Episode {
         self.shared.events.push("unfence", Some(&self.master), data);
     }
 
-    /// Demotes the node to `to` if it still claims master.
-    async fn demote(&self, to: &Node) -> Attempt {
+    /// Demotes the node to `to` if it still claims master (refused if it answered replica
+    /// before: promoted again).
+    async fn demote(&self, to: &Node, seen_replica: bool) -> Demotion {
         let started = Instant::now();
-        let outcome = self.try_demote(to).await;
+        let outcome = self.try_demote(to, seen_replica).await;
         self.fence_tried.send_replace(true);
-        match outcome {
-            Ok(Demotion::Done { killed }) => {
+        let demotion = match outcome {
+            Ok(Outcome::Done { killed }) => {
                 self.demoted_by_us.store(true, Ordering::SeqCst);
-                self.demoted(to, killed, started.elapsed())
+                self.demoted(to, killed, started.elapsed());
+                Demotion::Done
             }
-            Ok(Demotion::AlreadyReplica) => {
-                self.lift("replica").await;
-            }
-            Ok(Demotion::Refused(why)) => {
+            Ok(Outcome::AlreadyReplica) => Demotion::AlreadyReplica,
+            Ok(Outcome::Refused(why)) => {
                 self.refused(to, &why);
-                return Attempt::Refused;
+                return Demotion::Refused;
             }
             // Refused by the node (an ACL without REPLICAOF, a FAILOVER in progress): keep
             // fencing, so the fence ends as it would without demotion.
             Err(e @ NodeError::Command { .. }) => {
                 self.refused(to, &e.to_string());
-                return Attempt::Refused;
+                return Demotion::Refused;
             }
             Err(e) => {
                 self.unreachable::<()>(e, "demote");
-                return Attempt::Unreachable;
+                return Demotion::Unreachable;
             }
-        }
+        };
         self.reachable_again();
-        self.demoted.store(true, Ordering::SeqCst);
-        Attempt::Demoted
+        demotion
     }
 
-    async fn try_demote(&self, to: &Node) -> Result<Demotion, NodeError> {
+    async fn try_demote(&self, to: &Node, seen_replica: bool) -> Result<Outcome, NodeError> {
         match self.link.role().await? {
-            Role::Master if self.seen_replica.load(Ordering::SeqCst) => {
+            Role::Master if seen_replica => {
                 // A replica earlier, a master now: promoted again (by Sentinel), not ours.
-                return Ok(Demotion::Refused("it answered replica before: promoted again".into()));
+                return Ok(Outcome::Refused("it answered replica before: promoted again".into()));
             }
             Role::Master => {}
-            Role::Replica => {
-                self.seen_replica.store(true, Ordering::SeqCst);
-                return Ok(Demotion::AlreadyReplica);
-            }
-            Role::Other(other) => return Ok(Demotion::Refused(format!("it answers ROLE {other}"))),
+            Role::Replica => return Ok(Outcome::AlreadyReplica),
+            Role::Other(other) => return Ok(Outcome::Refused(format!("it answers ROLE {other}"))),
         }
         if let Some(why) = self.not_demotable_to(to).await {
-            return Ok(Demotion::Refused(why));
+            return Ok(Outcome::Refused(why));
         }
         let listing = self.link.clients().await?;
         let held = select(&listing, &self.shared.rules, Scope::Held).kill;
         let killed = self.link.demote(&held, to).await?;
         match self.link.role().await? {
-            Role::Replica => self.seen_replica.store(true, Ordering::SeqCst),
-            other => return Ok(Demotion::Refused(format!("still {other:?} after REPLICAOF"))),
+            Role::Replica => {}
+            other => return Ok(Outcome::Refused(format!("still {other:?} after REPLICAOF"))),
         }
-        self.paused.store(false, Ordering::SeqCst);
+        // The pause is ours no more (the phase says so once this is reported).
         if let Err(e) = self.link.unpause().await {
             tracing::warn!(master = %self.master, node = %self.node(), error = %e, "demoted, but cannot lift the pause; it lapses by itself");
         }
-        Ok(Demotion::Done { killed })
+        Ok(Outcome::Done { killed })
     }
 
     /// Why the node must not be made a replica of `to`, if it must not: the published primary
@@ -466,9 +437,6 @@ impl Episode {
     /// Confirmed but not demotable: the clients are killed in the transaction that lifts the
     /// pause, so the writes the pause held never run on the node.
     async fn fence_over(&self, orders: &Orders, reason: &'static str) {
-        if !self.paused.swap(false, Ordering::SeqCst) {
-            return;
-        }
         if orders.demote.is_none() {
             tracing::info!(master = %self.master, node = %self.node(), "no confirmed promotion followed the fence: left to lapse");
             let data = json!({ "node": self.node(), "reason": "unconfirmed" });
@@ -483,15 +451,14 @@ impl Episode {
         self.unfenced(reason);
     }
 
-    /// The end of the window.
-    async fn expire(&self, orders: &Orders) {
+    /// The end of the window: a drain that never reached the node is reported.
+    fn abandon(&self) {
         if !self.drained.load(Ordering::SeqCst) {
             let window = self.shared.cfg.window.as_millis() as u64;
             tracing::warn!(master = %self.master, node = %self.node(), window_ms = window, "gave up draining: the old primary never answered within the window");
             let data = json!({ "node": self.node(), "window_ms": window });
             self.shared.events.push("drain_abandoned", Some(&self.master), data);
         }
-        self.fence_over(orders, "window").await;
     }
 
     async fn kill_and_unpause(&self) {

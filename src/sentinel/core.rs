@@ -497,13 +497,20 @@ impl Decision<'_> {
             return;
         }
         if leads || provisional_by == Some(from) {
-            self.abort(false);
+            // The abort names no epoch. When another leader's promotion has replaced this
+            // one's (a newer attempt, run side by side until the higher epoch wins), it ends
+            // only the older attempt: its flip is withdrawn, but a `CLIENT UNPAUSE` would
+            // lift the pauses other polestars hold for the newer failover, which did not
+            // abort. What was fenced is left to lapse, and the newer promotion stays watched.
+            let newer = self.state.promotion.take_if(|p| p.leader != from);
+            self.abort(newer.is_some());
+            self.state.promotion = newer;
         }
     }
 
     /// Gives the failover up: withdraws a provisional flip and lifts what was started for it.
-    /// `gave_up`: no Sentinel aborted it (polestar's own timeout or a withdrawal; see
-    /// [`Signal::Aborted`]).
+    /// `gave_up`: no Sentinel aborted the failover under way (polestar's own timeout, a
+    /// withdrawal, an older attempt's abort; see [`Signal::Aborted`]).
     fn abort(&mut self, gave_up: bool) {
         self.state.promotion = None;
         let current = std::mem::replace(&mut self.state.publication, Publication::Unknown);

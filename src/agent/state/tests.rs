@@ -39,7 +39,7 @@ fn the_upstream_view_is_published() {
 }
 
 fn combined(current: &Snapshot, upstreams: &[Option<&[MasterView]>]) -> (Snapshot, Vec<String>) {
-    let (views, refused) = combine(current, upstreams);
+    let (views, refused) = combine(current, upstreams, &Lineage::default());
     (merge(current, &views, &All), refused)
 }
 
@@ -125,7 +125,7 @@ fn published(
 ) -> Option<(String, u64)> {
     let s = merge(&Snapshot::default(), std::slice::from_ref(current), &All);
     let slots: Vec<Option<&MasterView>> = views.iter().map(Option::as_ref).collect();
-    let (v, _) = match decide(s.master("m").map(|m| &**m), &slots, configured) {
+    let (v, _) = match decide(s.master("m").map(|m| &**m), &slots, configured, &[]) {
         Decision::Follow(v) => (v, ()),
         Decision::Keep(_) => (current.clone(), ()),
     };
@@ -250,7 +250,7 @@ fn agents_refused_the_lower_epoch_of_a_withdrawn_provisional_flip_and_kept_a_rep
 fn a_replica_is_published_when_a_majority_lists_it() {
     let views = [at(A, 5, &[R, X]), at(A, 5, &[R]), at(A, 5, &[R])];
     let slots: Vec<Option<&MasterView>> = views.iter().map(Some).collect();
-    let Decision::Follow(v) = decide(None, &slots, 3) else { panic!("a majority agrees") };
+    let Decision::Follow(v) = decide(None, &slots, 3, &[]) else { panic!("a majority agrees") };
     let listed: Vec<String> = v.replicas.iter().map(|r| r.ip.to_string()).collect();
     assert_eq!(listed, [R]);
 }
@@ -277,4 +277,33 @@ fn on_equal_epochs_a_view_that_sees_its_sentinels_is_published() {
     let (next, _) = combined(&s, &slots);
     assert_eq!(primary(&next).as_deref(), Some("10.0.0.2:6379"));
     assert_eq!(next.master("m").map(|m| m.state), Some(MasterState::Ok));
+}
+
+/// Regression: the upstreams publish the replicas of whichever Sentinel answered last, so a
+/// majority served A with no replicas for a moment; a failover to R in that moment was refused
+/// ("was not a replica"), and every later view too (R at a higher epoch, never a replica in
+/// what the agent kept): the agent served the demoted A for good. What the agent published
+/// before counts (only what a majority served gets published); a node it never published
+/// is still refused.
+#[test]
+fn a_failover_while_the_upstreams_list_no_replicas_is_still_followed() {
+    let mut lineage = Lineage::default();
+    let step = |s: &Snapshot, views: &[MasterView], lineage: &mut Lineage| {
+        let slots: Vec<Option<&[MasterView]>> =
+            views.iter().map(|v| Some(std::slice::from_ref(v))).collect();
+        let (next, refused) = combine(s, &slots, lineage);
+        let next = merge(s, &next, &All);
+        lineage.record(&next);
+        (next, refused)
+    };
+    let (s, _) =
+        step(&Snapshot::default(), &[at(A, 5, &[R]), at(A, 5, &[R]), at(A, 5, &[R])], &mut lineage);
+    let (s, _) = step(&s, &[at(A, 5, &[]), at(A, 5, &[]), at(A, 5, &[R])], &mut lineage);
+    assert!(s.master("m").is_some_and(|m| m.replicas.is_empty()), "the flicker is published");
+    let (s, refused) = step(&s, &[at(R, 6, &[]), at(R, 6, &[]), at(R, 6, &[A])], &mut lineage);
+    assert_eq!(primary(&s).as_deref(), Some("10.0.0.2:6379"), "{refused:?}");
+    // A node no majority ever served is refused as before.
+    let (s, refused) = step(&s, &[at(X, 7, &[]), at(X, 7, &[]), at(R, 6, &[A])], &mut lineage);
+    assert_eq!(primary(&s).as_deref(), Some("10.0.0.2:6379"));
+    assert!(refused.iter().any(|r| r.contains("not a replica")), "{refused:?}");
 }

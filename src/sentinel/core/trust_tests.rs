@@ -201,3 +201,36 @@ fn a_conversion_without_a_majority_for_the_old_primary_withdraws_nothing() {
         assert!(!signals.contains(&S::Aborted), "{name}: {signals:?}");
     }
 }
+
+/// Issue 25 (the abort's `CLIENT UNPAUSE`): Sentinel 0 flipped 7002 provisionally, then
+/// Sentinel 1 was elected at a newer epoch and promotes 7003 (Sentinel runs such attempts side
+/// by side until the higher epoch wins); then Sentinel 0 aborts its own, older attempt. The
+/// abort names no epoch. It withdrew the flip, dropped Sentinel 1's promotion and signalled a
+/// Sentinel abort, whose `CLIENT UNPAUSE` lifts every pause on the node, those other
+/// polestars hold for Sentinel 1's failover, which did not abort. Now the flip is withdrawn,
+/// the newer promotion stays watched, and what was fenced is left to lapse.
+#[test]
+fn an_abort_of_an_older_attempt_lifts_no_fence_of_the_newer_one() {
+    let q = quorum(3);
+    let newer = promoting(1, 7003, Some(3));
+    let (state, signals, _) = run(flipped(), &q, vec![newer]);
+    assert_eq!(signals, [S::Promoting { old: 7002, new: Some(7003) }]);
+    let (state, signals, actions) = run(state, &q, vec![abort(0)]);
+    assert_eq!(published(&state), Some((7001, 1)), "Sentinel 0's flip is withdrawn");
+    assert!(actions.iter().any(|a| matches!(a, Action::Withdrawn { .. })), "{actions:?}");
+    assert_eq!(signals, [S::Aborted]);
+    let lifted =
+        actions.iter().any(|a| matches!(a, Action::Signal(Signal::Aborted { gave_up: false, .. })));
+    assert!(!lifted, "an abort of Sentinel 0's attempt lifted the fences of Sentinel 1's");
+    let promotion = state.promotion.as_ref().expect("Sentinel 1's promotion is still under way");
+    assert_eq!((promotion.leader, promotion.target.clone()), (1, Some(cand(7003, 3))));
+    // Sentinel 1's replica answers master: the flip to it goes ahead as it would have.
+    let (state, signals, _) = run(state, &q, vec![role(7003, 3, Role::Master)]);
+    assert_eq!(signals, [S::Flipped { new: 7003, epoch: 3, provisional: true }]);
+    assert_eq!(published(&state), Some((7003, 3)));
+    // The leader's own abort still lifts its fences (the failover did abort).
+    let (_, _, actions) = run(flipped(), &q, vec![abort(0)]);
+    let lifted =
+        actions.iter().any(|a| matches!(a, Action::Signal(Signal::Aborted { gave_up: false, .. })));
+    assert!(lifted, "{actions:?}");
+}
