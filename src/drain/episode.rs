@@ -143,7 +143,11 @@ enum Attempt {
 pub struct Episode {
     shared: Arc<Shared>,
     master: String,
-    link: NodeLink,
+    /// Shared with the coordinator's warm links: opened ahead of the promotion, if signs of
+    /// the failover came first.
+    link: Arc<NodeLink>,
+    /// When the episode started (its first orders): the fence event says how long it took.
+    started: Instant,
     /// Whether polestar holds a pause on the node (set before the command is sent).
     paused: AtomicBool,
     /// The node answers replica (until the orders change): nothing left to fence or demote.
@@ -174,12 +178,13 @@ pub struct Episode {
 const FENCE_FIRST: Duration = Duration::from_secs(2);
 
 impl Episode {
-    pub fn new(shared: Arc<Shared>, master: String, node: &Node) -> Self {
-        let link = NodeLink::new(node, &shared.auth);
+    /// `link`: the connection to `node`, opened already if the coordinator warmed it.
+    pub fn new(shared: Arc<Shared>, master: String, link: Arc<NodeLink>) -> Self {
         Self {
             shared,
             master,
             link,
+            started: Instant::now(),
             paused: AtomicBool::new(false),
             demoted: AtomicBool::new(false),
             demoted_by_us: AtomicBool::new(false),
@@ -290,36 +295,56 @@ impl Episode {
         role
     }
 
+    /// `ROLE` and the pause in one pipeline (one round trip on a warm link: Sentinel sends
+    /// the chosen replica `SLAVEOF NO ONE` about 100 ms after `+selected-slave`, and every
+    /// write O acknowledges after that is lost). The pause is applied before the answer is
+    /// read, so a node that turns out not to be master is unpaused at once.
     async fn check_and_fence(&self) -> Option<Role> {
-        let role = match self.link.role().await {
-            Ok(role) => role,
+        let length = pause_length(self.shared.cfg.interval);
+        let fenced = match self.link.fence(length).await {
+            Ok(fenced) => fenced,
             Err(e) => return self.unreachable(e, "fence"),
         };
-        match role {
-            Role::Master => self.fence().await,
+        match fenced.role {
+            Role::Master => {
+                if !self.paused.swap(true, Ordering::SeqCst) {
+                    self.fenced(length, fenced.round_trips);
+                }
+            }
             Role::Replica => {
                 self.demoted.store(true, Ordering::SeqCst);
                 self.seen_replica.store(true, Ordering::SeqCst);
-                self.lift("replica").await;
+                self.lift_pipelined("replica").await;
             }
             Role::Other(ref other) => {
                 tracing::warn!(master = %self.master, node = %self.node(), role = %other, "not fencing: unexpected role");
+                // Fenced as a master before: the renewed pause lapses as the fence ends.
+                if !self.paused.load(Ordering::SeqCst) {
+                    self.lift_pipelined("unexpected role").await;
+                }
             }
         }
-        Some(role)
+        Some(fenced.role)
     }
 
-    async fn fence(&self) {
-        let length = pause_length(self.shared.cfg.interval);
-        let first = !self.paused.swap(true, Ordering::SeqCst);
-        if let Err(e) = self.link.pause(length).await {
-            self.unreachable::<()>(e, "fence");
-            return;
+    fn fenced(&self, length: Duration, round_trips: u32) {
+        let took_ms = self.started.elapsed().as_millis() as u64;
+        tracing::info!(master = %self.master, node = %self.node(), round_trips, took_ms, "fenced: writes paused on the old primary");
+        let data = json!({
+            "node": self.node(), "pause_ms": length.as_millis() as u64,
+            "round_trips": round_trips, "took_ms": took_ms,
+        });
+        self.shared.events.push("fence", Some(&self.master), data);
+    }
+
+    /// Lifts the pause the fence pipeline just set on a node that does not answer master: as
+    /// [`Self::lift`] if it was fenced as a master before, silently if not (it never was).
+    async fn lift_pipelined(&self, reason: &'static str) {
+        if self.paused.load(Ordering::SeqCst) {
+            return self.lift(reason).await;
         }
-        if first {
-            tracing::info!(master = %self.master, node = %self.node(), "fenced: writes paused on the old primary");
-            let data = json!({ "node": self.node(), "pause_ms": length.as_millis() as u64 });
-            self.shared.events.push("fence", Some(&self.master), data);
+        if let Err(e) = self.link.unpause().await {
+            tracing::warn!(master = %self.master, node = %self.node(), error = %e, "cannot lift the pause; it lapses by itself");
         }
     }
 
