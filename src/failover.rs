@@ -14,6 +14,10 @@ use crate::topology::Node;
 /// One step of a failover of `master`, in the order the Sentinel side learns of them.
 #[derive(Clone, Debug)]
 pub enum Signal {
+    /// A configured Sentinel started, or leads, a failover of `master` (`+try-failover`,
+    /// `+elected-leader`) while `primary` is published: open the link the fence will need, so
+    /// that the fence at the promotion is one round trip. Nothing is done to the node.
+    FailoverStarted { master: String, primary: Node },
     /// A configured leader announced the promotion of `new` (resolved, where known) (`+selected-slave`,
     /// `+failover-state-send-slaveof-noone`): fence `old` early. A fence that no
     /// [`Signal::Flipped`] follows within a few seconds is lifted by the drain side itself (the

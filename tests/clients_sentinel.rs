@@ -305,6 +305,32 @@ async fn clients_through(fault: Fault, clients: &[Client]) -> Vec<Outcome> {
     if fault == Fault::Hung {
         let _ = env.lab.cont_node(stopped);
     }
+    // CLIENTS_SENTINEL_DUMP=<dir>: the failover's timeline for tests/clients/failover_timeline.py
+    // (polestar's log and events, every lab process's log, every client line).
+    if let Ok(dir) = std::env::var("CLIENTS_SENTINEL_DUMP") {
+        let dir = PathBuf::from(dir);
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = std::fs::write(dir.join("polestar.log"), env.ps.log_tail(1_000_000));
+        if let Ok((_, ev)) = env.ps.get_json("/v1/events").await {
+            let _ = std::fs::write(dir.join("events.json"), ev.to_string());
+        }
+        let mut logs = String::new();
+        for e in walk(env.lab.dir()) {
+            if e.file_name().is_some_and(|n| n == "redis.log") {
+                logs.push_str(&format!("==== {}\n", e.display()));
+                logs.push_str(&std::fs::read_to_string(&e).unwrap_or_default());
+            }
+        }
+        let _ = std::fs::write(dir.join("lab.log"), logs);
+        let mut acks = String::new();
+        for (w, c) in writers.iter().zip(clients) {
+            acks.push_str(&format!("==== {}\n{}\n", c.label, lock(&w.lines).join("\n")));
+        }
+        let _ = std::fs::write(
+            dir.join("acks.txt"),
+            format!("promoted {promoted_ms} old {old} new {new}\n{acks}"),
+        );
+    }
     let mut outcomes = Vec::new();
     for (w, c) in writers.iter().zip(clients) {
         let mut failures = Vec::new();
@@ -352,4 +378,16 @@ async fn clients_through(fault: Fault, clients: &[Client]) -> Vec<Outcome> {
         outcomes.push(Outcome { back, failures });
     }
     outcomes
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() { out.extend(walk(&p)) } else { out.push(p) }
+        }
+    }
+    out
 }

@@ -444,6 +444,59 @@ async fn fence_holds_writes_and_abort_lifts_it() {
     assert_eq!(read_some(&mut writer, Duration::from_millis(500)).await, None, "write not held");
 }
 
+/// The ids of the connections named `polestar` on `server`.
+async fn polestar_ids(server: &Server) -> Vec<u64> {
+    let list = server.ask(&["CLIENT", "LIST"]).await;
+    let named = list.lines().filter(|l| l.split(' ').any(|w| w == "name=polestar"));
+    named.filter_map(|l| l.strip_prefix("id=")?.split(' ').next()?.parse().ok()).collect()
+}
+
+/// Issue 21: the link the fence needs is opened at the first sign of a failover, so the fence
+/// at the promotion is one round trip on it, not a connection opened then (on a loaded machine
+/// that came after Sentinel promoted the replica, and writes were lost). A link the node
+/// closed meanwhile (its `timeout`) is replaced at once, not one fence interval later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_goes_over_the_link_opened_at_the_first_sign_of_the_failover() {
+    let old = Server::start(&[]).await;
+    let h = harness(settings(300, 100, 30_000, 2000));
+    h.send(Signal::FailoverStarted { master: "m".into(), primary: old.node() });
+    let mut warm = Vec::new();
+    for _ in 0..200 {
+        warm = polestar_ids(&old).await;
+        if !warm.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(warm.len(), 1, "no link opened at the first sign of the failover: {warm:?}");
+    assert_eq!(h.count("fence"), 0, "fenced before the promotion");
+
+    h.send(Signal::Promoting {
+        master: "m".into(),
+        old: old.node(),
+        new: None,
+        at: Instant::now(),
+    });
+    let fence = h.event("fence", |_| true).await.expect("fence event");
+    assert_eq!(field(&fence, "round_trips"), 1, "{fence:?}");
+    assert_eq!(polestar_ids(&old).await, warm, "the fence opened another connection");
+
+    // The failover aborts; the node closes the link; the next promotion reconnects at once.
+    h.send(Signal::Aborted { master: "m".into(), gave_up: false });
+    h.event("unfence", |_| true).await.expect("unfence event");
+    let killed = old.ask(&["CLIENT", "KILL", "ID", &warm[0].to_string()]).await;
+    assert_eq!(killed, ":1\r\n");
+    h.send(Signal::Promoting {
+        master: "m".into(),
+        old: old.node(),
+        new: None,
+        at: Instant::now(),
+    });
+    let fence = h.event("fence", |e| e.id > fence.id).await.expect("a second fence event");
+    assert!(field(&fence, "round_trips").as_u64() > Some(1), "{fence:?}");
+    assert_eq!(h.count("node_unreachable"), 0, "the closed link cost a fence attempt");
+}
+
 /// Issue 11: one Sentinel's `+selected-slave` and nothing after it (the leader died, an event
 /// was lost) fenced the primary for the whole window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -11,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::episode::{DrainOrder, Episode, FENCE_HOLD, Orders, Stop};
 use super::handle::DrainHandle;
+use super::node::NodeLink;
 use super::{Reason, Shared};
 use crate::config;
 use crate::events::EventLog;
@@ -25,7 +27,15 @@ pub struct Coordinator {
     /// Per master, until when a promotion announced (or flipped provisionally) and neither
     /// confirmed nor aborted counts as under way: no returning-node drain meanwhile.
     promoting: HashMap<String, Instant>,
+    /// The links to old primaries, by node, while something holds them: a link opened at the
+    /// first sign of a failover ([`WARM_HOLD`]) or a running episode. An episode that starts
+    /// for the node takes the link up, already connected.
+    links: HashMap<SocketAddr, Weak<NodeLink>>,
 }
+
+/// How long a link opened at the first sign of a failover stays open if no episode takes it
+/// up: Sentinel's election alone may take up to 10 s before the leader selects a replica.
+const WARM_HOLD: Duration = Duration::from_secs(15);
 
 /// What a reload can change: the `drain` section and the data nodes' credentials.
 pub type Settings = (config::Drain, config::Auth);
@@ -46,6 +56,7 @@ impl Coordinator {
             shared: watch::Sender::new(Arc::new(shared)),
             settings: None,
             promoting: HashMap::new(),
+            links: HashMap::new(),
         }
     }
 
@@ -63,7 +74,9 @@ impl Coordinator {
         self.shared.borrow().clone()
     }
 
-    fn reconfigure(&self, (cfg, auth): Settings) {
+    fn reconfigure(&mut self, (cfg, auth): Settings) {
+        // Links carry the old credentials: the next ones are opened with the new.
+        self.links.clear();
         let old = self.shared();
         let shared = Shared::new(cfg, auth, old.events.clone(), old.topology.clone());
         tracing::info!(
@@ -113,6 +126,14 @@ impl Coordinator {
     fn apply(&mut self, signal: Signal, episodes: &mut Episodes, shutdown: &CancellationToken) {
         tracing::debug!(?signal, "drain signal");
         match signal {
+            Signal::FailoverStarted { master, primary } => {
+                tracing::debug!(%master, node = %primary, "failover started: opening the fence's link");
+                let link = self.link(&primary);
+                tokio::spawn(async move {
+                    link.warm().await;
+                    tokio::time::sleep(WARM_HOLD).await;
+                });
+            }
             Signal::Promoting { master, old, new, .. } => {
                 // The replica being promoted may be an old primary still in its window: its
                 // episode must neither sweep nor demote it any more.
@@ -162,7 +183,7 @@ impl Coordinator {
 
     #[allow(clippy::too_many_arguments)]
     fn flipped(
-        &self,
+        &mut self,
         episodes: &mut Episodes,
         shutdown: &CancellationToken,
         master: &str,
@@ -187,7 +208,7 @@ impl Coordinator {
     /// the master is under way (the node could be the replica being promoted). The episode
     /// itself checks that the node still answers `ROLE` master and the published one too.
     fn returning(
-        &self,
+        &mut self,
         episodes: &mut Episodes,
         shutdown: &CancellationToken,
         master: &str,
@@ -246,7 +267,7 @@ impl Coordinator {
 
     #[allow(clippy::too_many_arguments)]
     fn drain_order(
-        &self,
+        &mut self,
         episodes: &mut Episodes,
         shutdown: &CancellationToken,
         master: &str,
@@ -269,7 +290,7 @@ impl Coordinator {
     /// Changes the orders of the episode for (`master`, `node`), starting one if none runs.
     /// New orders cancel an earlier stop the episode may not have acted on yet.
     fn order(
-        &self,
+        &mut self,
         episodes: &mut Episodes,
         shutdown: &CancellationToken,
         master: &str,
@@ -299,7 +320,7 @@ impl Coordinator {
         };
         change(&mut orders);
         let (tx, _) = watch::channel(orders);
-        let episode = Episode::new(self.shared(), master.to_string(), node);
+        let episode = Episode::new(self.shared(), master.to_string(), self.link(node));
         let stop = shutdown.child_token();
         let running = tx.clone();
         tokio::spawn(async move {
@@ -309,6 +330,19 @@ impl Coordinator {
             }
         });
         episodes.insert(key, tx);
+    }
+}
+
+impl Coordinator {
+    /// The link to `node`: the one some holder keeps open, or a new one.
+    fn link(&mut self, node: &Node) -> Arc<NodeLink> {
+        self.links.retain(|_, link| link.strong_count() > 0);
+        if let Some(link) = self.links.get(&node.addr()).and_then(Weak::upgrade) {
+            return link;
+        }
+        let link = Arc::new(NodeLink::new(node, &self.shared().auth));
+        self.links.insert(node.addr(), Arc::downgrade(&link));
+        link
     }
 }
 

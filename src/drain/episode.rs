@@ -140,7 +140,11 @@ enum Outcome {
 pub struct Episode {
     shared: Arc<Shared>,
     master: String,
-    link: NodeLink,
+    /// Shared with the coordinator's warm links: opened ahead of the promotion, if signs of
+    /// the failover came first.
+    link: Arc<NodeLink>,
+    /// When the episode started (its first orders): the fence event says how long it took.
+    started: Instant,
     /// Where the fence stands ([`phase::step`]'s state); only the fence loop reads or writes
     /// it, across its restarts.
     phase: Mutex<Phase>,
@@ -166,12 +170,13 @@ pub struct Episode {
 const FENCE_FIRST: Duration = Duration::from_secs(2);
 
 impl Episode {
-    pub fn new(shared: Arc<Shared>, master: String, node: &Node) -> Self {
-        let link = NodeLink::new(node, &shared.auth);
+    /// `link`: the connection to the node, opened already if the coordinator warmed it.
+    pub fn new(shared: Arc<Shared>, master: String, link: Arc<NodeLink>) -> Self {
         Self {
             shared,
             master,
             link,
+            started: Instant::now(),
             phase: Mutex::new(Phase::default()),
             demoted_by_us: AtomicBool::new(false),
             drained: AtomicBool::new(true),
@@ -211,6 +216,7 @@ impl Episode {
         let interval = self.shared.cfg.interval;
         let mut next = Instant::now();
         let mut last_drain = None;
+        let mut round_trips = 0;
         loop {
             let until = orders.borrow().until;
             let mut changed = false;
@@ -238,7 +244,13 @@ impl Episode {
                         Action::WakeBy(at) => next = next.min(at),
                         Action::RetryIfSlow if now.elapsed() >= interval => next = Instant::now(),
                         Action::RetryIfSlow => {}
-                        Action::CheckRole => probe = Some(Probe::Role(self.check_role().await)),
+                        Action::Fence => {
+                            let (role, trips) = self.check_and_fence().await;
+                            round_trips = trips;
+                            probe = Some(Probe::Role(role));
+                        }
+                        Action::Paused { first: true } => self.fenced(round_trips),
+                        Action::Paused { first: false } => {}
                         Action::Demote { to, seen_replica } => {
                             probe = Some(Probe::Demotion(self.demote(&to, seen_replica).await));
                         }
@@ -265,10 +277,11 @@ impl Episode {
             Action::LeaveToLapse => self.left_to_lapse(),
             Action::Abandon => self.abandon(),
             Action::FenceOver(reason) => self.fence_over(orders, reason).await,
-            Action::Pause { first } => self.fence(first).await,
+            Action::Unpause => self.unpause().await,
             Action::FenceTried => drop(self.fence_tried.send_replace(true)),
             // Done by the fence loop itself.
-            Action::CheckRole
+            Action::Fence
+            | Action::Paused { .. }
             | Action::Demote { .. }
             | Action::SleepUntil(_)
             | Action::WakeBy(_)
@@ -277,29 +290,37 @@ impl Episode {
         }
     }
 
-    /// One `ROLE` check of the fence.
-    async fn check_role(&self) -> Option<Role> {
-        match self.link.role().await {
-            Ok(Role::Other(other)) => {
-                tracing::warn!(master = %self.master, node = %self.node(), role = %other, "not fencing: unexpected role");
-                Some(Role::Other(other))
+    /// `ROLE` and the pause in one pipeline: one round trip on a link opened at the first
+    /// sign of the failover. Returns the role and the round trips it took.
+    async fn check_and_fence(&self) -> (Option<Role>, u32) {
+        let length = pause_length(self.shared.cfg.interval);
+        match self.link.fence(length).await {
+            Ok(fenced) => {
+                if let Role::Other(other) = &fenced.role {
+                    tracing::warn!(master = %self.master, node = %self.node(), role = %other, "not fencing: unexpected role");
+                }
+                (Some(fenced.role), fenced.round_trips)
             }
-            Ok(role) => Some(role),
-            Err(e) => self.unreachable(e, "fence"),
+            Err(e) => (self.unreachable(e, "fence"), 0),
         }
     }
 
-    /// Pauses the node's writes for [`pause_length`]; `first`: it was not paused by us.
-    async fn fence(&self, first: bool) {
+    fn fenced(&self, round_trips: u32) {
         let length = pause_length(self.shared.cfg.interval);
-        if let Err(e) = self.link.pause(length).await {
-            self.unreachable::<()>(e, "fence");
-            return;
-        }
-        if first {
-            tracing::info!(master = %self.master, node = %self.node(), "fenced: writes paused on the old primary");
-            let data = json!({ "node": self.node(), "pause_ms": length.as_millis() as u64 });
-            self.shared.events.push("fence", Some(&self.master), data);
+        let took_ms = self.started.elapsed().as_millis() as u64;
+        tracing::info!(master = %self.master, node = %self.node(), round_trips, took_ms, "fenced: writes paused on the old primary");
+        let data = json!({
+            "node": self.node(), "pause_ms": length.as_millis() as u64,
+            "round_trips": round_trips, "took_ms": took_ms,
+        });
+        self.shared.events.push("fence", Some(&self.master), data);
+    }
+
+    /// Lifts the pause the fence just set on a node that is no master, which we had not
+    /// fenced: silently, there was no fence of ours.
+    async fn unpause(&self) {
+        if let Err(e) = self.link.unpause().await {
+            tracing::warn!(master = %self.master, node = %self.node(), error = %e, "cannot lift the pause; it lapses by itself");
         }
     }
 

@@ -10,6 +10,9 @@
 //!
 //! # Timeline of a failover from O to N, and why
 //!
+//! - **Failover started** (`+try-failover`, `+elected-leader` of the published primary O): the
+//!   link to O is opened (connected, authenticated, named `polestar`) and held a while, so
+//!   that the fence below is one round trip on it rather than a connection opened then.
 //! - **Promoting** (the leader chose N): O is fenced at once with `CLIENT PAUSE <ms> WRITE`,
 //!   because from now until O is demoted both nodes accept writes and O's are lost. Reads go
 //!   on. The pause is short and renewed every `interval`, so that it lapses by itself if

@@ -4,6 +4,14 @@
 //! deadline. Any failure drops the connection; the next call builds a new one. A node that is
 //! down, hung (SIGSTOP: the kernel still accepts, nothing answers) or partitioned costs at most
 //! one deadline per call and never blocks anything but the caller.
+//!
+//! A link can be opened ahead of need ([`NodeLink::warm`], at the first sign of a failover of
+//! the node): the fence is then one round trip ([`NodeLink::fence`]), not the four or five of
+//! a connection opened when the promotion is announced (TCP, `HELLO`/`AUTH`, the naming, `ROLE`,
+//! the pause), which on a loaded machine took longer than Sentinel takes to promote the replica.
+//! Callers that arrive while a connection is being opened wait for it rather than open another.
+//! A command that fails on a connection opened earlier because that connection is gone (the
+//! node's `timeout` closed an idle one) is sent once more on a new connection at once.
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -38,6 +46,17 @@ pub enum NodeError {
 
 pub use crate::node::Role;
 
+/// What one pipelined `ROLE` + `CLIENT PAUSE` found.
+#[derive(Debug)]
+pub struct Fenced {
+    pub role: Role,
+    /// How many round trips it took, the connection's own included (TCP, `HELLO`, naming).
+    pub round_trips: u32,
+}
+
+/// Round trips of opening a connection: TCP, `HELLO` (with `AUTH`), `SETNAME` + `ID`.
+const CONNECT_ROUND_TRIPS: u32 = 3;
+
 /// `CLIENT LIST` with the moment it was answered and the id of the connection that asked.
 #[derive(Debug)]
 pub struct Listing {
@@ -57,6 +76,14 @@ pub struct NodeLink {
     addr: SocketAddr,
     endpoint: Endpoint,
     open: Mutex<Option<Open>>,
+    /// Held while a connection is being opened, so that a second caller waits for it.
+    opening: tokio::sync::Mutex<()>,
+}
+
+/// A connection as [`NodeLink::connection`] hands it out: `fresh` when this call opened it.
+struct Got {
+    open: Open,
+    fresh: bool,
 }
 
 impl NodeLink {
@@ -67,6 +94,15 @@ impl NodeLink {
             addr: node.addr(),
             endpoint: Endpoint::new(node.ip.to_string(), node.port, auth),
             open: Mutex::default(),
+            opening: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Opens the connection now if none is open (or being opened), so that the next command
+    /// is one round trip. A failure is only logged: the next command tries again.
+    pub async fn warm(&self) {
+        if let Err(e) = self.connection().await {
+            tracing::debug!(node = %self.addr, error = %e, "could not open a link ahead of need");
         }
     }
 
@@ -86,6 +122,19 @@ impl NodeLink {
         self.query::<Value>("CLIENT PAUSE", cmd, COMMAND_DEADLINE).await.map(drop)
     }
 
+    /// `ROLE` and `CLIENT PAUSE <for> WRITE` in one pipeline: one round trip on an open link.
+    /// The pause is applied whatever the role; the caller lifts it from a node that does not
+    /// answer master (a replica needs no fence, for anyone).
+    pub async fn fence(&self, duration: Duration) -> Result<Fenced, NodeError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("ROLE");
+        pipe.cmd("CLIENT").arg("PAUSE").arg(duration.as_millis().max(1) as u64).arg("WRITE");
+        let ((role, _), fresh): ((Value, Value), bool) =
+            self.run("ROLE + CLIENT PAUSE", COMMAND_DEADLINE, &Request::Pipe(&pipe)).await?;
+        let round_trips = 1 + if fresh { CONNECT_ROUND_TRIPS } else { 0 };
+        Ok(Fenced { role: Role::parse(&role), round_trips })
+    }
+
     pub async fn unpause(&self) -> Result<(), NodeError> {
         let mut cmd = redis::cmd("CLIENT");
         cmd.arg("UNPAUSE");
@@ -93,12 +142,12 @@ impl NodeLink {
     }
 
     pub async fn clients(&self) -> Result<Listing, NodeError> {
-        let mut open = self.connection().await?;
         let mut cmd = redis::cmd("CLIENT");
         cmd.arg("LIST");
-        let reply = timeout(LIST_DEADLINE, cmd.query_async::<String>(&mut open.conn)).await;
-        let text = self.settle("CLIENT LIST", LIST_DEADLINE, reply)?;
-        Ok(Listing { list: parse_list(&text), at: Instant::now(), own_id: open.id })
+        let request = Request::Cmd(&cmd);
+        let ((text, own_id), _): ((String, u64), bool) =
+            self.run_with_id("CLIENT LIST", LIST_DEADLINE, &request).await?;
+        Ok(Listing { list: parse_list(&text), at: Instant::now(), own_id })
     }
 
     /// Kills the clients with these ids in one pipeline; returns how many existed.
@@ -147,9 +196,7 @@ impl NodeLink {
         cmd: Cmd,
         deadline: Duration,
     ) -> Result<T, NodeError> {
-        let mut open = self.connection().await?;
-        let reply = timeout(deadline, cmd.query_async::<T>(&mut open.conn)).await;
-        self.settle(command, deadline, reply)
+        self.run(command, deadline, &Request::Cmd(&cmd)).await.map(|(value, _)| value)
     }
 
     async fn pipeline<T: FromRedisValue>(
@@ -157,9 +204,44 @@ impl NodeLink {
         command: &'static str,
         pipe: Pipeline,
     ) -> Result<T, NodeError> {
-        let mut open = self.connection().await?;
-        let reply = timeout(COMMAND_DEADLINE, pipe.query_async::<T>(&mut open.conn)).await;
-        self.settle(command, COMMAND_DEADLINE, reply)
+        let request = Request::Pipe(&pipe);
+        self.run(command, COMMAND_DEADLINE, &request).await.map(|(value, _)| value)
+    }
+
+    /// Sends `request` under `deadline`; `true` with the reply when it needed a new connection.
+    async fn run<T: FromRedisValue>(
+        &self,
+        command: &'static str,
+        deadline: Duration,
+        request: &Request<'_>,
+    ) -> Result<(T, bool), NodeError> {
+        let ((value, _), fresh) = self.run_with_id(command, deadline, request).await?;
+        Ok((value, fresh))
+    }
+
+    /// [`Self::run`], with the id of the connection that sent it.
+    async fn run_with_id<T: FromRedisValue>(
+        &self,
+        command: &'static str,
+        deadline: Duration,
+        request: &Request<'_>,
+    ) -> Result<((T, u64), bool), NodeError> {
+        let got = self.connection().await?;
+        let (mut conn, id) = (got.open.conn.clone(), got.open.id);
+        let reply = timeout(deadline, request.send::<T>(&mut conn)).await;
+        match reply {
+            // A connection opened earlier and gone since (the node's `timeout`, a restart):
+            // once more on a new one, at once, rather than at the next attempt.
+            Ok(Err(e)) if !got.fresh && (e.is_connection_dropped() || e.is_io_error()) => {
+                tracing::debug!(node = %self.addr, error = %e, command, "link gone: reconnecting");
+                self.forget();
+                let got = self.connection().await?;
+                let (mut conn, id) = (got.open.conn.clone(), got.open.id);
+                let reply = timeout(deadline, request.send::<T>(&mut conn)).await;
+                self.settle(command, deadline, reply).map(|v| ((v, id), true))
+            }
+            reply => self.settle(command, deadline, reply).map(|v| ((v, id), got.fresh)),
+        }
     }
 
     /// Turns a reply under a deadline into a result, dropping the connection on any failure.
@@ -179,9 +261,14 @@ impl NodeLink {
         Err(result)
     }
 
-    async fn connection(&self) -> Result<Open, NodeError> {
+    /// The open connection, or a new one (waiting for one another caller is opening).
+    async fn connection(&self) -> Result<Got, NodeError> {
         if let Some(open) = self.lock().clone() {
-            return Ok(open);
+            return Ok(Got { open, fresh: false });
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(open) = self.lock().clone() {
+            return Ok(Got { open, fresh: false });
         }
         let opened = timeout(CONNECT_DEADLINE, self.connect()).await;
         let open = opened.map_err(|_| NodeError::Timeout {
@@ -190,7 +277,7 @@ impl NodeLink {
             after: CONNECT_DEADLINE,
         })??;
         *self.lock() = Some(open.clone());
-        Ok(open)
+        Ok(Got { open, fresh: true })
     }
 
     async fn connect(&self) -> Result<Open, NodeError> {
@@ -215,6 +302,24 @@ impl NodeLink {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Open>> {
         // Held only to clone or replace the slot; a poisoned slot is still a valid value.
         self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One command or one pipeline, sent as is (a retry sends it again).
+enum Request<'a> {
+    Cmd(&'a Cmd),
+    Pipe(&'a Pipeline),
+}
+
+impl Request<'_> {
+    async fn send<T: FromRedisValue>(
+        &self,
+        conn: &mut MultiplexedConnection,
+    ) -> Result<T, RedisError> {
+        match self {
+            Self::Cmd(cmd) => cmd.query_async(conn).await,
+            Self::Pipe(pipe) => pipe.query_async(conn).await,
+        }
     }
 }
 

@@ -398,6 +398,11 @@ impl Decision<'_> {
             self.state.may_lead(&node)
         });
         self.actions.push(Action::Warm(ours.cloned().collect()));
+        // And the fence its promotion calls for, on the primary it will replace.
+        if let Some(primary) = self.state.publication.node().cloned() {
+            let master = self.master.to_string();
+            self.actions.push(Action::Signal(Signal::FailoverStarted { master, primary }));
+        }
     }
 
     fn promoting(

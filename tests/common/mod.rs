@@ -287,7 +287,8 @@ impl Drop for Polestar {
 
 fn spawn_daemon(config: &Path, dir: &Path) -> Child {
     let filter = std::env::var("POLESTAR_LOG").unwrap_or_else(|_| "info".to_string());
-    Command::new(BIN)
+    // POLESTAR_TEST_BIN: another build of the daemon (to compare two commits on one test).
+    Command::new(std::env::var("POLESTAR_TEST_BIN").unwrap_or_else(|_| BIN.to_string()))
         .args(["run", "-c"])
         .arg(config)
         .current_dir(dir)

@@ -64,7 +64,8 @@ pub enum Probe {
     /// `returning`: the drain order is new and a returning node's (it came back claiming
     /// master: it may be demoted again).
     Tick { changed: bool, returning: bool },
-    /// The `ROLE` answer of a [`Action::CheckRole`] (`None`: no answer).
+    /// The `ROLE` answer of a [`Action::Fence`], whose pause is applied whatever the role
+    /// (`None`: no answer, the pause may or may not be set).
     Role(Option<Role>),
     /// What an [`Action::Demote`] found.
     Demotion(Demotion),
@@ -95,10 +96,15 @@ pub enum Action {
     /// Our pause ends (`fence_over`): left to lapse while unconfirmed, else lifted with the
     /// clients it holds killed first.
     FenceOver(&'static str),
-    /// Ask `ROLE`, and report it with [`Probe::Role`].
-    CheckRole,
-    /// (Re)new our pause; `first`: it was not paused by us.
-    Pause { first: bool },
+    /// `ROLE` and the pause in one pipeline (one round trip: Sentinel sends the chosen replica
+    /// `SLAVEOF NO ONE` about 100 ms after `+selected-slave`); report the role with
+    /// [`Probe::Role`].
+    Fence,
+    /// The fence paused a master; `first`: it was not paused by us (report the fence).
+    Paused { first: bool },
+    /// The fence paused a node that is no master and that we had not fenced: lift that pause
+    /// at once, silently (there was no fence of ours to report lifted).
+    Unpause,
     /// Demote the node to `to` if it answers master (refused if it answered replica before),
     /// and report it with [`Probe::Demotion`].
     Demote { to: Node, seen_replica: bool },
@@ -170,7 +176,7 @@ fn tick(phase: Phase, orders: &Orders, now: Instant) -> (Phase, Vec<Action>) {
 /// The fence part of a tick (also after a refused demotion).
 fn fence(phase: Phase, orders: &Orders, now: Instant) -> (Phase, Vec<Action>) {
     if now < orders.fence_until {
-        (phase, vec![Action::CheckRole])
+        (phase, vec![Action::Fence])
     } else if phase.fenced() {
         (phase.unfenced(), vec![Action::FenceOver("fence_over")])
     } else if orders.drain.is_none() {
@@ -180,16 +186,21 @@ fn fence(phase: Phase, orders: &Orders, now: Instant) -> (Phase, Vec<Action>) {
     }
 }
 
-/// The node's `ROLE` before `fence_until`: a master is paused, a replica needs no fence.
+/// The node's `ROLE` before `fence_until`, its pause just set: a master stays paused, a
+/// replica needs no fence, a node of another role keeps no pause it did not have.
 fn answered(phase: Phase, orders: &Orders, role: Option<Role>) -> (Phase, Vec<Action>) {
     let (next, mut actions) = match role {
         Some(Role::Master) => {
             let seen_replica = phase.seen_replica();
             let first = !phase.fenced();
-            (Phase::Fenced { seen_replica }, vec![Action::Pause { first }])
+            (Phase::Fenced { seen_replica }, vec![Action::Paused { first }])
         }
-        Some(Role::Replica) => (Phase::Replica, lift_if(phase, "replica")),
-        Some(Role::Other(_)) | None => (phase, vec![]),
+        Some(Role::Replica) if phase.fenced() => (Phase::Replica, vec![Action::Lift("replica")]),
+        Some(Role::Replica) => (Phase::Replica, vec![Action::Unpause]),
+        // Fenced as a master before: the renewed pause lapses as the fence ends.
+        Some(Role::Other(_)) if phase.fenced() => (phase, vec![]),
+        Some(Role::Other(_)) => (phase, vec![Action::Unpause]),
+        None => (phase, vec![]),
     };
     actions.extend([Action::FenceTried, Action::WakeBy(orders.fence_until)]);
     (next, actions)

@@ -102,8 +102,8 @@ fn a_tick_fences_demotes_or_ends_as_the_orders_say() {
         ),
         ("confirmed: demote", FENCED, 5, true, true, None, FENCED, vec![demote(false)]),
         ("confirmed, seen replica before", SEEN, 5, true, true, None, SEEN, vec![demote(true)]),
-        ("promoting: ask ROLE", OPEN, 5, false, false, None, OPEN, vec![CheckRole]),
-        ("renewing: ask ROLE", FENCED_SEEN, 5, true, false, None, FENCED_SEEN, vec![CheckRole]),
+        ("promoting: fence", OPEN, 5, false, false, None, OPEN, vec![Fence]),
+        ("renewing: fence", FENCED_SEEN, 5, true, false, None, FENCED_SEEN, vec![Fence]),
         ("fence over", FENCED, -1, true, false, None, OPEN, vec![FenceOver("fence_over")]),
         ("nothing to fence, a drain goes on", OPEN, -1, true, false, None, OPEN, vec![FenceTried]),
         (
@@ -144,14 +144,14 @@ fn a_master_is_paused_a_replica_needs_no_fence() {
     let o = orders(now, 5, false, false, None);
     use Action::*;
     let cases = vec![
-        ("first pause", OPEN, Some(Role::Master), FENCED, vec![Pause { first: true }]),
-        ("renewal", FENCED, Some(Role::Master), FENCED, vec![Pause { first: false }]),
+        ("first pause", OPEN, Some(Role::Master), FENCED, vec![Paused { first: true }]),
+        ("renewal", FENCED, Some(Role::Master), FENCED, vec![Paused { first: false }]),
         (
             "promoted again keeps the memory",
             SEEN,
             Some(Role::Master),
             FENCED_SEEN,
-            vec![Pause { first: true }],
+            vec![Paused { first: true }],
         ),
         (
             "a replica: our pause lifted",
@@ -160,8 +160,21 @@ fn a_master_is_paused_a_replica_needs_no_fence() {
             REPLICA,
             vec![Lift("replica")],
         ),
-        ("a replica, no pause of ours", OPEN, Some(Role::Replica), REPLICA, vec![]),
-        ("another role", FENCED, Some(Role::Other("sentinel".into())), FENCED, vec![]),
+        ("a replica, the fence's pause undone", OPEN, Some(Role::Replica), REPLICA, vec![Unpause]),
+        (
+            "another role, fenced: lapses",
+            FENCED,
+            Some(Role::Other("sentinel".into())),
+            FENCED,
+            vec![],
+        ),
+        (
+            "another role, never fenced",
+            OPEN,
+            Some(Role::Other("sentinel".into())),
+            OPEN,
+            vec![Unpause],
+        ),
         ("no answer", FENCED, None, FENCED, vec![]),
     ];
     for (name, phase, role, want_phase, mut want) in cases {
@@ -185,7 +198,7 @@ fn a_demotion_ends_the_fence_or_falls_back_to_it() {
     assert_eq!(step(OPEN, &o, d(Demotion::AlreadyReplica), now), (REPLICA, vec![]));
     assert_eq!(step(FENCED, &o, d(Demotion::Unreachable), now), (FENCED, vec![RetryIfSlow]));
     // Refused: the fence goes on as without demotion, and ends at `fence_until`.
-    assert_eq!(step(FENCED, &o, d(Demotion::Refused), now), (FENCED, vec![CheckRole]));
+    assert_eq!(step(FENCED, &o, d(Demotion::Refused), now), (FENCED, vec![Fence]));
     let ended = step(FENCED, &over, d(Demotion::Refused), now);
     assert_eq!(ended, (OPEN, vec![FenceOver("fence_over")]));
 }
