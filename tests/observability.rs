@@ -224,6 +224,11 @@ async fn a_real_prometheus_fires_failover_not_possible_and_drops_it_after_the_cu
 async fn phases(env: &Env) -> BTreeMap<String, (f64, u64)> {
     let (status, _, metrics) = env.ps.get("/metrics").await.expect("GET /metrics");
     assert_eq!(status, 200);
+    phases_in(&metrics)
+}
+
+/// The same from the text of `/metrics`.
+pub fn phases_in(metrics: &str) -> BTreeMap<String, (f64, u64)> {
     let mut out: BTreeMap<String, (f64, u64)> = BTreeMap::new();
     for line in metrics.lines() {
         let Some(rest) = line.strip_prefix("polestar_failover_seconds_") else { continue };
@@ -264,7 +269,7 @@ async fn phases_grown(
     env.wait_until(Duration::ZERO, &format!("{what}, a second later"), check).await
 }
 
-const PHASES: [&str; 3] = ["odown_to_flip", "selected_to_flip", "flip_to_drained"];
+pub const PHASES: [&str; 3] = ["odown_to_flip", "selected_to_flip", "flip_to_drained"];
 
 /// Connections to `node` that name themselves `held` and then wait; each task ends (true)
 /// when the node closes it, or (false) after `limit`.

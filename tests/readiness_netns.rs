@@ -6,16 +6,23 @@
 //! it, `dig` leaves the replica out of `replicas.<label>` (`dns.replica_max_lag`), and the
 //! load-balancer check answers non-200 for it; all of it undone once the shaping is removed.
 //! Needs root. The delays measured are printed (`readiness: ...`).
+//!
+//! Also the failover phases of a primary whose link goes dark, timed in
+//! `polestar_failover_seconds` (`phases: ...`).
 
 use crate::netns;
 use crate::readiness::FOLLOW;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use netns::cluster::{Cluster, HTTP_PORT};
 use netns::{Host, SERIAL, field, in_ns, until};
 use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
 /// More than readiness.max_lag and dns.replica_max_lag (1MB) by a wide margin, written fast:
@@ -270,5 +277,103 @@ async fn lagging(cluster: &Cluster) -> anyhow::Result<()> {
     })
     .await?;
     eprintln!("readiness: cured: {v}, series {series}, replicas.cache {back:?}, check {ok}");
+    Ok(())
+}
+
+/// Connections from the application host to `node` that name themselves `held` and wait;
+/// each ends `true` when the node closes it, `false` after [`LIMIT`].
+fn held(cluster: &Cluster, node: SocketAddr, n: usize) -> Vec<JoinHandle<anyhow::Result<bool>>> {
+    (0..n)
+        .map(|_| {
+            in_ns(&cluster.app, move || async move {
+                let mut stream = TcpStream::connect(node).await?;
+                stream.write_all(b"CLIENT SETNAME held\r\n").await?;
+                let mut buf = [0u8; 64];
+                anyhow::ensure!(stream.read(&mut buf).await? > 0, "SETNAME unanswered");
+                let closed = tokio::time::timeout(LIMIT, async {
+                    loop {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                    }
+                });
+                Ok(closed.await.is_ok())
+            })
+        })
+        .collect()
+}
+
+/// `polestar_failover_seconds` of the central polestar: per phase, its sum and count.
+async fn phases(cluster: &Cluster) -> anyhow::Result<BTreeMap<String, (f64, u64)>> {
+    let (status, text) = get(&cluster.ctl, url(cluster, "/metrics")).await?;
+    anyhow::ensure!(status == 200, "/metrics: {status}");
+    Ok(crate::observability::phases_in(&text))
+}
+
+/// A primary whose link goes dark (no RST, no FIN) is failed over; once it is back, its
+/// clients are cut and the failover shows in every phase of `polestar_failover_seconds`, once
+/// (`flip_to_drained` from the flip to the cut, the host's dark time included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dark_primary_s_failover_is_timed_in_every_phase_once() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::start(1000).await.unwrap();
+    let result = dark(&cluster).await;
+    cluster.net.with_logs(result).unwrap();
+}
+
+async fn dark(cluster: &Cluster) -> anyhow::Result<()> {
+    let listen = format!("{}:{HTTP_PORT}", cluster.ctl.ip);
+    let drain = "drain:\n  enabled: true\n";
+    cluster.polestar(&cluster.ctl, "central", &cluster.sentinels_yaml(), &listen, drain).await?;
+    let old = cluster.primary();
+    let clients = held(cluster, old, 5);
+    until("the held clients on the primary", LIMIT, || async {
+        let list = cluster.cli(&cluster.db[0], 6379, &["CLIENT", "LIST"]);
+        let n = list.lines().filter(|l| l.contains(" name=held ")).count();
+        (n >= 5).then_some(())
+    })
+    .await?;
+    let before = phases(cluster).await?;
+    let started = Instant::now();
+    cluster.net.go_dark(&cluster.db[0])?;
+    let published = until("a new primary published", LIMIT, || async {
+        let (_, text) = get(&cluster.ctl, cluster.central_url()).await.ok()?;
+        text.trim().parse::<SocketAddr>().ok().filter(|p| *p != old)
+    })
+    .await?;
+    let flipped = started.elapsed().as_secs_f64();
+    // Dark for a while after the flip: the drain's attempts fail meanwhile.
+    sleep(Duration::from_secs(2)).await;
+    let lit = started.elapsed().as_secs_f64();
+    cluster.net.go_light(&cluster.db[0])?;
+    let counted = |now: &BTreeMap<String, (f64, u64)>| {
+        let mut took = [0.0; 3];
+        for (i, phase) in crate::observability::PHASES.iter().enumerate() {
+            let (sum0, count0) = before.get(*phase).copied().unwrap_or_default();
+            let (sum, count) = now.get(*phase).copied().unwrap_or_default();
+            anyhow::ensure!(count == count0 + 1, "{phase}: {count0} -> {count}");
+            took[i] = sum - sum0;
+        }
+        Ok(took)
+    };
+    let took = until("every phase counted", LIMIT, || async {
+        counted(&phases(cluster).await.ok()?).ok()
+    })
+    .await;
+    let took = took.map_err(|e| anyhow::anyhow!("{e:#}; before {before:?}"))?;
+    for client in clients {
+        anyhow::ensure!(client.await??, "a client of the dark primary was left open");
+    }
+    sleep(Duration::from_secs(1)).await;
+    let again = counted(&phases(cluster).await?);
+    anyhow::ensure!(again.is_ok(), "counted more than once: {again:?}");
+    eprintln!(
+        "phases: dark primary: odown_to_flip {:.3}s, selected_to_flip {:.3}s, flip_to_drained {:.3}s (dark to published {published} {flipped:.3}s, lit at {lit:.3}s)",
+        took[0], took[1], took[2]
+    );
+    anyhow::ensure!(took[0] > 0.0 && took[0] < flipped, "odown_to_flip {took:?}");
+    anyhow::ensure!(took[1] > 0.0 && took[1] <= took[0] + 1e-3, "selected_to_flip {took:?}");
+    anyhow::ensure!(took[2] >= lit - flipped - 0.25, "flip_to_drained {took:?}");
     Ok(())
 }
