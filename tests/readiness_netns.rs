@@ -324,7 +324,9 @@ async fn a_dark_primary_s_failover_is_timed_in_every_phase_once() {
 
 async fn dark(cluster: &Cluster) -> anyhow::Result<()> {
     let listen = format!("{}:{HTTP_PORT}", cluster.ctl.ip);
-    let drain = "drain:\n  enabled: true\n";
+    // Slow drain retries: the Sentinels see the node back (a returning-node drain order)
+    // before the flip's drain reaches it, which once lost the flip's timing.
+    let drain = "drain:\n  enabled: true\n  interval: 5s\n  grace: 10s\n";
     cluster.polestar(&cluster.ctl, "central", &cluster.sentinels_yaml(), &listen, drain).await?;
     let old = cluster.primary();
     let clients = held(cluster, old, 5);
