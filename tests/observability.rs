@@ -6,14 +6,17 @@
 use crate::common;
 use crate::readiness as verdicts;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use polestar::lab::{Lab, LabOptions, free_service_port, query};
 use serde_json::Value;
-use tokio::time::{Instant, sleep};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout};
 
 use common::*;
 
@@ -94,7 +97,9 @@ async fn the_dashboard_and_rules_name_only_series_polestar_exports() {
     assert!(exprs.len() >= 15, "rules and panels: {exprs:?}");
     let named: BTreeSet<String> = exprs.iter().flat_map(|e| series_named(e)).collect();
     assert!(
-        named.contains("polestar_failover_ready") && named.contains("polestar_replica_lag_bytes")
+        named.contains("polestar_failover_ready")
+            && named.contains("polestar_replica_lag_bytes")
+            && named.contains("polestar_failover_seconds")
     );
     let missing: Vec<&String> = named.difference(&exported).collect();
     if !missing.is_empty() {
@@ -213,4 +218,151 @@ async fn a_real_prometheus_fires_failover_not_possible_and_drops_it_after_the_cu
         cured.elapsed().as_secs_f64()
     );
     sleep(Duration::from_millis(10)).await;
+}
+
+/// `polestar_failover_seconds{phase}` from `/metrics`: per phase, its `_sum` and `_count`.
+async fn phases(env: &Env) -> BTreeMap<String, (f64, u64)> {
+    let (status, _, metrics) = env.ps.get("/metrics").await.expect("GET /metrics");
+    assert_eq!(status, 200);
+    phases_in(&metrics)
+}
+
+/// The same from the text of `/metrics`.
+pub fn phases_in(metrics: &str) -> BTreeMap<String, (f64, u64)> {
+    let mut out: BTreeMap<String, (f64, u64)> = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("polestar_failover_seconds_") else { continue };
+        let Some((kind, rest)) = rest.split_once("{phase=\"") else { continue };
+        let Some((phase, value)) = rest.split_once("\"} ") else { continue };
+        let value = value.trim();
+        match kind {
+            "sum" => out.entry(phase.to_string()).or_default().0 = value.parse().expect("a sum"),
+            "count" => out.entry(phase.to_string()).or_default().1 = value.parse().expect("count"),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Until every phase's count is `before`'s plus `grown` (1 or 0 per phase, in [`PHASES`]
+/// order), and still so a second later (each failover is counted once); returns each phase's
+/// time for this failover (the growth of its sum).
+async fn phases_grown(
+    env: &Env,
+    before: &BTreeMap<String, (f64, u64)>,
+    grown: [u64; 3],
+    what: &str,
+) -> [f64; 3] {
+    let check = || async {
+        let now = phases(env).await;
+        let mut took = [0.0; 3];
+        for (i, phase) in PHASES.iter().enumerate() {
+            let (sum0, count0) = before.get(*phase).copied().unwrap_or_default();
+            let (sum, count) = now.get(*phase).copied().unwrap_or_default();
+            anyhow::ensure!(count == count0 + grown[i], "{what}: {phase} {count0} -> {count}");
+            took[i] = sum - sum0;
+        }
+        Ok(took)
+    };
+    env.wait_until(FAILOVER * 2, what, check).await;
+    sleep(Duration::from_secs(1)).await;
+    env.wait_until(Duration::ZERO, &format!("{what}, a second later"), check).await
+}
+
+pub const PHASES: [&str; 3] = ["odown_to_flip", "selected_to_flip", "flip_to_drained"];
+
+/// Connections to `node` that name themselves `held` and then wait; each task ends (true)
+/// when the node closes it, or (false) after `limit`.
+async fn held(node: std::net::SocketAddr, n: usize, limit: Duration) -> Vec<JoinHandle<bool>> {
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let mut stream = TcpStream::connect(node).await.expect("connect to the primary");
+        stream.write_all(b"CLIENT SETNAME held\r\n").await.expect("SETNAME");
+        let mut buf = [0u8; 64];
+        let read = timeout(Duration::from_secs(5), stream.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(n)) if n > 0), "SETNAME answered: {read:?}");
+        tasks.push(tokio::spawn(async move {
+            let closed = timeout(limit, async {
+                loop {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                }
+            });
+            closed.await.is_ok()
+        }));
+    }
+    tasks
+}
+
+async fn all_cut(env: &Env, tasks: Vec<JoinHandle<bool>>, what: &str) {
+    for task in tasks {
+        if !task.await.unwrap_or(false) {
+            env.fail(&format!("{what}: a client of the old primary was left open"));
+        }
+    }
+}
+
+/// Each failover is timed once per phase it went through: a planned one has no `+odown`
+/// (`selected_to_flip` and `flip_to_drained` grow by one), one whose primary is stopped
+/// (SIGSTOP) grows all three; `flip_to_drained` ends when the last client of the old primary
+/// is cut, after it came back (SIGCONT). The times are printed (`phases: ...`).
+#[tokio::test]
+async fn each_failover_phase_is_timed_once_in_polestar_failover_seconds() {
+    let lab = Lab::start(LabOptions::default()).await.expect("start the lab");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.drain = true;
+    let env = Env::with_config(lab, &config).await;
+    env.wait_reachable(3, STARTUP).await;
+    let limit = FAILOVER * 4;
+
+    // Planned.
+    let before = phases(&env).await;
+    assert_eq!(before.keys().map(String::as_str).collect::<Vec<_>>(), {
+        let mut p = PHASES.to_vec();
+        p.sort_unstable();
+        p
+    });
+    let old = env.lab.primary().await.expect("the primary");
+    let clients = held(old, 5, limit).await;
+    let started = Instant::now();
+    env.failover().await;
+    let took = phases_grown(&env, &before, [0, 1, 1], "a planned failover").await;
+    all_cut(&env, clients, "planned").await;
+    let whole = started.elapsed().as_secs_f64();
+    eprintln!("phases: planned: selected_to_flip {:.3}s, flip_to_drained {:.3}s", took[1], took[2]);
+    assert!(took[1] > 0.0 && took[1] < whole, "selected_to_flip {} of {whole}s", took[1]);
+    assert!(took[2] > 0.0 && took[2] < whole, "flip_to_drained {} of {whole}s", took[2]);
+
+    // Unplanned: the primary stopped, let go once the new one is published.
+    env.lab.wait_converged(STARTUP).await.expect("the Sentinels converge");
+    let before = phases(&env).await;
+    let old = env.lab.primary().await.expect("the primary");
+    let i = env.lab.index_of(old).expect("a lab node");
+    let clients = held(old, 5, limit).await;
+    let stopped = Instant::now();
+    env.lab.stop_node(i).expect("SIGSTOP the primary");
+    let new = env.lab.wait_for_primary_change(old, FAILOVER * 2).await;
+    let new = new.unwrap_or_else(|e| env.fail(&format!("{e:#}")));
+    env.wait_api_primary(new, FAILOVER).await;
+    let flipped = stopped.elapsed().as_secs_f64();
+    sleep(Duration::from_millis(500)).await;
+    let resumed = Instant::now();
+    env.lab.cont_node(i).expect("SIGCONT the old primary");
+    let took = phases_grown(&env, &before, [1, 1, 1], "a failover of a stopped primary").await;
+    all_cut(&env, clients, "unplanned").await;
+    let whole = stopped.elapsed().as_secs_f64();
+    eprintln!(
+        "phases: stopped primary: odown_to_flip {:.3}s, selected_to_flip {:.3}s, flip_to_drained {:.3}s (stop to published {flipped:.3}s)",
+        took[0], took[1], took[2]
+    );
+    // The +odown comes after down-after (1 s) and the flip before the API showed it; the
+    // leader is elected after the +odown; the old primary's clients are cut after it resumed.
+    assert!(took[0] > 0.0 && took[0] < flipped, "odown_to_flip {} of {flipped}s", took[0]);
+    let (odown, selected) = (took[0], took[1]);
+    assert!(selected > 0.0 && selected <= odown + 1e-3, "selected_to_flip {selected} of {odown}");
+    // The drain side times from when it got the flip, a moment after the API showed it.
+    let paused = (resumed - stopped).as_secs_f64() - flipped - 0.25;
+    assert!(took[2] >= paused && took[2] < whole, "flip_to_drained {} ({paused}s)", took[2]);
 }

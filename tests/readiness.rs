@@ -16,7 +16,7 @@ use common::*;
 
 /// A reason set or cleared later than this after the Sentinels show it fails the test; the
 /// promise is 2 s, the rest is headroom for a loaded machine (the real delays are printed).
-const FOLLOW: Duration = Duration::from_secs(6);
+pub const FOLLOW: Duration = Duration::from_secs(6);
 /// Sentinel refreshes a replica's INFO every 10 s: it may take that long to show a change.
 const SENTINEL_SHOWS: Duration = Duration::from_secs(40);
 
@@ -244,7 +244,7 @@ async fn tilt(addr: std::net::SocketAddr) -> Option<bool> {
 #[tokio::test]
 async fn planned_failovers_raise_no_false_blocker() {
     let env = start().await;
-    for round in 0..5 {
+    for round in 0..10 {
         env.failover().await;
         let started = Instant::now();
         wait_ready(&env, true, FOLLOW).await;

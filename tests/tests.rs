@@ -38,6 +38,7 @@ mod metrics;
 mod observability;
 mod operation;
 mod readiness;
+mod readiness_netns;
 mod sentinel_api;
 mod sentinel_api_limits;
 mod status_page;

@@ -281,7 +281,10 @@ impl Coordinator {
         self.order(episodes, shutdown, master, node, |o| {
             o.until = o.until.max(until);
             o.fence_until = o.fence_until.max(hold);
-            o.drain = Some(order);
+            // A returning node's order that takes over a flip's (its pass had not reached the
+            // node yet) keeps the flip's instant: the failover is still timed, once.
+            let flipped = order.flipped.or(o.drain.and_then(|d| d.flipped));
+            o.drain = Some(DrainOrder { flipped, ..order });
             o.target = Some(target.clone());
             o.demote = demote.clone();
         });

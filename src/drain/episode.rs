@@ -164,6 +164,9 @@ pub struct Episode {
     fence_tried: watch::Sender<bool>,
     /// The new primary, asked for `ROLE` before the node is made its replica.
     target: Mutex<Option<Arc<NodeLink>>>,
+    /// The flip whose `flip_to_drained` was recorded last: a returning-node order that took
+    /// over a flip's carries its instant, and each flip is timed once.
+    timed: Mutex<Option<Instant>>,
 }
 
 /// How long the first drain pass waits for the first fence attempt (a connect and a command).
@@ -185,7 +188,15 @@ impl Episode {
             handled: Mutex::new(None),
             fence_tried: watch::Sender::new(false),
             target: Mutex::new(None),
+            timed: Mutex::new(None),
         }
+    }
+
+    /// True the first time the flip at `flipped` is timed by this episode.
+    fn first_timing(&self, flipped: Instant) -> bool {
+        // Held for one comparison; a poisoned slot still holds a valid value.
+        let mut timed = self.timed.lock().unwrap_or_else(|p| p.into_inner());
+        timed.replace(flipped) != Some(flipped)
     }
 
     fn node(&self) -> SocketAddr {
@@ -613,6 +624,7 @@ impl Episode {
                 self.reachable_again();
                 if report.interrupted.is_none()
                     && let Some(flipped) = timing.take()
+                    && self.first_timing(flipped)
                 {
                     let now = Instant::now().into_std();
                     crate::phases::record(&[crate::phases::drained(flipped.into_std(), now)]);

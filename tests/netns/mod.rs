@@ -159,6 +159,11 @@ impl Net {
         ip(&["-n", &host.ns, "link", "set", "eth0", "down"])
     }
 
+    /// Brings the host's link up again after [`Net::go_dark`].
+    pub fn go_light(&self, host: &Host) -> anyhow::Result<()> {
+        ip(&["-n", &host.ns, "link", "set", "eth0", "up"])
+    }
+
     /// Shapes the traffic the bridge sends into `host` (its veth's bridge end) to `rate`
     /// (`40mbit`) with a token bucket: a replica there lags behind a fast writer. netem is not
     /// available on these kernels; tbf is.
