@@ -42,7 +42,11 @@ struct FakeSentinel {
     /// Every subscribed connection holds a receiver; `None` tells it to close.
     events: broadcast::Sender<Option<(String, String)>>,
     dead: Arc<AtomicBool>,
+    /// Raw replies that replace the usual ones, by the command's first words (upper case).
+    overrides: Overrides,
 }
+
+type Overrides = Arc<Mutex<Vec<(Vec<String>, String)>>>;
 
 impl FakeSentinel {
     async fn start(claim: Claim) -> Self {
@@ -51,15 +55,26 @@ impl FakeSentinel {
         let commands = Arc::new(Mutex::new(Vec::new()));
         let (events, _) = broadcast::channel(64);
         let dead = Arc::new(AtomicBool::new(false));
-        let (log, tx, gone) = (commands.clone(), events.clone(), dead.clone());
+        let overrides = Overrides::default();
+        let (log, tx, gone, odd) =
+            (commands.clone(), events.clone(), dead.clone(), overrides.clone());
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 if !gone.load(Ordering::SeqCst) {
-                    tokio::spawn(serve(stream, claim.clone(), log.clone(), tx.subscribe()));
+                    let served =
+                        serve(stream, claim.clone(), log.clone(), tx.subscribe(), odd.clone());
+                    tokio::spawn(served);
                 }
             }
         });
-        Self { addr, commands, events, dead }
+        Self { addr, commands, events, dead, overrides }
+    }
+
+    /// From now on, answers a command starting with `words` (e.g. `SENTINEL CKQUORUM`) with
+    /// the raw RESP `reply`; the latest of several matching wins.
+    fn answer(&self, words: &str, reply: &str) {
+        let words = words.split_whitespace().map(str::to_ascii_uppercase).collect();
+        lock(&self.overrides).insert(0, (words, reply.to_string()));
     }
 
     fn commands(&self) -> Vec<Vec<String>> {
@@ -180,6 +195,7 @@ async fn serve(
     claim: Claim,
     log: Arc<Mutex<Vec<Vec<String>>>>,
     mut events: broadcast::Receiver<Option<(String, String)>>,
+    overrides: Overrides,
 ) {
     let (read, mut write) = stream.into_split();
     let (tx, mut commands) = mpsc::unbounded_channel::<Vec<String>>();
@@ -197,7 +213,9 @@ async fn serve(
             args = commands.recv() => {
                 let Some(args) = args else { break };
                 subscribed |= args[0].eq_ignore_ascii_case("PSUBSCRIBE");
-                let answer = reply(&args, &claim);
+                let upper: Vec<String> = args.iter().map(|a| a.to_ascii_uppercase()).collect();
+                let odd = lock(&overrides).iter().find(|(w, _)| upper.starts_with(w)).cloned();
+                let answer = odd.map(|(_, raw)| raw).unwrap_or_else(|| reply(&args, &claim));
                 lock(&log).push(args);
                 answer
             }
@@ -799,4 +817,66 @@ async fn a_withdrawn_provisional_flip_reaches_an_agent() {
     };
     assert!(to(replica) && to(primary), "the agent's switch events: {events}");
     assert!(!agent.logged("no majority withdrew"), "{}", agent.log_tail(40));
+}
+
+/// The readiness verdict's reasons for the lab's master, and the detail of `reason`'s blocker.
+async fn blockers(env: &Env) -> anyhow::Result<(Vec<String>, String, serde_json::Value)> {
+    let path = format!("/v1/masters/{}/readiness", env.master_name());
+    let (_, verdict) = env.ps.get_json(&path).await?;
+    let reasons = verdict["blockers"].as_array().into_iter().flatten();
+    let reasons: Vec<String> =
+        reasons.filter_map(|b| b["reason"].as_str().map(str::to_string)).collect();
+    let details = verdict["blockers"].to_string();
+    Ok((reasons, details, verdict))
+}
+
+/// Issue 20, bad input: a configured Sentinel that answers garbage to `SENTINEL CKQUORUM`,
+/// then to `INFO`, makes the readiness verdict a blocker that shows the reply (`ckquorum`,
+/// `sentinel_tilt`), never a panic; polestar keeps serving the primary, and the blocker
+/// clears once the Sentinel answers sensibly again.
+#[tokio::test]
+async fn a_sentinel_answering_garbage_to_ckquorum_or_info_is_a_blocker_showing_the_reply() {
+    let (env, fake, primary, _) = with_scripted_sentinel(false, true).await;
+    let sane_info = bulk("# Sentinel\r\nsentinel_masters:1\r\nsentinel_tilt:0\r\n");
+    fake.answer("INFO", &sane_info);
+    env.wait_until(Duration::from_secs(10), "no ckquorum or tilt blocker at first", || async {
+        let (reasons, details, _) = blockers(&env).await?;
+        ensure!(!reasons.iter().any(|r| r == "ckquorum" || r == "sentinel_tilt"), "{details}");
+        Ok(())
+    })
+    .await;
+
+    fake.answer("SENTINEL CKQUORUM", "*2\r\n:7\r\n$6\r\nbanana\r\n");
+    env.wait_until(Duration::from_secs(10), "a ckquorum blocker showing the reply", || async {
+        let (reasons, details, verdict) = blockers(&env).await?;
+        ensure!(reasons.iter().any(|r| r == "ckquorum"), "{verdict}");
+        ensure!(details.contains("banana"), "the reply is not shown: {details}");
+        ensure!(verdict["ready"] == false, "{verdict}");
+        Ok(())
+    })
+    .await;
+
+    fake.answer("INFO", &bulk("sentinel_tilt:\u{0}maybe\r\n\u{7f}\u{1}"));
+    fake.answer(
+        "SENTINEL CKQUORUM",
+        "+OK 3 usable Sentinels. Quorum and failover authorization can be reached\r\n",
+    );
+    env.wait_until(Duration::from_secs(10), "a tilt blocker showing the INFO", || async {
+        let (reasons, details, verdict) = blockers(&env).await?;
+        ensure!(reasons.iter().any(|r| r == "sentinel_tilt"), "{verdict}");
+        ensure!(!reasons.iter().any(|r| r == "ckquorum"), "{verdict}");
+        ensure!(details.contains("maybe"), "the reply is not shown: {details}");
+        Ok(())
+    })
+    .await;
+    let m = env.master().await.expect("the API answers");
+    assert_eq!(primary_of(&m), Some(primary), "still serving the primary: {m}");
+
+    fake.answer("INFO", &sane_info);
+    env.wait_until(Duration::from_secs(10), "the blockers cleared", || async {
+        let (reasons, details, _) = blockers(&env).await?;
+        ensure!(!reasons.iter().any(|r| r == "ckquorum" || r == "sentinel_tilt"), "{details}");
+        Ok(())
+    })
+    .await;
 }
