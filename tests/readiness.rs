@@ -148,12 +148,28 @@ async fn priority_zero_everywhere_blocks_and_the_cure_clears() {
         follow(&env, "every Sentinel showed priority 0", "no_promotable_replica", true, shown)
             .await;
     assert!(v.to_string().contains("replica-priority 0"), "{v}");
+    let line = status_failover_line(&env).await;
+    assert!(line.contains("NOT POSSIBLE: no_promotable_replica"), "polestar status: {line}");
     set_priority(&env, "100").await;
     let shown = || {
         every_sentinel_shows(&env, |r| r.get("slave-priority").map(String::as_str) == Some("100"))
     };
     follow(&env, "every Sentinel showed priority 100", "no_promotable_replica", false, shown).await;
     wait_ready(&env, true, FOLLOW).await;
+    let line = status_failover_line(&env).await;
+    assert!(line.ends_with("possible") && !line.contains("NOT"), "polestar status: {line}");
+}
+
+/// The line `polestar status` prints for the lab's master under FAILOVER.
+async fn status_failover_line(env: &Env) -> String {
+    let api = env.ps.api();
+    let out = crate::common::cli(&["status", "--api", &api], Duration::from_secs(20)).await;
+    assert_eq!(out.status.code(), Some(0), "{}", crate::common::shown(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let below = text.split_once("\nFAILOVER\n").map(|(_, b)| b).unwrap_or("");
+    let master = env.master_name();
+    let line = below.lines().find(|l| l.split_whitespace().next() == Some(master.as_str()));
+    line.unwrap_or_else(|| panic!("no FAILOVER line for {master}: {text}")).trim().to_string()
 }
 
 #[tokio::test]

@@ -173,6 +173,11 @@ async fn the_status_page_shows_a_failover_live() {
     let card = shown_primary(&master);
     page.wait_true(&env, STARTUP, &format!("{card} === '{old}'")).await;
     page.wait_true(&env, STARTUP, "document.body.dataset.live === '1'").await;
+    // The readiness verdict is on the card (refreshed every 5 s).
+    let verdict = format!(
+        "document.querySelector('article[data-master=\"{master}\"] dd.failover')?.textContent"
+    );
+    page.wait_true(&env, STARTUP, &format!("{verdict} === 'possible'")).await;
     page.eval("window.sameDocument = true").await.expect("mark the document");
 
     let new = env.failover().await;
@@ -189,6 +194,7 @@ async fn the_status_page_shows_a_failover_live() {
     assert!(events.as_u64().unwrap_or(0) >= 1, "events over the stream: {events}");
     env.wait_state("ok", FAILOVER).await;
     page.wait_true(&env, FAILOVER, "document.querySelector('.state').textContent === 'ok'").await;
+    page.wait_true(&env, STARTUP, &format!("{verdict} === 'possible'")).await;
 
     let shot = page.screenshot("after-failover.png").await;
     let size = std::fs::metadata(&shot).map(|m| m.len()).unwrap_or(0);
