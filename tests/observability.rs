@@ -366,3 +366,68 @@ async fn each_failover_phase_is_timed_once_in_polestar_failover_seconds() {
     let paused = (resumed - stopped).as_secs_f64() - flipped - 0.25;
     assert!(took[2] >= paused && took[2] < whole, "flip_to_drained {} ({paused}s)", took[2]);
 }
+
+/// `polestar_old_primary_clients{master}` during a drain: a writer pinned to the old primary's
+/// address (it reconnects whenever it is cut and writes again, getting `READONLY`) is found
+/// by every stale-writer sweep through `drain.window`, so the gauge shows it; once the writer
+/// stops, the gauge goes back to 0.
+#[tokio::test]
+async fn a_writer_pinned_to_the_old_primary_shows_in_old_primary_clients() {
+    let lab = Lab::start(LabOptions::default()).await.expect("start the lab");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.drain = true;
+    config.drain_settings = vec!["window: 20s".into()];
+    let env = Env::with_config(lab, &config).await;
+    env.wait_reachable(3, STARTUP).await;
+    let master = env.master_name();
+    let gauge = format!("polestar_old_primary_clients{{master=\"{master}\"}} ");
+    let value = || async {
+        let (_, _, metrics) = env.ps.get("/metrics").await.expect("GET /metrics");
+        let line = metrics.lines().find_map(|l| l.strip_prefix(gauge.as_str()).map(str::to_string));
+        line.and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    assert_eq!(value().await, Some(0.0), "the series exists at 0 before any failover");
+
+    let old = env.lab.primary().await.expect("the primary");
+    env.failover().await;
+    let stop = Instant::now() + Duration::from_secs(12);
+    let writer = tokio::spawn(pinned_writer(old, stop));
+    let mut seen = 0.0f64;
+    while Instant::now() < stop && seen < 1.0 {
+        seen = seen.max(value().await.unwrap_or(0.0));
+        sleep(Duration::from_millis(100)).await;
+    }
+    let writes = writer.await.expect("the writer task");
+    assert!(seen >= 1.0, "the pinned writer never showed ({writes} writes sent)");
+    env.wait_until(FAILOVER * 2, "the gauge back at 0", || async {
+        let now = value().await;
+        anyhow::ensure!(now == Some(0.0), "{now:?}");
+        Ok(())
+    })
+    .await;
+}
+
+/// `SET` to `node` every 50 ms until `stop`, reconnecting whenever the connection is cut;
+/// returns how many were sent.
+async fn pinned_writer(node: std::net::SocketAddr, stop: Instant) -> u64 {
+    let mut sent = 0;
+    while Instant::now() < stop {
+        let Ok(Ok(mut stream)) = timeout(Duration::from_secs(1), TcpStream::connect(node)).await
+        else {
+            sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let mut buf = [0u8; 256];
+        while Instant::now() < stop {
+            if stream.write_all(b"SET pinned 1\r\n").await.is_err() {
+                break;
+            }
+            sent += 1;
+            match timeout(Duration::from_secs(2), stream.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => sleep(Duration::from_millis(50)).await,
+                _ => break,
+            }
+        }
+    }
+    sent
+}
