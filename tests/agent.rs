@@ -321,19 +321,8 @@ async fn a_lying_upstream_makes_the_agent_destroy_nothing_outside_the_data_nodes
     let (url, fake_task) = fake::start(script.clone()).await;
 
     let config = PolestarConfig {
-        sentinels: vec![],
-        masters: vec![("mymaster".into(), None)],
-        dns: false,
-        dns_notify: vec![],
-        drain: false,
-        admin_token: None,
-        agent_token: None,
-        drain_settings: vec![],
-        sentinel_settings: vec![],
-        source: Some(format!("upstream: {{urls: [\"{url}\"], allow_plaintext: true}}")),
-        http_settings: vec![],
-        https_ca: None,
         extra: "sweep:\n  remote: true\n".into(),
+        ..PolestarConfig::agent("mymaster", std::slice::from_ref(&url))
     };
     let agent = Polestar::start(&config).await;
     let mine = format!("127.0.0.1:{}", a.port);
@@ -462,30 +451,20 @@ async fn sweep_probes_send_no_credentials_to_a_node_no_majority_named() {
     for script in &scripts {
         script.set(0, Some(honest.clone()));
         let (url, task) = fake::start(script.clone()).await;
-        urls.push(format!("\"{url}\""));
+        urls.push(url);
         tasks.push(task);
     }
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("node.pass");
     std::fs::write(&secret, SECRET).unwrap();
     let config = PolestarConfig {
-        sentinels: vec![],
-        masters: vec![("mymaster".into(), None)],
-        dns: false,
-        dns_notify: vec![],
-        drain: false,
-        admin_token: None,
-        agent_token: None,
         // Past the grace, every round of the client-side sweep asks the old primary's `ROLE`.
         drain_settings: vec!["grace: 200ms".into(), "interval: 100ms".into(), "window: 5s".into()],
-        sentinel_settings: vec![],
-        source: Some(format!("upstream: {{urls: [{}], allow_plaintext: true}}", urls.join(", "))),
-        http_settings: vec![],
-        https_ca: None,
         extra: format!(
             "sweep:\n  remote: true\nnodes:\n  username: polestar\n  password_file: {}\n",
             secret.display()
         ),
+        ..PolestarConfig::agent("mymaster", &urls)
     };
     let agent = Polestar::start(&config).await;
     let at = |r: &Recorder| format!("127.0.0.1:{}", r.port);

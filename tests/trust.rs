@@ -644,6 +644,30 @@ async fn with_scripted_sentinel(
     (env, fake, primary, epoch)
 }
 
+/// The scripted `leader` announces that it leads a failover at `epoch` and has selected
+/// `replica` of `primary`, up to sending it `SLAVEOF NO ONE`.
+fn leader_selects(
+    env: &Env,
+    leader: &FakeSentinel,
+    replica: SocketAddr,
+    primary: SocketAddr,
+    epoch: u64,
+) {
+    let m = env.master_name();
+    let chosen = replica_event(&m, replica, primary);
+    leader.say("+new-epoch", &epoch.to_string());
+    leader.say("+try-failover", &format!("master {m} {} {}", primary.ip(), primary.port()));
+    leader.say("+selected-slave", &chosen);
+    leader.say("+failover-state-send-slaveof-noone", &chosen);
+}
+
+/// What the leader's `SLAVEOF NO ONE` does: `replica` becomes a master.
+async fn promote(replica: SocketAddr) {
+    let mut no_one = redis::cmd("REPLICAOF");
+    no_one.arg("NO").arg("ONE");
+    polestar::lab::query::<String>(replica, &no_one).await.expect("REPLICAOF NO ONE");
+}
+
 /// Regression (issue 25, item 6), with a scripted leader among two real Sentinels: the leader
 /// sent `SLAVEOF NO ONE` and polestar flipped to the replica on its `ROLE`; the leader died
 /// before `+promoted-slave`, so no Sentinel learned the new configuration, and the real ones
@@ -653,16 +677,9 @@ async fn with_scripted_sentinel(
 async fn a_provisional_flip_whose_leader_dies_is_withdrawn_when_the_others_convert_the_node_back() {
     let (env, leader, primary, epoch) = with_scripted_sentinel(false, false).await;
     let replica = env.lab.replicas().await.expect("the replicas")[0];
-    let m = env.master_name();
-    let chosen = replica_event(&m, replica, primary);
-    leader.say("+new-epoch", &(epoch + 1).to_string());
-    leader.say("+try-failover", &format!("master {m} {} {}", primary.ip(), primary.port()));
-    leader.say("+selected-slave", &chosen);
-    leader.say("+failover-state-send-slaveof-noone", &chosen);
+    leader_selects(&env, &leader, replica, primary, epoch + 1);
     // The leader's SLAVEOF NO ONE reaches the replica; the leader dies right after it.
-    let mut no_one = redis::cmd("REPLICAOF");
-    no_one.arg("NO").arg("ONE");
-    polestar::lab::query::<String>(replica, &no_one).await.expect("REPLICAOF NO ONE");
+    promote(replica).await;
     let flipped = env.wait_api_primary(replica, Duration::from_secs(5)).await;
     assert_eq!(epoch_of(&flipped), Some(epoch + 1), "{flipped}");
     leader.die();
@@ -724,21 +741,9 @@ async fn a_sentinel_that_missed_the_failover_gets_the_new_primary_no_replicaof()
 /// An agent (the real binary, `upstream:`) following `central`'s HTTP, with DNS for `master`
 /// under the `cache` label.
 async fn agent_of(central: &Polestar, master: &str) -> Polestar {
-    let config = PolestarConfig {
-        sentinels: vec![],
-        masters: vec![(master.to_string(), Some("cache".to_string()))],
-        dns: true,
-        dns_notify: vec![],
-        drain: false,
-        admin_token: None,
-        agent_token: None,
-        drain_settings: vec![],
-        sentinel_settings: vec![],
-        source: Some(format!("upstream: {{urls: [\"{}\"], allow_plaintext: true}}", central.api())),
-        http_settings: vec![],
-        https_ca: None,
-        extra: String::new(),
-    };
+    let mut config = PolestarConfig::agent(master, &[central.api()]);
+    config.masters = vec![(master.to_string(), Some("cache".to_string()))];
+    config.dns = true;
     Polestar::start(&config).await
 }
 
@@ -786,15 +791,8 @@ async fn a_withdrawn_provisional_flip_reaches_an_agent() {
         Ok(())
     })
     .await;
-    let m = env.master_name();
-    let chosen = replica_event(&m, replica, primary);
-    leader.say("+new-epoch", &(epoch + 1).to_string());
-    leader.say("+try-failover", &format!("master {m} {} {}", primary.ip(), primary.port()));
-    leader.say("+selected-slave", &chosen);
-    leader.say("+failover-state-send-slaveof-noone", &chosen);
-    let mut no_one = redis::cmd("REPLICAOF");
-    no_one.arg("NO").arg("ONE");
-    polestar::lab::query::<String>(replica, &no_one).await.expect("REPLICAOF NO ONE");
+    leader_selects(&env, &leader, replica, primary, epoch + 1);
+    promote(replica).await;
     env.wait_api_primary(replica, Duration::from_secs(5)).await;
     // The agent follows the provisional flip (it is what its upstream publishes)...
     wait_agent(&env, &agent, replica, epoch + 1, Duration::from_secs(10)).await;

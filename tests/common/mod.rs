@@ -32,7 +32,7 @@ pub const POLL: Duration = Duration::from_millis(50);
 const TAIL: usize = 60;
 
 /// The YAML config the daemon runs with; HTTP on a port-0 listener always.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct PolestarConfig {
     pub sentinels: Vec<String>,
     /// More `sentinels:` settings (`username: ...`), one `key: value` per line (unindented).
@@ -75,6 +75,20 @@ impl PolestarConfig {
             http_settings: Vec::new(),
             https_ca: None,
             extra: String::new(),
+        }
+    }
+
+    /// An agent of `master` following the upstreams at `urls` (plain `http://`, allowed), no
+    /// Sentinels, HTTP only, no drain.
+    pub fn agent(master: &str, urls: &[String]) -> Self {
+        let quoted: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+        Self {
+            masters: vec![(master.to_string(), None)],
+            source: Some(format!(
+                "upstream: {{urls: [{}], allow_plaintext: true}}",
+                quoted.join(", ")
+            )),
+            ..Self::default()
         }
     }
 
