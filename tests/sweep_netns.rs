@@ -190,6 +190,10 @@ async fn dark_primary(cluster: &Cluster, agent: bool) -> anyhow::Result<()> {
     let fault = SystemTime::now();
     cluster.net.go_dark(&cluster.db[0])?;
     let switch = switch_time(&cluster.app, "127.0.0.1").await?;
+    if agent {
+        // At once: the upstream comes back while the Sentinels are still failing over.
+        upstream_restart(cluster).await?;
+    }
     let case = if agent { "dark-agent-upstream" } else { "dark-client-side" };
     recovered(
         case,
@@ -201,13 +205,13 @@ async fn dark_primary(cluster: &Cluster, agent: bool) -> anyhow::Result<()> {
     .await?;
     let sweeps = events(&cluster.app, "127.0.0.1", "sweep").await;
     anyhow::ensure!(!sweeps.is_empty(), "no sweep event on the application host");
-    if agent {
-        upstream_restart(cluster).await?;
-    }
     Ok(())
 }
 
-/// The upstream goes away (the agent marks stale, keeps the primary) and comes back.
+/// The upstream goes away (the agent marks stale, keeps the primary) and comes back, right
+/// after the agent followed its flip to the promoted replica: the restarted upstream may meet
+/// the Sentinels in the middle of the failover (the promoted replica already answers master,
+/// the Sentinels still name the old primary), and it must still follow them to the new one.
 async fn upstream_restart(cluster: &Cluster) -> anyhow::Result<()> {
     // `failover` is fine too: the old primary is dark, so the failover ends only at its timeout.
     let state = |stale: bool| async move {
@@ -222,13 +226,30 @@ async fn upstream_restart(cluster: &Cluster) -> anyhow::Result<()> {
     anyhow::ensure!(stale == before, "the agent lost its primary when the upstream went away");
     let started = SystemTime::now();
     cluster.central("ctl-polestar-2").await?;
-    let after = until("agent ok again", Duration::from_secs(20), || state(false)).await?;
+    let after = match until("agent ok again", Duration::from_secs(20), || state(false)).await {
+        Ok(after) => after,
+        Err(e) => return Err(e.context(restart_views(cluster).await)),
+    };
     anyhow::ensure!(after == before, "the agent's primary moved across the restart");
     eprintln!(
         "RECOVERY agent-upstream-restart: agent ok again {:.3}s after the upstream was started",
         secs(started, SystemTime::now())
     );
     Ok(())
+}
+
+/// What the agent and the restarted upstream serve, and why the agent refused the upstream's
+/// answers: for the failure of [`upstream_restart`].
+async fn restart_views(cluster: &Cluster) -> String {
+    let agent = format!("http://127.0.0.1:{HTTP_PORT}/v1/masters");
+    let upstream = format!("http://{}:{HTTP_PORT}/v1/masters", cluster.ctl.ip);
+    let agent = netns::get_json(&cluster.app, agent).await;
+    let upstream = netns::get_json(&cluster.ctl, upstream).await;
+    let log = cluster.net.log("app-polestar");
+    let refused: Vec<&str> = log.lines().filter(|l| l.contains("refused")).collect();
+    format!(
+        "the agent serves {agent:?}\nthe restarted upstream serves {upstream:?}\nthe agent refused: {refused:#?}"
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -574,7 +574,7 @@ async fn master_report(
     let (mut nodes, mut followers) = (Vec::new(), Vec::new());
     for r in records(replicas).iter().filter_map(ReplicaRecord::from_record) {
         if let Some(n) = resolve(&r.addr).await {
-            if let Some(upstream) = r.upstream {
+            if let Some(upstream) = r.follows(&m.addr) {
                 followers.push(Follower { node: n.clone(), upstream });
             }
             nodes.push(Replica {

@@ -236,6 +236,10 @@ pub struct ReplicaRecord {
     /// role; `None` for a node that reports itself master or was never heard from (an
     /// unrelated node a forged hello put in the list).
     pub upstream: Option<Addr>,
+    /// The replica this Sentinel selected and promotes (`promoted`, the leader's flag from
+    /// `+selected-slave` to the end of the failover): it answers master from `SLAVEOF NO ONE`
+    /// on, so it has no `upstream`, yet it is a replica of the master it is listed under.
+    pub promoted: bool,
 }
 
 impl ReplicaRecord {
@@ -245,7 +249,17 @@ impl ReplicaRecord {
         let linked = r.get("master-link-status").is_none_or(|s| s == "ok");
         let addr = Addr::parse(r.get("ip")?, r.get("port")?)?;
         let upstream = if down { None } else { upstream(r) };
-        Some(Self { addr, healthy: !down && linked, upstream })
+        let promoted = !down && flags.split(',').any(|f| f == "promoted");
+        Some(Self { addr, healthy: !down && linked, upstream, promoted })
+    }
+
+    /// The node this replica replicates from, as far as the listing Sentinel shows it: its
+    /// own `upstream`, or `master` (the address the record is listed under) for the replica
+    /// the Sentinel is promoting. A polestar started in the middle of a failover reads the
+    /// promoted replica only as a master, and without this it would refuse the switch to it
+    /// as a node that never replicated from the master (a forged hello's mark).
+    pub fn follows(&self, master: &Addr) -> Option<Addr> {
+        self.upstream.clone().or_else(|| self.promoted.then(|| master.clone()))
     }
 }
 
@@ -455,6 +469,29 @@ mod tests {
         assert_eq!(r("s_down,slave", "ok"), Some(false));
         assert_eq!(r("slave", "err"), Some(false));
         assert_eq!(r("slave,disconnected", "ok"), Some(false));
+    }
+
+    #[test]
+    fn a_replica_follows_its_own_upstream_or_the_master_promoting_it() {
+        let master = addr("10.0.0.1", 6379);
+        let r = |flags: &str, role: &str, host: &str| {
+            let m = HashMap::from([
+                ("ip".to_string(), "10.0.0.2".to_string()),
+                ("port".to_string(), "6379".to_string()),
+                ("flags".to_string(), flags.to_string()),
+                ("role-reported".to_string(), role.to_string()),
+                ("master-host".to_string(), host.to_string()),
+                ("master-port".to_string(), "6379".to_string()),
+            ]);
+            ReplicaRecord::from_record(&m).and_then(|r| r.follows(&master))
+        };
+        let other = addr("10.0.0.9", 6379);
+        assert_eq!(r("slave", "slave", "10.0.0.9"), Some(other.clone()), "its own word");
+        assert_eq!(r("slave", "master", "10.0.0.9"), None, "a master follows nobody");
+        assert_eq!(r("slave,promoted", "master", "?"), Some(master.clone()), "being promoted");
+        assert_eq!(r("slave,promoted", "slave", "10.0.0.9"), Some(other), "not yet promoted");
+        assert_eq!(r("s_down,slave,promoted", "master", "?"), None, "down: no word of it");
+        assert_eq!(r("slave,disconnected", "slave", "10.0.0.1"), None);
     }
 
     #[test]

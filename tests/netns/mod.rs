@@ -217,7 +217,10 @@ impl Net {
     pub fn logs(&self) -> String {
         let procs = self.lock_procs();
         let mut out = String::new();
-        for (label, _, path) in procs.iter() {
+        // polestar's own logs first: a failure's excerpt shows its head.
+        let mut ordered: Vec<_> = procs.iter().collect();
+        ordered.sort_by_key(|(label, _, _)| !label.contains("polestar"));
+        for (label, _, path) in ordered {
             let text = std::fs::read_to_string(path).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let tail = lines[lines.len().saturating_sub(30)..].join("\n");
