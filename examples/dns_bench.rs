@@ -76,7 +76,7 @@ fn master(i: usize, round: u64) -> (String, Arc<Master>) {
         since: None,
         state: MasterState::Ok,
         replicas: replicas
-            .map(|h| Replica { ip: ip(h), port: 6379, hostname: None, healthy: true })
+            .map(|h| Replica { ip: ip(h), port: 6379, hostname: None, healthy: true, down: false })
             .collect(),
         sentinels: SentinelCounts::default(),
         withdrawn: None,

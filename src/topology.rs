@@ -44,6 +44,11 @@ pub struct Replica {
     pub hostname: Option<String>,
     /// Sentinel considers it up (not `s_down`/`o_down`/`disconnected`) and linked to its primary.
     pub healthy: bool,
+    /// Sentinel marks it `s_down`/`o_down`: what Sentinel's own `+sdown` and `-sdown` of a
+    /// replica follow. A replica that is up but not linked (resyncing after a failover, or an
+    /// entry Sentinel has just made and not yet connected) is neither healthy nor down.
+    #[serde(skip)]
+    pub down: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]

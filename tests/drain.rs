@@ -288,7 +288,7 @@ impl Harness {
     fn publish(&self, master: &str, primary: Node, replicas: &[Node]) {
         let replicas = replicas
             .iter()
-            .map(|n| Replica { ip: n.ip, port: n.port, hostname: None, healthy: true })
+            .map(|n| Replica { ip: n.ip, port: n.port, hostname: None, healthy: true, down: false })
             .collect();
         let m = Master {
             withdrawn: None,

@@ -112,6 +112,7 @@ fn master(name: &str, primary: Option<&str>, epoch: Option<u64>) -> Master {
             port: 6379,
             hostname: None,
             healthy: true,
+            down: false,
         }],
         sentinels: SentinelCounts {
             configured: 3,

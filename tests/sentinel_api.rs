@@ -132,6 +132,8 @@ async fn redis_cli_gets_the_sentinels_answer_after_every_failover_and_hears_the_
     let ask = ["SENTINEL", "get-master-addr-by-name", "mymaster"];
     let initial = redis_cli(sentinels[0], &ask).await;
     assert_eq!(redis_cli(api, &ask).await, initial, "before any failover");
+    let all = raw_subscriber(api, "PSUBSCRIBE *\r\n").await;
+    let real = raw_subscriber(sentinels[0], "PSUBSCRIBE *\r\n").await;
     for round in 1..=2 {
         let mut ours = switch_subscriber(api).await;
         let mut theirs = Vec::new();
@@ -169,6 +171,22 @@ async fn redis_cli_gets_the_sentinels_answer_after_every_failover_and_hears_the_
         })
         .await;
     }
+    // Nothing goes down on a planned failover: a replica resyncing to the new primary is not
+    // `s_down`, and the real Sentinels announce no `+sdown`/`-sdown slave` for it.
+    let replica_downs = |buf: &Arc<Mutex<Vec<u8>>>| {
+        let heard = String::from_utf8_lossy(&lock(buf)).into_owned();
+        let lines: Vec<&str> = heard.lines().collect();
+        (2..lines.len())
+            .filter(|&i| lines[i].starts_with("slave ") && lines[i - 2].contains("sdown"))
+            .map(|i| format!("{} {}", lines[i - 2], lines[i]))
+            .collect::<Vec<String>>()
+    };
+    let theirs = replica_downs(&real);
+    let ours = replica_downs(&all);
+    assert!(
+        theirs.len() >= ours.len(),
+        "polestar announced replica downs the Sentinels did not: {ours:?} (Sentinel: {theirs:?})"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -686,6 +704,7 @@ async fn slow_subscribers_are_disconnected_not_buffered() {
                 port: 7000 + i,
                 hostname: None,
                 healthy: version.is_multiple_of(2),
+                down: !version.is_multiple_of(2),
             })
             .collect();
         let master = Master {

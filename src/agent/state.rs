@@ -315,7 +315,14 @@ fn node(view: &NodeView) -> Node {
 }
 
 fn replica(view: &crate::http::view::ReplicaView) -> Replica {
-    Replica { ip: view.ip, port: view.port, hostname: view.hostname.clone(), healthy: view.healthy }
+    // The view has no `down`: an upstream's unhealthy replica is taken as down.
+    Replica {
+        ip: view.ip,
+        port: view.port,
+        hostname: view.hostname.clone(),
+        healthy: view.healthy,
+        down: !view.healthy,
+    }
 }
 
 fn state(text: &str) -> MasterState {

@@ -145,6 +145,7 @@ mod tests {
                 port: 6380,
                 hostname: Some("r2.lan".into()),
                 healthy: true,
+                down: false,
             }],
             sentinels: SentinelCounts {
                 configured: 3,

@@ -70,8 +70,13 @@ mod tests {
     use crate::topology::{MasterState, Replica};
 
     fn snapshot() -> Snapshot {
-        let replica =
-            |port| Replica { ip: [10, 0, 0, 2].into(), port, hostname: None, healthy: true };
+        let replica = |port| Replica {
+            ip: [10, 0, 0, 2].into(),
+            port,
+            hostname: None,
+            healthy: true,
+            down: false,
+        };
         let master = Master {
             withdrawn: None,
             name: "m".into(),

@@ -134,7 +134,11 @@ pub struct State {
     /// Configured Sentinels that report a failover of it in progress.
     pub failover: BTreeSet<SentinelId>,
     pub promotion: Option<Promotion>,
+    /// The replicas a majority of the Sentinels' lists name (see [`State::agreed_replicas`]).
     pub replicas: Vec<Replica>,
+    /// The replica list each reachable configured Sentinel reported last, at an epoch not
+    /// below the published one.
+    pub listed: BTreeMap<SentinelId, Vec<Replica>>,
     /// Every node a configured Sentinel showed replicating from the published primary or
     /// another node of the lineage, and every primary published: the only nodes a change of
     /// primary may go to, whose `ROLE` may be asked, and that may be warmed.
@@ -151,6 +155,7 @@ impl Default for State {
             failover: BTreeSet::new(),
             promotion: None,
             replicas: Vec::new(),
+            listed: BTreeMap::new(),
             lineage: Vec::new(),
             suspect: None,
         }
@@ -161,6 +166,35 @@ impl State {
     /// Configured Sentinels whose latest report is exactly `candidate`.
     pub fn agreeing(&self, candidate: &Candidate) -> usize {
         self.reports.values().filter(|c| *c == candidate).count()
+    }
+
+    /// The replicas to publish: those named by `majority` of the Sentinels' lists (by all of
+    /// them, when fewer lists are at hand), healthy when as many call them healthy, never the
+    /// published primary. One Sentinel's list is not the answer: the configured Sentinels
+    /// see a failover's old primary come and go as a replica at different moments, and
+    /// following whichever reported last made replica answers flicker (and the Sentinel
+    /// endpoint relay a `+sdown`/`-sdown` for every flicker).
+    pub fn agreed_replicas(&self, majority: usize) -> Vec<Replica> {
+        let lists: Vec<&Vec<Replica>> = self.listed.values().collect();
+        let need = majority.min(lists.len()).max(1);
+        let primary = self.publication.node().map(Node::addr);
+        let same = |a: &Replica, b: &Replica| (a.ip, a.port) == (b.ip, b.port);
+        let mut out: Vec<Replica> = Vec::new();
+        for r in lists.iter().flat_map(|l| l.iter()) {
+            let is_primary = primary == Some(std::net::SocketAddr::new(r.ip, r.port));
+            if is_primary || out.iter().any(|o| same(o, r)) {
+                continue;
+            }
+            let naming: Vec<&Replica> =
+                lists.iter().filter_map(|l| l.iter().find(|o| same(o, r))).collect();
+            if naming.len() >= need {
+                let healthy = naming.iter().filter(|o| o.healthy).count() >= need;
+                let up = naming.iter().filter(|o| !o.down).count() >= need;
+                out.push(Replica { healthy, down: !up, ..r.clone() });
+            }
+        }
+        out.sort_by_key(|r| (r.ip, r.port));
+        out
     }
 
     /// Whether `node` may become the primary: nothing is published yet (there is no history
@@ -338,6 +372,7 @@ pub fn decide(
         Evidence::Role { target, role, at } => d.role(target, &role, at),
         Evidence::Tick { now } => d.tick(now),
     }
+    d.state.replicas = d.state.agreed_replicas(quorum.majority());
     (d.state, d.actions)
 }
 
@@ -352,7 +387,7 @@ struct Decision<'a> {
 impl Decision<'_> {
     fn report(&mut self, from: SentinelId, primary: Candidate, failover: bool, r: Vec<Replica>) {
         if self.state.publication.primary().is_none_or(|p| primary.epoch >= p.epoch) {
-            self.state.replicas = r;
+            self.state.listed.insert(from, r);
         }
         self.state.reports.insert(from, primary.clone());
         // Reconciliation is authoritative for the flag: it also clears a lost +failover-end.
@@ -386,6 +421,7 @@ impl Decision<'_> {
 
     fn gone(&mut self, from: SentinelId) {
         self.state.reports.remove(&from);
+        self.state.listed.remove(&from);
         self.state.failover.remove(&from);
     }
 

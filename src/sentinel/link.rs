@@ -582,6 +582,7 @@ async fn master_report(
                 port: n.port,
                 hostname: n.hostname,
                 healthy: r.healthy,
+                down: r.down,
             });
         }
     }

@@ -231,6 +231,8 @@ impl MasterRecord {
 pub struct ReplicaRecord {
     pub addr: Addr,
     pub healthy: bool,
+    /// `s_down` or `o_down` (what Sentinel's `+sdown` of a replica follows).
+    pub down: bool,
     /// The primary this replica itself says it replicates from (its `INFO`, as Sentinel
     /// relays it in `master-host`/`master-port`), when it is up and reports the replica
     /// role; `None` for a node that reports itself master or was never heard from (an
@@ -245,12 +247,16 @@ pub struct ReplicaRecord {
 impl ReplicaRecord {
     pub fn from_record(r: &HashMap<String, String>) -> Option<Self> {
         let flags = r.get("flags")?;
-        let down = flags.split(',').any(|f| matches!(f, "s_down" | "o_down" | "disconnected"));
+        let flag = |names: &[&str]| flags.split(',').any(|f| names.contains(&f));
+        // Sentinel's `+sdown`: a replica entry it has just made (after a switch) is
+        // `disconnected` until its link is up, and is not down for that.
+        let sdown = flag(&["s_down", "o_down"]);
+        let down = sdown || flag(&["disconnected"]);
         let linked = r.get("master-link-status").is_none_or(|s| s == "ok");
         let addr = Addr::parse(r.get("ip")?, r.get("port")?)?;
         let upstream = if down { None } else { upstream(r) };
         let promoted = !down && flags.split(',').any(|f| f == "promoted");
-        Some(Self { addr, healthy: !down && linked, upstream, promoted })
+        Some(Self { addr, healthy: !down && linked, down: sdown, upstream, promoted })
     }
 
     /// The node this replica replicates from, as far as the listing Sentinel shows it: its

@@ -4,8 +4,9 @@
 //! `+switch-master` goes out the moment polestar publishes a new primary (its flip, about a
 //! second before the real Sentinels announce theirs), and again with the roles swapped when a
 //! provisional flip is withdrawn: a subscriber always hears how to reach what is published.
-//! `+sdown`/`-sdown slave` follow the health of the replicas polestar publishes, which is how
-//! the old primary of a failover shows up once Sentinel lists it as a replica that is down.
+//! `+sdown`/`-sdown slave` follow whether the replicas polestar publishes are down (as a
+//! majority of the configured Sentinels lists them), which is how the old primary of a
+//! failover shows up once Sentinel lists it as a replica that is down.
 //! A primary's own `+sdown`/`-sdown`/`+odown`/`-odown` are what the configured Sentinels
 //! announced, once per transition: the decider records them in the event log
 //! (`primary_down`) and [`follow_events`] passes them on. Nothing here invents one.
@@ -51,18 +52,20 @@ fn switch_master(before: &Master, after: &Master) -> Option<Message> {
 }
 
 /// `+sdown slave` for a replica that went (or appeared) down, `-sdown slave` for one that came
-/// back, in Sentinel's format: `slave <ip:port> <ip> <port> @ <master> <ip> <port>`.
+/// back, in Sentinel's format: `slave <ip:port> <ip> <port> @ <master> <ip> <port>`. Down is
+/// Sentinel's down (`s_down`, `disconnected`), not a replication link that is resyncing: the
+/// real Sentinels announce nothing of a replica on a planned failover, and neither does this.
 fn replica_health(before: Option<&Master>, after: &Master) -> Vec<Message> {
     let Some(primary) = after.primary.as_ref() else { return Vec::new() };
-    let was_healthy = |ip, port| {
+    let was_down = |ip, port| {
         let known = before.into_iter().flat_map(|b| &b.replicas);
-        known.into_iter().find(|r| r.ip == ip && r.port == port).map(|r| r.healthy)
+        known.into_iter().find(|r| r.ip == ip && r.port == port).map(|r| r.down)
     };
     let mut out = Vec::new();
     for r in &after.replicas {
-        let channel = match (was_healthy(r.ip, r.port), r.healthy) {
-            (Some(true) | None, false) => "+sdown",
-            (Some(false), true) => "-sdown",
+        let channel = match (was_down(r.ip, r.port), r.down) {
+            (Some(false) | None, true) => "+sdown",
+            (Some(true), false) => "-sdown",
             _ => continue,
         };
         let node = Node { ip: r.ip, port: r.port, hostname: r.hostname.clone() };
@@ -170,7 +173,7 @@ mod tests {
     }
 
     fn replica(port: u16, healthy: bool) -> Replica {
-        Replica { ip: [10, 0, 0, 1].into(), port, hostname: None, healthy }
+        Replica { ip: [10, 0, 0, 1].into(), port, hostname: None, healthy, down: !healthy }
     }
 
     fn snapshot(primary: Option<u16>, replicas: Vec<Replica>) -> Snapshot {

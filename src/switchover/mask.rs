@@ -106,8 +106,13 @@ mod tests {
     use crate::topology::{Master, MasterState, Replica, SentinelCounts};
 
     fn snapshot() -> Snapshot {
-        let replica =
-            |port, healthy| Replica { ip: [10, 0, 0, 2].into(), port, hostname: None, healthy };
+        let replica = |port, healthy| Replica {
+            ip: [10, 0, 0, 2].into(),
+            port,
+            hostname: None,
+            healthy,
+            down: !healthy,
+        };
         let master = |name: &str| Master {
             withdrawn: None,
             name: name.into(),

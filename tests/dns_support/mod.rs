@@ -235,6 +235,7 @@ pub fn master(label: &str, primary: Option<(&str, u16)>, replicas: &[(&str, bool
         port: 6379,
         hostname: None,
         healthy: *healthy,
+        down: !*healthy,
     };
     Master {
         withdrawn: None,

@@ -42,6 +42,7 @@ fn master(label: &str, primary: Option<&str>, replicas: usize) -> Master {
                 port: 6379,
                 hostname: None,
                 healthy: true,
+                down: false,
             })
             .collect(),
         sentinels: SentinelCounts::default(),

@@ -40,6 +40,7 @@ fn master(label: &str, primary: Option<&str>, replicas: &[(&str, bool)]) -> Mast
                 port: 6379,
                 hostname: None,
                 healthy: *healthy,
+                down: !*healthy,
             })
             .collect(),
         sentinels: SentinelCounts::default(),

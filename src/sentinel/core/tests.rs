@@ -388,3 +388,98 @@ fn a_failover_is_of_the_published_primary_only_until_polestar_flips() {
 
 #[path = "trust_tests.rs"]
 mod trust;
+
+/// `from` reports `port` at `epoch` with `replicas` (port, healthy).
+fn listing(from: SentinelId, port: u16, epoch: u64, replicas: &[(u16, bool)]) -> Evidence {
+    let replicas = replicas
+        .iter()
+        .map(|&(p, healthy)| Replica {
+            ip: node(p).ip,
+            port: p,
+            hostname: None,
+            healthy,
+            down: !healthy,
+        })
+        .collect();
+    let primary = cand(port, epoch);
+    Evidence::Report { from, primary, failover: false, replicas, followers: Vec::new() }
+}
+
+#[test]
+fn the_replicas_published_are_those_a_majority_of_the_sentinels_lists_name() {
+    let q = quorum(1);
+    let healthy = [(7002, true), (7003, true)];
+    // Name, evidence after `settled()` (7001 at epoch 1), the replicas published (port, healthy).
+    type Listed = Vec<(u16, bool)>;
+    let cases: Vec<(&str, Vec<Evidence>, Listed)> = vec![
+        (
+            "all three agree",
+            (0..3).map(|s| listing(s, 7001, 1, &healthy)).collect(),
+            vec![(7002, true), (7003, true)],
+        ),
+        (
+            "the last to report lists one more: not yet published",
+            vec![
+                listing(0, 7001, 1, &healthy),
+                listing(1, 7001, 1, &healthy),
+                listing(2, 7001, 1, &[(7002, true), (7003, true), (7009, true)]),
+            ],
+            vec![(7002, true), (7003, true)],
+        ),
+        (
+            "one calls 7003 down, the last word: still healthy",
+            vec![
+                listing(0, 7001, 1, &healthy),
+                listing(1, 7001, 1, &healthy),
+                listing(2, 7001, 1, &[(7002, true), (7003, false)]),
+            ],
+            vec![(7002, true), (7003, true)],
+        ),
+        (
+            "two call 7003 down",
+            vec![
+                listing(0, 7001, 1, &[(7002, true), (7003, false)]),
+                listing(1, 7001, 1, &healthy),
+                listing(2, 7001, 1, &[(7002, true), (7003, false)]),
+            ],
+            vec![(7002, true), (7003, false)],
+        ),
+        (
+            "a list below the published epoch is not read",
+            (0..3)
+                .map(|s| listing(s, 7001, 1, &healthy))
+                .chain((1..3).map(|s| listing(s, 7001, 0, &[(7009, true)])))
+                .collect(),
+            vec![(7002, true), (7003, true)],
+        ),
+        (
+            "a Sentinel gone no longer counts",
+            vec![
+                listing(2, 7001, 1, &healthy),
+                listing(0, 7001, 1, &[(7002, true)]),
+                listing(1, 7001, 1, &healthy),
+                Evidence::Gone { from: 1 },
+            ],
+            vec![(7002, true)],
+        ),
+    ];
+    for (name, evidence, want) in cases {
+        let (state, _, _) = run(settled(), &q, evidence);
+        let got: Vec<(u16, bool)> = state.replicas.iter().map(|r| (r.port, r.healthy)).collect();
+        assert_eq!(got, want, "{name}");
+    }
+}
+
+#[test]
+fn the_published_primary_is_never_one_of_its_replicas() {
+    let q = quorum(1);
+    let listed = [(7002, true), (7003, true)];
+    let evidence = (0..3).map(|s| listing(s, 7001, 1, &listed)).collect();
+    let (state, _, _) = run(settled(), &q, evidence);
+    // A provisional flip to 7002: the Sentinels still list it as a replica of 7001.
+    let flip = vec![promoting(0, 7002, Some(2)), role(7002, 2, Role::Master)];
+    let (state, _, _) = run(state, &quorum(2), flip);
+    assert_eq!(published(&state), Some((7002, 2)));
+    let ports: Vec<u16> = state.replicas.iter().map(|r| r.port).collect();
+    assert_eq!(ports, vec![7003], "7002 is the primary now");
+}

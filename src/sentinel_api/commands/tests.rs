@@ -18,6 +18,7 @@ fn snapshot() -> Snapshot {
             port: 6379,
             hostname: None,
             healthy: false,
+            down: true,
         }],
         sentinels: SentinelCounts {
             configured: 3,

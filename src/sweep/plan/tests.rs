@@ -16,6 +16,7 @@ fn master(primary: Option<&str>, replicas: &[&str], state: MasterState) -> Arc<M
             port: 6379,
             hostname: None,
             healthy: true,
+            down: false,
         })
         .collect();
     Arc::new(Master {
