@@ -584,8 +584,8 @@ impl Decider {
         self.epoch(from, report.epoch);
         let entry = self.masters.entry(report.name.clone()).or_default();
         entry.label = label;
-        if with_peers {
-            self.set_peers(&report.name, from, report.peers);
+        if with_peers && let Some(peers) = report.peers {
+            self.set_peers(&report.name, from, peers);
         }
         let primary = Candidate { node: report.primary, epoch: report.epoch };
         let failover = report.failover_in_progress;

@@ -62,6 +62,8 @@ const EVENT_BUDGET: u16 = 1000;
 const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
 /// Failovers whose epoch a session remembers.
 const MAX_FAILOVERS: usize = 4096;
+/// Every this many full reconciliations a link asks every master's peers, changed or not.
+const PEERS_EVERY: u32 = 6;
 
 #[derive(Debug, thiserror::Error)]
 enum LinkError {
@@ -154,9 +156,10 @@ impl Link {
         self.send(Observation::Up { link: self.id, myid: text(&myid) });
         let mut state = Session::default();
         let keep = self.heard.is_some();
-        let first = reconcile(self.id, Scope::All, self.masters.clone(), conn.clone(), keep);
-        let first = first.await?;
-        let (first, read) = first;
+        let peers = Some(PeerCounts::default());
+        let first = reconcile(self.id, Scope::All, self.masters.clone(), conn.clone(), keep, peers);
+        let (first, mut read) = first.await?;
+        let mut peers = read.peers.take();
         self.hear(read);
         let mut full_every = full_every(first.masters.len());
         self.send(Observation::Report(first));
@@ -185,7 +188,10 @@ impl Link {
                 }
                 report = async { running.as_mut().expect("guarded by the condition").await }, if running.is_some() => {
                     running = None;
-                    let (report, read) = report?;
+                    let (report, mut read) = report?;
+                    if let Some(counts) = read.peers.take() {
+                        peers = Some(counts);
+                    }
                     self.hear(read);
                     if report.scope == Scope::All {
                         let pace = self::full_every(report.masters.len());
@@ -233,7 +239,12 @@ impl Link {
                 }
                 let only = self.masters.clone();
                 let keep = self.heard.is_some();
-                running = Some(Box::pin(reconcile(self.id, scope, only, conn.clone(), keep)));
+                let counts = match scope {
+                    Scope::All => Some(peers.take().unwrap_or_default()),
+                    Scope::Masters(_) => None,
+                };
+                let conn = conn.clone();
+                running = Some(Box::pin(reconcile(self.id, scope, only, conn, keep, counts)));
             }
         }
     }
@@ -367,6 +378,7 @@ async fn reconcile(
     only: Option<Arc<HashSet<String>>>,
     mut conn: MultiplexedConnection,
     keep: bool,
+    peers: Option<PeerCounts>,
 ) -> Result<(Report, Read), LinkError> {
     let conn = &mut conn;
     let full = scope == Scope::All;
@@ -399,43 +411,81 @@ async fn reconcile(
             records.filter_map(|r| read_master(&r)).collect()
         }
     };
+    // Asked of each master: its address (always), its replicas (unless it has none) and, in a
+    // full reconciliation, its peers when `peers` says so.
+    let mut peers = peers.filter(|_| full);
+    if let Some(p) = &mut peers {
+        p.rounds = p.rounds.wrapping_add(1);
+    }
+    let asks: Vec<(bool, bool)> = masters
+        .iter()
+        .map(|(m, _)| (m.replicas != Some(0), peers.as_ref().is_some_and(|p| p.due(m))))
+        .collect();
     let mut pipe = redis::pipe();
-    for (m, _) in &masters {
+    for ((m, _), (replicas, peers)) in masters.iter().zip(&asks) {
         pipe.cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(&m.name);
-        pipe.cmd("SENTINEL").arg("REPLICAS").arg(&m.name);
-        if full {
+        if *replicas {
+            pipe.cmd("SENTINEL").arg("REPLICAS").arg(&m.name);
+        }
+        if *peers {
             pipe.cmd("SENTINEL").arg("SENTINELS").arg(&m.name);
         }
     }
     let replies: Vec<Value> =
         if masters.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
     let mut report = Report { link, scope: scope.clone(), masters: Vec::new(), with_peers: full };
-    let mut read = Read { scope, masters: HashMap::new() };
-    for ((m, facts), r) in masters.into_iter().zip(replies.chunks(if full { 3 } else { 2 })) {
-        let (addr, replicas, peers) = match r {
-            [addr, replicas] => (addr, replicas, Vec::new()),
-            [addr, replicas, peers] => (
-                addr,
-                replicas,
-                records(peers).iter().filter_map(PeerRecord::from_record).collect(),
-            ),
-            _ => continue,
-        };
+    let mut read = Read { scope, masters: HashMap::new(), peers: None };
+    let mut replies = replies.into_iter();
+    let none = Value::Array(Vec::new());
+    for ((m, facts), (ask_replicas, ask_peers)) in masters.into_iter().zip(asks) {
+        let Some(addr) = replies.next() else { break };
+        let replicas = if ask_replicas { replies.next() } else { None };
+        let listed = if ask_peers { replies.next() } else { None };
+        let replicas = replicas.as_ref().unwrap_or(&none);
+        let listed = listed.map(|v| {
+            let records = records(&v);
+            records.iter().filter_map(PeerRecord::from_record).collect::<Vec<_>>()
+        });
+        if let (Some(p), Some(listed)) = (&mut peers, &listed) {
+            p.asked.insert(m.name.clone(), listed.len());
+        }
         if let Some(master) = facts {
             let replicas = readiness::parse::replicas(replicas);
             read.masters.insert(m.name.clone(), Records { master, replicas });
         }
-        if let Some(master) = master_report(&m, addr, replicas, peers).await {
+        if let Some(master) = master_report(&m, &addr, replicas, listed).await {
             report.masters.push(master);
         }
     }
+    read.peers = peers;
     Ok((report, read))
 }
 
-/// One reconciliation's records for the readiness poll (empty unless asked to keep them).
+/// One reconciliation's records for the readiness poll (empty unless asked to keep them),
+/// and the peer counts a full one was given back.
 struct Read {
     scope: Scope,
     masters: HashMap<String, Records>,
+    peers: Option<PeerCounts>,
+}
+
+/// A full reconciliation asks a master's peers (`SENTINEL SENTINELS`, a record per peer) only
+/// when its `num-other-sentinels` differs from the number listed last time, and every
+/// [`PEERS_EVERY`]th full reconciliation: peers are shown, never trusted, and at 1,000 masters
+/// asking them every time was a third of a link's commands and most of what it parsed.
+#[derive(Default)]
+struct PeerCounts {
+    /// Peers listed for each master when last asked.
+    asked: HashMap<String, usize>,
+    rounds: u32,
+}
+
+impl PeerCounts {
+    fn due(&self, m: &MasterRecord) -> bool {
+        self.rounds % PEERS_EVERY == 1
+            || m.peers.is_none()
+            || self.asked.get(&m.name) != m.peers.as_ref()
+    }
 }
 
 /// The full reconciliation's period for a Sentinel that monitors `masters` masters.
@@ -622,7 +672,7 @@ async fn master_report(
     m: &MasterRecord,
     addr: &Value,
     replicas: &Value,
-    peers: Vec<PeerRecord>,
+    peers: Option<Vec<PeerRecord>>,
 ) -> Option<MasterReport> {
     // The address comes from get-master-addr-by-name, read after the epoch: during a failover
     // it already names the promoted replica, never the old primary with the new epoch.

@@ -137,8 +137,9 @@ pub struct MasterReport {
     /// primary reads them).
     pub followers: Vec<core::Follower>,
     /// The other Sentinels it knows for this master (`SENTINEL SENTINELS`; full
-    /// reconciliations only): shown, never trusted.
-    pub peers: Vec<PeerRecord>,
+    /// reconciliations only, and `None` when not asked again because the count is unchanged,
+    /// see [`link`]): shown, never trusted.
+    pub peers: Option<Vec<PeerRecord>>,
 }
 
 /// Starts the links and the decider; they stop when `shutdown` is cancelled. Fence and drain
