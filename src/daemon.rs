@@ -79,12 +79,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         coordinator.follow(reload::project(&live, |c| (c.drain.clone(), c.nodes.clone())));
     let drain = coordinator.handle();
     tasks.spawn(coordinator.run(drain_rx, shutdown.clone()).map(Ok));
+    // The links leave their records of each master here; the readiness poll reads them.
+    let heard = crate::readiness::Heard::default();
+    let heard_by_links = heard.clone();
     let start = move |c: &Config, w: TopologyWriter, e: Arc<EventLog>, s: CancellationToken| {
-        crate::source::spawn(c, w, e, drain_tx.clone(), s)
+        crate::source::spawn(c, w, e, drain_tx.clone(), heard_by_links.clone(), s)
     };
     let (readiness_tx, readiness) = crate::readiness::channel();
-    let poll =
-        crate::readiness::poll::run(live.clone(), reader.clone(), readiness_tx, shutdown.clone());
+    let poll = crate::readiness::poll::run(
+        live.clone(),
+        reader.clone(),
+        heard,
+        readiness_tx,
+        shutdown.clone(),
+    );
     tasks.spawn(poll.map(Ok));
     let watch =
         watcher::supervise(live.clone(), raw_writer, events.clone(), shutdown.clone(), start);

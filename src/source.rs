@@ -24,17 +24,18 @@ use crate::switchover::{Deps, Maintenance};
 use crate::topology::{TopologyReader, TopologyWriter};
 
 /// Starts the topology's writer. Only the Sentinel side sends fence/drain signals: an agent
-/// leaves that to the polestar it follows.
+/// leaves that to the polestar it follows; nor does it leave records for the readiness poll.
 pub fn spawn(
     config: &Config,
     writer: TopologyWriter,
     events: Arc<EventLog>,
     drain: mpsc::UnboundedSender<Signal>,
+    heard: crate::readiness::Heard,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
     match &config.source {
         Source::Sentinels(_) => {
-            crate::sentinel::spawn(config, writer, events, Some(drain), shutdown)
+            crate::sentinel::spawn(config, writer, events, Some(drain), Some(heard), shutdown)
         }
         Source::Upstream(upstream) => {
             crate::agent::spawn(config, upstream, writer, events, shutdown)

@@ -12,6 +12,7 @@
 
 mod ask;
 pub mod facts;
+pub mod heard;
 pub mod lag;
 pub mod lagging;
 pub mod parse;
@@ -26,6 +27,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+pub use heard::Heard;
 pub use series::register_master;
 
 /// Why a master cannot fail over now. The `as_str` names are the `reason` label of

@@ -64,10 +64,13 @@ pub fn ckquorum(reply: &Value) -> Result<(), String> {
 /// `SENTINEL MASTER <name>`.
 pub fn master(reply: &Value) -> Result<MasterFacts, String> {
     let bad = || format!("SENTINEL MASTER answered {}", quote(reply));
-    let r = record(reply).ok_or_else(bad)?;
-    let addr = addr(&r).ok_or_else(bad)?;
-    let epoch = r.get("config-epoch").and_then(|e| e.parse().ok()).ok_or_else(bad)?;
-    Ok(MasterFacts { primary: addr, epoch })
+    record(reply).as_ref().and_then(master_record).ok_or_else(bad)
+}
+
+/// One master's record (of `SENTINEL MASTER`, or one of `SENTINEL MASTERS`).
+pub fn master_record(r: &HashMap<String, String>) -> Option<MasterFacts> {
+    let epoch = r.get("config-epoch")?.parse().ok()?;
+    Some(MasterFacts { primary: addr(r)?, epoch })
 }
 
 /// `SENTINEL REPLICAS <name>`; one unreadable record makes the whole answer unreadable.

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::ask::{self, Connections, SentinelReplies};
 use super::facts::{Facts, SentinelFacts};
-use super::{Board, MasterReadiness, Writer, series, verdict};
+use super::{Board, Heard, MasterReadiness, Writer, series, verdict};
 use crate::config::{Config, Sentinels};
 use crate::reload::ConfigReader;
 use crate::topology::{Snapshot, TopologyReader};
@@ -20,6 +20,7 @@ use crate::topology::{Snapshot, TopologyReader};
 pub async fn run(
     live: ConfigReader,
     topology: TopologyReader,
+    heard: Heard,
     writer: Writer,
     shutdown: CancellationToken,
 ) {
@@ -37,7 +38,7 @@ pub async fn run(
                 series::register_master(m);
             }
             let round = tokio::select! {
-                board = judge_all(&mut conns, &mut disagreeing, &config, sentinels, &snapshot, &masters) => board,
+                board = judge_all(&mut conns, &heard, &mut disagreeing, &config, sentinels, &snapshot, &masters) => board,
                 () = shutdown.cancelled() => return,
             };
             publish(&writer, round);
@@ -85,13 +86,14 @@ impl Disagreements {
 
 async fn judge_all(
     conns: &mut Connections,
+    heard: &Heard,
     disagreeing: &mut Disagreements,
     config: &Config,
     sentinels: &Sentinels,
     snapshot: &Snapshot,
     masters: &[String],
 ) -> Board {
-    let replies = conns.sentinels(&sentinels.addresses, &sentinels.auth, masters).await;
+    let replies = conns.sentinels(&sentinels.addresses, &sentinels.auth, masters, heard).await;
     let mut board = Board::default();
     for master in masters {
         let mut facts = facts_of(master, sentinels, &replies);

@@ -24,6 +24,7 @@ use crate::failover::Signal;
 use crate::metrics as m;
 use crate::node::{Nodes, Role};
 use crate::phases::{self, Mark, Timeline};
+use crate::readiness::Heard;
 use crate::topology::{
     Master, MasterState, Node, Publisher, SentinelCounts, TopologyWriter, Withdrawn,
 };
@@ -149,6 +150,8 @@ pub struct Decider {
     /// `Some` while one report is being read: the actions its masters' rules decided, carried
     /// out together once every master of the report is decided (see [`Decider::report`]).
     batch: Option<Vec<(String, Action)>>,
+    /// Where the links leave what they read for the readiness poll.
+    heard: Option<Heard>,
 }
 
 impl Drop for Decider {
@@ -192,6 +195,7 @@ impl Decider {
             shutdown,
             acl_checked: HashSet::new(),
             batch: None,
+            heard: None,
         };
         for (name, label) in decider.wanted.clone().into_iter().flatten() {
             decider.masters.insert(name, Entry { label, ..Entry::default() });
@@ -207,6 +211,12 @@ impl Decider {
     /// Sends fence/drain signals to `tx` from now on.
     pub fn with_drain(mut self, tx: mpsc::UnboundedSender<Signal>) -> Self {
         self.drain = Some(tx);
+        self
+    }
+
+    /// Leaves the links' records of each master in `heard` (for the readiness poll).
+    pub fn with_heard(mut self, heard: Heard) -> Self {
+        self.heard = Some(heard);
         self
     }
 
@@ -243,6 +253,7 @@ impl Decider {
             masters: self.wanted_names.clone(),
             tx: self.tx.clone(),
             stop: self.links_stop.child_token(),
+            heard: self.heard.clone(),
         };
         tokio::spawn(link.run())
     }
@@ -573,8 +584,8 @@ impl Decider {
         self.epoch(from, report.epoch);
         let entry = self.masters.entry(report.name.clone()).or_default();
         entry.label = label;
-        if with_peers {
-            self.set_peers(&report.name, from, report.peers);
+        if with_peers && let Some(peers) = report.peers {
+            self.set_peers(&report.name, from, peers);
         }
         let primary = Candidate { node: report.primary, epoch: report.epoch };
         let failover = report.failover_in_progress;

@@ -38,6 +38,9 @@ use super::message::{
     Addr, Event, MasterRecord, PeerRecord, ReplicaRecord, master_addr, records, text,
 };
 use super::{LinkId, MasterReport, Observation, Report, Scope};
+use crate::readiness::facts::MasterFacts;
+use crate::readiness::heard::{Heard, Records};
+use crate::readiness::{self};
 use crate::topology::{Node, Replica};
 
 const PING_EVERY: Duration = Duration::from_secs(1);
@@ -59,6 +62,8 @@ const EVENT_BUDGET: u16 = 1000;
 const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
 /// Failovers whose epoch a session remembers.
 const MAX_FAILOVERS: usize = 4096;
+/// Every this many full reconciliations a link asks every master's peers, changed or not.
+const PEERS_EVERY: u32 = 6;
 
 #[derive(Debug, thiserror::Error)]
 enum LinkError {
@@ -94,11 +99,15 @@ pub struct Link {
     /// The decider; closing it ends the link.
     pub tx: mpsc::UnboundedSender<Observation>,
     pub stop: CancellationToken,
+    /// Where the readiness poll finds this Sentinel's records of its masters, read by the
+    /// reconciliations (none in tests that have no poll).
+    pub heard: Option<Heard>,
 }
 
 impl Link {
     /// Watches the Sentinel until `stop` is cancelled.
     pub async fn run(self) {
+        let _forget = Forget(self.heard.clone(), self.endpoint.name());
         let mut backoff = BACKOFF_MIN;
         loop {
             let started = Instant::now();
@@ -106,6 +115,9 @@ impl Link {
                 r = self.session() => r,
                 _ = self.stop.cancelled() => return,
             };
+            if let Some(heard) = &self.heard {
+                heard.forget(&self.endpoint.name());
+            }
             let observation = match result {
                 Ok(()) => return,
                 Err(LinkError::NotSentinel(e)) => {
@@ -143,7 +155,12 @@ impl Link {
         conn.psubscribe("*").await?;
         self.send(Observation::Up { link: self.id, myid: text(&myid) });
         let mut state = Session::default();
-        let first = reconcile(self.id, Scope::All, self.masters.clone(), conn.clone()).await?;
+        let keep = self.heard.is_some();
+        let peers = Some(PeerCounts::default());
+        let first = reconcile(self.id, Scope::All, self.masters.clone(), conn.clone(), keep, peers);
+        let (first, mut read) = first.await?;
+        let mut peers = read.peers.take();
+        self.hear(read);
         let mut full_every = full_every(first.masters.len());
         self.send(Observation::Report(first));
         let mut ping = interval(PING_EVERY);
@@ -157,7 +174,7 @@ impl Link {
         // the PING deadline holds and a `+promoted-slave` is passed on at once whatever else
         // is in flight.
         let mut pinging: Option<InFlight<()>> = None;
-        let mut running: Option<InFlight<Report>> = None;
+        let mut running: Option<InFlight<(Report, Read)>> = None;
         let mut pending = Pending::default();
         let mut due = Due::default();
         let mut drops = Drops::default();
@@ -171,7 +188,11 @@ impl Link {
                 }
                 report = async { running.as_mut().expect("guarded by the condition").await }, if running.is_some() => {
                     running = None;
-                    let report = report?;
+                    let (report, mut read) = report?;
+                    if let Some(counts) = read.peers.take() {
+                        peers = Some(counts);
+                    }
+                    self.hear(read);
                     if report.scope == Scope::All {
                         let pace = self::full_every(report.masters.len());
                         if pace != full_every {
@@ -217,8 +238,24 @@ impl Link {
                     every.reset();
                 }
                 let only = self.masters.clone();
-                running = Some(Box::pin(reconcile(self.id, scope, only, conn.clone())));
+                let keep = self.heard.is_some();
+                let counts = match scope {
+                    Scope::All => Some(peers.take().unwrap_or_default()),
+                    Scope::Masters(_) => None,
+                };
+                let conn = conn.clone();
+                running = Some(Box::pin(reconcile(self.id, scope, only, conn, keep, counts)));
             }
+        }
+    }
+
+    /// Passes a reconciliation's records on to the readiness poll.
+    fn hear(&self, read: Read) {
+        let Some(heard) = &self.heard else { return };
+        let name = self.endpoint.name();
+        match &read.scope {
+            Scope::All => heard.all(&name, read.masters),
+            Scope::Masters(names) => heard.some(&name, names, read.masters),
         }
     }
 
@@ -333,23 +370,33 @@ impl Link {
 }
 
 /// What this Sentinel knows of the masters in `scope`: their primaries and replicas, and for
-/// a full reconciliation every master it monitors and the peers it knows.
+/// a full reconciliation every master it monitors and the peers it knows; with `keep`, also
+/// its records as the readiness poll reads them.
 async fn reconcile(
     link: LinkId,
     scope: Scope,
     only: Option<Arc<HashSet<String>>>,
     mut conn: MultiplexedConnection,
-) -> Result<Report, LinkError> {
+    keep: bool,
+    peers: Option<PeerCounts>,
+) -> Result<(Report, Read), LinkError> {
     let conn = &mut conn;
     let full = scope == Scope::All;
-    let masters: Vec<MasterRecord> = match &scope {
+    let served = |r: &HashMap<String, String>| {
+        only.as_ref().is_none_or(|names| r.get("name").is_some_and(|n| names.contains(n)))
+    };
+    let read_master = |r: &HashMap<String, String>| {
+        let m = MasterRecord::from_record(r)?;
+        let facts = keep.then(|| {
+            readiness::parse::master_record(r)
+                .ok_or_else(|| format!("SENTINEL MASTERS lists {r:?}"))
+        });
+        Some((m, facts))
+    };
+    let masters: Vec<(MasterRecord, Option<Result<MasterFacts, String>>)> = match &scope {
         Scope::All => {
             let masters: Value = redis::cmd("SENTINEL").arg("MASTERS").query_async(conn).await?;
-            records(&masters)
-                .iter()
-                .filter_map(MasterRecord::from_record)
-                .filter(|m| only.as_ref().is_none_or(|names| names.contains(&m.name)))
-                .collect()
+            records(&masters).iter().filter(|r| served(r)).filter_map(read_master).collect()
         }
         Scope::Masters(names) => {
             // A master this Sentinel no longer monitors answers an error: it is left out of
@@ -361,41 +408,101 @@ async fn reconcile(
             }
             let replies: Vec<Value> = pipe.query_async(conn).await?;
             let records = replies.iter().filter_map(super::message::record);
-            records.filter_map(|r| MasterRecord::from_record(&r)).collect()
+            records.filter_map(|r| read_master(&r)).collect()
         }
     };
+    // Asked of each master: its address (always), its replicas (unless it has none) and, in a
+    // full reconciliation, its peers when `peers` says so.
+    let mut peers = peers.filter(|_| full);
+    if let Some(p) = &mut peers {
+        p.rounds = p.rounds.wrapping_add(1);
+    }
+    let asks: Vec<(bool, bool)> = masters
+        .iter()
+        .map(|(m, _)| (m.replicas != Some(0), peers.as_ref().is_some_and(|p| p.due(m))))
+        .collect();
     let mut pipe = redis::pipe();
-    for m in &masters {
+    for ((m, _), (replicas, peers)) in masters.iter().zip(&asks) {
         pipe.cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(&m.name);
-        pipe.cmd("SENTINEL").arg("REPLICAS").arg(&m.name);
-        if full {
+        if *replicas {
+            pipe.cmd("SENTINEL").arg("REPLICAS").arg(&m.name);
+        }
+        if *peers {
             pipe.cmd("SENTINEL").arg("SENTINELS").arg(&m.name);
         }
     }
     let replies: Vec<Value> =
         if masters.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
-    let mut report = Report { link, scope, masters: Vec::new(), with_peers: full };
-    for (m, r) in masters.iter().zip(replies.chunks(if full { 3 } else { 2 })) {
-        let (addr, replicas, peers) = match r {
-            [addr, replicas] => (addr, replicas, Vec::new()),
-            [addr, replicas, peers] => (
-                addr,
-                replicas,
-                records(peers).iter().filter_map(PeerRecord::from_record).collect(),
-            ),
-            _ => continue,
-        };
-        if let Some(master) = master_report(m, addr, replicas, peers).await {
+    let mut report = Report { link, scope: scope.clone(), masters: Vec::new(), with_peers: full };
+    let mut read = Read { scope, masters: HashMap::new(), peers: None };
+    let mut replies = replies.into_iter();
+    let none = Value::Array(Vec::new());
+    for ((m, facts), (ask_replicas, ask_peers)) in masters.into_iter().zip(asks) {
+        let Some(addr) = replies.next() else { break };
+        let replicas = if ask_replicas { replies.next() } else { None };
+        let listed = if ask_peers { replies.next() } else { None };
+        let replicas = replicas.as_ref().unwrap_or(&none);
+        let listed = listed.map(|v| {
+            let records = records(&v);
+            records.iter().filter_map(PeerRecord::from_record).collect::<Vec<_>>()
+        });
+        if let (Some(p), Some(listed)) = (&mut peers, &listed) {
+            p.asked.insert(m.name.clone(), listed.len());
+        }
+        if let Some(master) = facts {
+            let replicas = readiness::parse::replicas(replicas);
+            read.masters.insert(m.name.clone(), Records { master, replicas });
+        }
+        if let Some(master) = master_report(&m, &addr, replicas, listed).await {
             report.masters.push(master);
         }
     }
-    Ok(report)
+    read.peers = peers;
+    Ok((report, read))
+}
+
+/// One reconciliation's records for the readiness poll (empty unless asked to keep them),
+/// and the peer counts a full one was given back.
+struct Read {
+    scope: Scope,
+    masters: HashMap<String, Records>,
+    peers: Option<PeerCounts>,
+}
+
+/// A full reconciliation asks a master's peers (`SENTINEL SENTINELS`, a record per peer) only
+/// when its `num-other-sentinels` differs from the number listed last time, and every
+/// [`PEERS_EVERY`]th full reconciliation: peers are shown, never trusted, and at 1,000 masters
+/// asking them every time was a third of a link's commands and most of what it parsed.
+#[derive(Default)]
+struct PeerCounts {
+    /// Peers listed for each master when last asked.
+    asked: HashMap<String, usize>,
+    rounds: u32,
+}
+
+impl PeerCounts {
+    fn due(&self, m: &MasterRecord) -> bool {
+        self.rounds % PEERS_EVERY == 1
+            || m.peers.is_none()
+            || self.asked.get(&m.name) != m.peers.as_ref()
+    }
 }
 
 /// The full reconciliation's period for a Sentinel that monitors `masters` masters.
 fn full_every(masters: usize) -> Duration {
     let masters = u32::try_from(masters).unwrap_or(u32::MAX);
     RECONCILE_PER_MASTER.saturating_mul(masters).clamp(RECONCILE_MIN, RECONCILE_MAX)
+}
+
+/// Forgets the Sentinel's records when the link ends, whichever way.
+struct Forget(Option<Heard>, String);
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        if let Some(heard) = &self.0 {
+            heard.forget(&self.1);
+        }
+    }
 }
 
 /// What the events since the last reconciliation ask to look at again.
@@ -565,7 +672,7 @@ async fn master_report(
     m: &MasterRecord,
     addr: &Value,
     replicas: &Value,
-    peers: Vec<PeerRecord>,
+    peers: Option<Vec<PeerRecord>>,
 ) -> Option<MasterReport> {
     // The address comes from get-master-addr-by-name, read after the epoch: during a failover
     // it already names the promoted replica, never the old primary with the new epoch.

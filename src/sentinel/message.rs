@@ -212,16 +212,23 @@ pub struct MasterRecord {
     pub addr: Addr,
     pub epoch: u64,
     pub failover_in_progress: bool,
+    /// `num-slaves`: how many replicas `SENTINEL REPLICAS` lists (unknown: not shown).
+    pub replicas: Option<usize>,
+    /// `num-other-sentinels`: how many peers `SENTINEL SENTINELS` lists.
+    pub peers: Option<usize>,
 }
 
 impl MasterRecord {
     pub fn from_record(r: &HashMap<String, String>) -> Option<Self> {
         let flags = r.get("flags")?;
+        let count = |field: &str| r.get(field).and_then(|n| n.parse().ok());
         Some(Self {
             name: r.get("name")?.clone(),
             addr: Addr::parse(r.get("ip")?, r.get("port")?)?,
             epoch: r.get("config-epoch")?.parse().ok()?,
             failover_in_progress: flags.split(',').any(|f| f == "failover_in_progress"),
+            replicas: count("num-slaves"),
+            peers: count("num-other-sentinels"),
         })
     }
 }
@@ -452,6 +459,8 @@ mod tests {
             addr: addr("10.0.0.1", 6379),
             epoch: 4,
             failover_in_progress: true,
+            replicas: None,
+            peers: None,
         };
         for v in [resp2, resp3] {
             assert_eq!(record(&v).as_ref().and_then(MasterRecord::from_record), Some(want.clone()));

@@ -137,13 +137,14 @@ pub struct MasterReport {
     /// primary reads them).
     pub followers: Vec<core::Follower>,
     /// The other Sentinels it knows for this master (`SENTINEL SENTINELS`; full
-    /// reconciliations only): shown, never trusted.
-    pub peers: Vec<PeerRecord>,
+    /// reconciliations only, and `None` when not asked again because the count is unchanged,
+    /// see [`link`]): shown, never trusted.
+    pub peers: Option<Vec<PeerRecord>>,
 }
 
 /// Starts the links and the decider; they stop when `shutdown` is cancelled. Fence and drain
 /// signals go to `drain` when given (the drain coordinator holds the receiver; it lives as long
-/// as the daemon). A decider that panics is started afresh (and its links with it): it
+/// as the daemon), and the links' records for the readiness poll to `heard`. A decider that panics is started afresh (and its links with it): it
 /// publishes nothing new until a majority reports again, about a second, but it is not left
 /// deaf.
 pub fn spawn(
@@ -151,6 +152,7 @@ pub fn spawn(
     writer: TopologyWriter,
     events: Arc<EventLog>,
     drain: Option<tokio::sync::mpsc::UnboundedSender<crate::failover::Signal>>,
+    heard: Option<crate::readiness::Heard>,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
     let config = config.clone();
@@ -159,6 +161,9 @@ pub fn spawn(
         let mut decider = Decider::new(&config, writer.clone(), events.clone(), stop.clone());
         if let Some(tx) = &drain {
             decider = decider.with_drain(tx.clone());
+        }
+        if let Some(heard) = &heard {
+            decider = decider.with_heard(heard.clone());
         }
         decider.run()
     };

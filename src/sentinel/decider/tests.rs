@@ -33,7 +33,7 @@ fn report(link: LinkId, port: u16, epoch: u64, peers: Vec<PeerRecord>) -> Observ
         failover_in_progress: false,
         replicas: Vec::new(),
         followers: Vec::new(),
-        peers,
+        peers: Some(peers),
     };
     Observation::Report(Report { link, scope: Scope::All, masters: vec![master], with_peers: true })
 }
@@ -280,7 +280,7 @@ async fn a_report_of_many_switching_masters_publishes_once() {
                 failover_in_progress: false,
                 replicas: Vec::new(),
                 followers: Vec::new(),
-                peers: Vec::new(),
+                peers: Some(Vec::new()),
             })
             .collect();
         Observation::Report(Report { link, scope: Scope::All, masters, with_peers: true })
