@@ -7,6 +7,14 @@
 # the same records into a temp dir, then runs dnsperf against knotd and polestar in turn for
 # ROUNDS rounds (interleaved, so drift on a shared machine hits both), and one more pass with
 # polestar's topology changing every 10 ms. Prints each QPS, the means and the ratio.
+#
+#   SUBSCRIBERS=20000 bench/dns.sh      also: polestar serves its Sentinel endpoint (its own
+#                                       runtime, as the daemon) and, after the rounds above,
+#                                       ROUNDS more of both servers run with SUBSCRIBERS
+#                                       subscribers attached to it (examples/crowd.rs `hold`,
+#                                       sources 127.0.20.1...); prints polestar's QPS with them
+#                                       over without, and over knotd. Clamped to what
+#                                       RLIMIT_NOFILE's hard limit lets one process hold.
 set -euo pipefail
 
 ROUNDS=${1:-3}
@@ -14,6 +22,8 @@ SECONDS_PER_RUN=${2:-5}
 MASTERS=10
 ZONE=redis.internal.
 DNSPERF_ARGS=(-c 4 -T 1 -q 200 -l "$SECONDS_PER_RUN")
+SUBSCRIBERS=${SUBSCRIBERS:-0}
+ulimit -n "$(ulimit -Hn)"
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bash "$root/tests/deps.sh"
@@ -85,7 +95,7 @@ CONF
 }
 
 start_polestar() { # [CHURN_MS]
-    "$root/target/release/examples/dns_bench" "127.0.0.1:$polestar_port" "$MASTERS" "$@" >"$work/polestar.log" 2>&1 &
+    env ${api_addr:+SENTINEL_API=$api_addr} "$root/target/release/examples/dns_bench" "127.0.0.1:$polestar_port" "$MASTERS" "$@" >"$work/polestar.log" 2>&1 &
     polestar_pid=$!
     pids+=($polestar_pid)
 }
@@ -122,10 +132,13 @@ check_answers() { # PORT NAME: both servers must answer the same records
 mean() { awk '{s+=$1; n++} END {printf "%.0f", s/n}'; }
 
 cd "$root"
-cargo build --release --example dns_bench >/dev/null 2>&1 || cargo build --release --example dns_bench
+build=(cargo build --release --example dns_bench --example crowd)
+"${build[@]}" >/dev/null 2>&1 || "${build[@]}"
 query_file > "$work/queries"
 knot_port=$(free_port)
 polestar_port=$(free_port)
+api_addr=
+[ "$SUBSCRIBERS" -gt 0 ] && api_addr=127.0.0.1:$(free_port)
 start_knot
 start_polestar
 wait_answers "$knot_port"
@@ -155,7 +168,38 @@ printf 'mean:    knotd %8d qps (%5.2f us CPU/query)   polestar %8d qps (%5.2f us
 printf 'ratio polestar/knotd: %.2f in QPS, %.2f in CPU per query (lower is better)\n' \
     "$(echo "$polestar_mean / $knot_mean" | bc -l)" "$(echo "$polestar_cpu / $knot_cpu" | bc -l)"
 
+if [ "$SUBSCRIBERS" -gt 0 ]; then
+    rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+    rss_before=$(rss_kib "$polestar_pid")
+    "$root/target/release/examples/crowd" hold "$api_addr" "$SUBSCRIBERS" >"$work/crowd.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 600); do
+        grep -q '^attached' "$work/crowd.log" && break
+        kill -0 "${pids[-1]}" 2>/dev/null || { cat "$work/crowd.log" >&2; exit 1; }
+        sleep 0.5
+    done
+    grep -q '^attached' "$work/crowd.log" || { echo "the crowd did not attach in 300 s" >&2; exit 1; }
+    attached=$(awk '/^attached/ {print $2}' "$work/crowd.log")
+    grep '^note' "$work/crowd.log" || true
+    printf '%d Sentinel-endpoint subscribers attached to polestar (RSS %d -> %d KiB); loadavg %s\n' \
+        "$attached" "$rss_before" "$(rss_kib "$polestar_pid")" "$(cut -d' ' -f1-3 /proc/loadavg)"
+    : > "$work/knot-crowd.qps"; : > "$work/polestar-crowd.qps"
+    for round in $(seq "$ROUNDS"); do
+        read -r k kcpu < <(qps "$knot_port" "$knot_pid"); echo "$k $kcpu" >> "$work/knot-crowd.qps"
+        read -r p pcpu < <(qps "$polestar_port" "$polestar_pid"); echo "$p $pcpu" >> "$work/polestar-crowd.qps"
+        printf 'crowd round %d: knotd %8.0f qps   polestar with %d subscribers %8.0f qps (%5.2f us CPU/query)\n' \
+            "$round" "$k" "$attached" "$p" "$pcpu"
+    done
+    knot_crowd=$(mean < "$work/knot-crowd.qps")
+    polestar_crowd=$(mean < "$work/polestar-crowd.qps")
+    printf 'crowd mean: knotd %d qps, polestar %d qps: %.2f of polestar without them, %.2f of knotd in the same rounds (%.2f before)\n' \
+        "$knot_crowd" "$polestar_crowd" "$(echo "$polestar_crowd / $polestar_mean" | bc -l)" \
+        "$(echo "$polestar_crowd / $knot_crowd" | bc -l)" "$(echo "$polestar_mean / $knot_mean" | bc -l)"
+    kill "${pids[-1]}" 2>/dev/null || true
+fi
+
 kill "$polestar_pid"; wait "$polestar_pid" 2>/dev/null || true
+api_addr=
 start_polestar 10
 wait_answers "$polestar_port"
 : > "$work/churn.qps"

@@ -2,6 +2,9 @@
 //!
 //! `dns_bench LISTEN [MASTERS] [CHURN_MS]`: MASTERS masters `m0..` with a primary and two
 //! replicas each; with CHURN_MS the primary of `m0` moves every CHURN_MS milliseconds.
+//! With `SENTINEL_API=ADDR` it also serves polestar's Sentinel endpoint there (its own
+//! runtime, as in the daemon) for the same topology, so that `bench/dns.sh` can attach a crowd
+//! of subscribers (`SUBSCRIBERS=N`) while dnsperf runs.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -40,6 +43,25 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     if let Some(ms) = churn {
         tokio::spawn(churn_topology(writer, masters, Duration::from_millis(ms)));
+    }
+    if let Ok(addr) = std::env::var("SENTINEL_API") {
+        let listeners = polestar::sentinel_api::bind(&[addr.parse()?]).await?;
+        let (keep_peers, peers) = tokio::sync::watch::channel(Vec::new());
+        let (keep_password, password) = tokio::sync::watch::channel(None);
+        let api = polestar::sentinel_api::Api {
+            topology: reader.clone(),
+            peers,
+            password,
+            max_connections: 30_000,
+            idle_timeout: Duration::from_secs(3600),
+            events: Arc::new(polestar::events::EventLog::new()),
+        };
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            // The senders live as long as the endpoint: nothing is ever reloaded here.
+            let _keep = (keep_peers, keep_password);
+            polestar::sentinel_api::serve(listeners, api, stop).await
+        });
     }
     let stop = shutdown.clone();
     tokio::spawn(async move {

@@ -13,7 +13,6 @@ mod netns;
 mod agent;
 mod bench_drain;
 mod bench_haproxy;
-mod bench_sentinel_api;
 mod bench_switchover;
 mod chaos_netns;
 mod cli;

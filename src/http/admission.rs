@@ -57,7 +57,8 @@ impl Default for Caps {
             per_client: slots::CONNECTIONS_PER_CLIENT,
             probation: 1024,
             probation_per_client: 16,
-            token: slots::AGENT_WAITERS + slots::ADMIN_WAITERS,
+            // An agent holds two connections: its event stream and its kept-alive reads.
+            token: 2 * slots::AGENT_WAITERS + slots::ADMIN_WAITERS,
         }
     }
 }

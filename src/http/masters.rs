@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -27,10 +27,10 @@ pub struct IsQuery {
     is: Option<String>,
 }
 
-/// `GET /v1/masters`: every master, sorted by name.
-pub async fn list(State(s): State<Arc<Shared>>) -> Json<Vec<MasterView>> {
-    let snapshot = s.api.topology.borrow().clone();
-    Json(snapshot.masters.values().map(|m| MasterView::from(&**m)).collect())
+/// `GET /v1/masters`: every master, sorted by name (rendered once per published snapshot).
+pub async fn list(State(s): State<Arc<Shared>>) -> Response {
+    let json = HeaderValue::from_static("application/json");
+    ([(header::CONTENT_TYPE, json)], s.masters_json()).into_response()
 }
 
 /// `GET /v1/masters/{name}`, with `?wait=&after=` held until the epoch passes `after` (by

@@ -45,7 +45,7 @@ use crate::config::{Secret, ServerTls};
 use crate::control::Control;
 use crate::events::EventLog;
 use crate::metrics::HTTP_REQUESTS;
-use crate::topology::{Master, TopologyReader};
+use crate::topology::{Master, Snapshot, TopologyReader};
 
 pub use admission::Caps;
 pub use error::ApiError;
@@ -301,11 +301,35 @@ struct Shared {
     shutdown: CancellationToken,
     /// One permit per open long-poll, stream or waiting failover, from its caller's pool.
     waiters: slots::Waiters,
+    /// `GET /v1/masters` as rendered for the snapshot it was rendered from: every agent reads
+    /// it again on every event, all of them at once after a failover (10,000 renders of one
+    /// snapshot otherwise).
+    masters_json: std::sync::Mutex<Option<(Arc<Snapshot>, axum::body::Bytes)>>,
 }
 
 impl Shared {
     fn new(api: Api, shutdown: CancellationToken) -> Self {
-        Self { api, shutdown, waiters: slots::Waiters::default() }
+        let masters_json = std::sync::Mutex::new(None);
+        Self { api, shutdown, waiters: slots::Waiters::default(), masters_json }
+    }
+
+    /// Every master as the JSON of `GET /v1/masters`, rendered once per published snapshot
+    /// (callers that ask while it is rendered wait for it instead of rendering it too).
+    fn masters_json(&self) -> axum::body::Bytes {
+        let snapshot = self.api.topology.borrow().clone();
+        let mut cached =
+            self.masters_json.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((of, body)) = cached.as_ref()
+            && Arc::ptr_eq(of, &snapshot)
+        {
+            return body.clone();
+        }
+        let views: Vec<view::MasterView> =
+            snapshot.masters.values().map(|m| view::MasterView::from(&**m)).collect();
+        // Plain data (strings, numbers, addresses): it always serializes.
+        let body = axum::body::Bytes::from(serde_json::to_vec(&views).unwrap_or_default());
+        *cached = Some((snapshot, body.clone()));
+        body
     }
 
     /// The master as published now, or 404.

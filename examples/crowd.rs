@@ -1,0 +1,615 @@
+//! Crowds on one release polestar (issue 26, item 5), all on loopback, every count bounded:
+//!
+//! - `crowd sentinel N`: a real lab (3 nodes, 3 Sentinels), polestar with its Sentinel
+//!   endpoint, N subscribers of `+switch-master`, then a real failover (`SENTINEL FAILOVER`).
+//! - `crowd agents N`: the same lab, polestar with an agent token, N agent-equivalents that do
+//!   exactly what an agent's follower does (`src/agent/mod.rs`): one connection holds
+//!   `GET /v1/events/stream` with the token, a second, kept alive, reads `GET /v1/masters`
+//!   once at the start, again after every chunk holding an event, and after 5 s without one.
+//! - `crowd hold ADDR N`: N subscribers on a running Sentinel endpoint, held until killed (for
+//!   `bench/dns.sh` with `SUBSCRIBERS=N`); prints `attached N` once they are.
+//!
+//! The latency of each client is (the instant it has the new primary) minus polestar's
+//! publication, the `time_ms` of the `switch` event in `/v1/events` (the event is recorded
+//! just after the snapshot is published, in whole milliseconds, so a client can be up to about
+//! a millisecond "early"); also shown relative to the first client. RSS of polestar: before
+//! the crowd, with it attached, after the switch, and its peak (VmHWM).
+//!
+//! Sources are spread over 127.0.x.y so that the per-address caps (256 on the Sentinel
+//! endpoint, 512 on HTTP) hold. A process cannot hold more descriptors than RLIMIT_NOFILE's
+//! hard limit: N is clamped to what both this process and polestar can hold, and the output
+//! says so. Run by `bench/sentinel-api-crowd.sh`, `bench/agents-crowd.sh` and `bench/dns.sh`.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use polestar::lab::{Lab, LabOptions};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, timeout};
+
+/// Connections opened at once while the crowd is set up.
+const WAVE: usize = 500;
+const SETUP: Duration = Duration::from_secs(240);
+/// From `SENTINEL FAILOVER` accepted to the last client that may still hear it.
+const HEAR: Duration = Duration::from_secs(30);
+/// The agent's `RESYNC`: re-read `/v1/masters` after this long without a chunk.
+const RESYNC: Duration = Duration::from_secs(5);
+const TOKEN: &str = "crowd-bench-agent-token";
+/// Descriptors kept free for everything else of a process.
+const SPARE_FDS: u64 = 400;
+
+/// Kills polestar when dropped, also on an error or a panic.
+struct Daemon {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    fn start(dir: &Path, yaml: &str) -> anyhow::Result<Daemon> {
+        let bin =
+            std::env::var("POLESTAR_BIN").unwrap_or_else(|_| "target/release/polestar".into());
+        let config = dir.join("polestar.yaml");
+        std::fs::write(&config, yaml)?;
+        let log = dir.join("polestar.log");
+        let out = std::fs::File::create(&log)?;
+        let child = Command::new(&bin)
+            .args(["run", "-c"])
+            .arg(&config)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("cannot start {bin}"))?;
+        Ok(Daemon { child, log })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The address logged after `prefix`, once `ready` is logged too.
+    async fn wait_addr(&self, prefix: &str) -> anyhow::Result<SocketAddr> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let found = log.lines().find_map(|line| {
+                let rest = &line[line.find(prefix)? + prefix.len()..];
+                rest.split_whitespace().next()?.parse().ok()
+            });
+            let ready = log.lines().any(|l| l.trim_end().ends_with("ready"));
+            if let Some(addr) = found.filter(|_| ready) {
+                return Ok(addr);
+            }
+            if Instant::now() > deadline {
+                bail!("polestar not ready within 60 s:\n{log}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn proc_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap_or("");
+    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+/// CPU time (user + system) of process `pid` ("self" for this one) in milliseconds.
+fn cpu_ms(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at the last ')'.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // Clock ticks of 10 ms (CLK_TCK 100 on Linux).
+    (field(11) + field(12)) * 10.0
+}
+
+/// CPU both processes used from `before` (polestar's, this one's) until now.
+fn cpu_since(pid: u32, before: (f64, f64)) -> String {
+    let (p, c) = (cpu_ms(&pid.to_string()) - before.0, cpu_ms("self") - before.1);
+    format!(
+        "CPU from the failover until the last one heard it: polestar {p:.0} ms, this client {c:.0} ms"
+    )
+}
+
+fn mb(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit; returns that limit.
+fn raise_fd_limit() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return 1024 };
+    let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    hard
+}
+
+/// At most `per_client` connections of one source address, sources spread round-robin.
+fn source(i: usize, addresses: usize) -> SocketAddr {
+    let a = i % addresses;
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 20 + (a / 250) as u8, 1 + (a % 250) as u8)), 0)
+}
+
+async fn connect(from: SocketAddr, to: SocketAddr) -> anyhow::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(from)?;
+    Ok(socket.connect(to).await?)
+}
+
+fn now_ms() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64() * 1e3
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string()
+}
+
+/// `p` (0..=100) of sorted `values`.
+fn pct(values: &[f64], p: usize) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values[((values.len() - 1) * p).div_ceil(100)]
+}
+
+/// Prints p50, p99, max and the share within 100 ms of `arrivals` (Unix ms) after `from`.
+fn summary(what: &str, arrivals: &[f64], from: f64, count: usize) -> String {
+    let lat: Vec<f64> = arrivals.iter().map(|a| a - from).collect();
+    let within = lat.iter().filter(|l| **l <= 100.0).count();
+    format!(
+        "{what}: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, within 100 ms {within} of {count} \
+         ({:.2} %)",
+        pct(&lat, 50),
+        pct(&lat, 99),
+        lat.last().copied().unwrap_or(f64::NAN),
+        100.0 * within as f64 / count.max(1) as f64
+    )
+}
+
+/// The `time_ms` of the first `switch` of `master` at or after `since` (Unix ms).
+async fn switch_time(http: SocketAddr, master: &str, since: f64) -> anyhow::Result<f64> {
+    let events: Vec<Value> = reqwest::get(format!("http://{http}/v1/events")).await?.json().await?;
+    let switch = events.iter().find(|e| {
+        e["kind"] == "switch"
+            && e["master"] == master
+            && e["time_ms"].as_f64().is_some_and(|t| t + 1.0 >= since)
+    });
+    switch.and_then(|e| e["time_ms"].as_f64()).context("no switch event in /v1/events")
+}
+
+fn lab_yaml(lab: &Lab) -> String {
+    let sentinels: Vec<String> = lab.sentinel_addrs().iter().map(|s| format!("\"{s}\"")).collect();
+    format!(
+        "sentinels:\n  addresses: [{}]\nmasters:\n  - name: \"{}\"\nhttp:\n  listen: \
+         \"127.0.0.1:0\"\n",
+        sentinels.join(", "),
+        lab.master_name()
+    )
+}
+
+/// The failover, and how long until every Sentinel names the new primary.
+async fn failover(lab: &Lab) -> anyhow::Result<(f64, SocketAddr)> {
+    let old = lab.primary().await?;
+    let started = now_ms();
+    lab.failover().await?;
+    let new = lab.wait_for_primary_change(old, HEAR).await?;
+    Ok((started, new))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let hard = raise_fd_limit();
+    let number = |i: usize, default: usize| {
+        args.get(i).and_then(|a| a.parse::<usize>().ok()).unwrap_or(default)
+    };
+    match args.first().map(String::as_str) {
+        Some("sentinel") => sentinel_crowd(number(1, 20_000), hard).await,
+        Some("agents") => agent_crowd(number(1, 10_000), hard).await,
+        Some("hold") => {
+            let addr: SocketAddr = args.get(1).context("crowd hold ADDR N")?.parse()?;
+            hold(addr, number(2, 20_000), hard).await
+        }
+        _ => bail!("usage: crowd sentinel N | crowd agents N | crowd hold ADDR N"),
+    }
+}
+
+/// Clamps `want` clients of `per_client` descriptors each to the hard limit.
+fn clamp(want: usize, per_client: u64, hard: u64) -> usize {
+    let most = (hard.saturating_sub(SPARE_FDS) / per_client) as usize;
+    if want > most {
+        println!(
+            "note: {want} asked, {most} run: RLIMIT_NOFILE's hard limit is {hard} here (for this \
+             process and polestar alike, and raising it needs CAP_SYS_RESOURCE)"
+        );
+    }
+    want.min(most)
+}
+
+// --- Sentinel-endpoint subscribers --------------------------------------------------------
+
+/// One subscriber of `+switch-master`, confirmed.
+async fn subscriber(api: SocketAddr, from: SocketAddr) -> anyhow::Result<TcpStream> {
+    let mut s = connect(from, api).await?;
+    s.write_all(b"SUBSCRIBE +switch-master\r\n").await?;
+    let (mut seen, mut chunk) = (Vec::new(), [0u8; 256]);
+    while !seen.ends_with(b":1\r\n") {
+        let n = s.read(&mut chunk).await?;
+        anyhow::ensure!(n > 0, "closed: {:?}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    Ok(s)
+}
+
+/// `count` confirmed subscribers, 200 per source address (the cap is 256).
+async fn subscribers(api: SocketAddr, count: usize) -> anyhow::Result<Vec<TcpStream>> {
+    let addresses = count.div_ceil(200).max(1);
+    let mut streams = Vec::with_capacity(count);
+    let deadline = Instant::now() + SETUP;
+    for wave in (0..count).collect::<Vec<_>>().chunks(WAVE) {
+        let connects = wave.iter().map(|&i| subscriber(api, source(i, addresses)));
+        let left = deadline.saturating_duration_since(Instant::now());
+        let done = timeout(left, futures::future::join_all(connects)).await;
+        for s in done.context("setup took too long")? {
+            streams.push(s.context("a subscriber")?);
+        }
+    }
+    Ok(streams)
+}
+
+async fn sentinel_crowd(want: usize, hard: u64) -> anyhow::Result<()> {
+    let count = clamp(want, 1, hard);
+    let lab = Lab::start(LabOptions::default()).await?;
+    let dir = tempfile::tempdir()?;
+    let yaml = format!(
+        "{}sentinel_api:\n  listen: [\"127.0.0.1:0\"]\n  max_connections: {}\n",
+        lab_yaml(&lab),
+        count + 100
+    );
+    let daemon = Daemon::start(dir.path(), &yaml)?;
+    let api = daemon.wait_addr("listening for Sentinel API on ").await?;
+    let http = daemon.wait_addr("listening for HTTP on ").await?;
+    let before = proc_kib(daemon.pid(), "VmRSS:");
+
+    let started = Instant::now();
+    let streams = subscribers(api, count).await?;
+    let setup = started.elapsed();
+    let attached = proc_kib(daemon.pid(), "VmRSS:");
+
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    for mut s in streams {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut chunk = [0u8; 512];
+            if let Ok(n @ 1..) = s.read(&mut chunk).await {
+                let at = now_ms();
+                let switch = chunk[..n].windows(14).any(|w| w == b"+switch-master");
+                let _ = tx.send((at, switch));
+            }
+            // Held until the end.
+            let _ = s.read(&mut chunk).await;
+        });
+    }
+    drop(tx);
+    let load_before = loadavg();
+    let cpu = (cpu_ms(&daemon.pid().to_string()), cpu_ms("self"));
+    let (asked, new) = failover(&lab).await?;
+    let mut arrivals = Vec::with_capacity(count);
+    let mut other = 0;
+    let end = Instant::now() + HEAR;
+    while arrivals.len() + other < count {
+        match timeout(end.saturating_duration_since(Instant::now()), rx.recv()).await {
+            Ok(Some((at, true))) => arrivals.push(at),
+            Ok(Some((_, false))) => other += 1,
+            _ => break,
+        }
+    }
+    let cpu = cpu_since(daemon.pid(), cpu);
+    let after = proc_kib(daemon.pid(), "VmRSS:");
+    let peak = proc_kib(daemon.pid(), "VmHWM:");
+    let published = switch_time(http, lab.master_name(), asked).await?;
+    arrivals.sort_by(f64::total_cmp);
+    let first = arrivals.first().copied().unwrap_or(f64::NAN);
+    println!(
+        "SENTINEL_API_CROWD subscribers={count} setup={:.1}s new_primary={new}",
+        setup.as_secs_f64()
+    );
+    println!(
+        "  polestar RSS: before {:.1} MB, attached {:.1} MB (+{:.1} KiB per subscriber), after \
+         the switch {:.1} MB, peak {:.1} MB",
+        mb(before),
+        mb(attached),
+        attached.saturating_sub(before) as f64 / count.max(1) as f64,
+        mb(after),
+        mb(peak)
+    );
+    println!(
+        "  heard +switch-master: {} of {count} (other first message: {other})",
+        arrivals.len()
+    );
+    println!("  {}", summary("from polestar's publication", &arrivals, published, count));
+    println!("  {}", summary("from the first subscriber", &arrivals, first, count));
+    println!("  {cpu}");
+    println!("  loadavg before the failover: {load_before}; after: {}", loadavg());
+    anyhow::ensure!(arrivals.len() == count, "not every subscriber heard the switch");
+    Ok(())
+}
+
+async fn hold(api: SocketAddr, want: usize, hard: u64) -> anyhow::Result<()> {
+    let count = clamp(want, 1, hard);
+    let streams = subscribers(api, count).await?;
+    println!("attached {}", streams.len());
+    // Until killed; reads what comes so that no buffer fills.
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut s in streams {
+        tasks.spawn(async move {
+            let mut chunk = [0u8; 512];
+            while let Ok(1..) = s.read(&mut chunk).await {}
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+// --- Agents -----------------------------------------------------------------------------
+
+/// What the agent-equivalents share.
+struct Agents {
+    http: SocketAddr,
+    master: String,
+    old_port: u16,
+    addresses: usize,
+    /// The instant (Unix ms) each one first had another primary than `old_port`.
+    heard: mpsc::UnboundedSender<f64>,
+    /// Reconnects of the keep-alive connection (the agent's HTTP client does the same).
+    reconnects: std::sync::atomic::AtomicUsize,
+}
+
+/// Reads one HTTP/1.1 response head from `s` (plus whatever body bytes came with it).
+async fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> anyhow::Result<usize> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Ok(end + 4);
+        }
+        let n = s.read(&mut chunk).await?;
+        anyhow::ensure!(n > 0, "closed before the answer's head");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn status_ok(head: &[u8]) -> anyhow::Result<()> {
+    if head.starts_with(b"HTTP/1.1 200") {
+        Ok(())
+    } else {
+        let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
+        bail!("{}", String::from_utf8_lossy(line))
+    }
+}
+
+fn content_length(head: &[u8]) -> Option<usize> {
+    let text = std::str::from_utf8(head).ok()?;
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("content-length").then(|| v.trim().parse().ok())?
+    })
+}
+
+fn request(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nhost: polestar\r\nauthorization: Bearer {TOKEN}\r\n\r\n")
+        .into_bytes()
+}
+
+impl Agents {
+    /// `GET /v1/masters` on the kept-alive connection (opened again if the server closed it);
+    /// the port of the master's primary.
+    async fn refresh(&self, from: SocketAddr, conn: &mut Option<TcpStream>) -> anyhow::Result<u16> {
+        for attempt in 0..2 {
+            if conn.is_none() {
+                *conn = Some(connect(from, self.http).await?);
+                if attempt > 0 {
+                    self.reconnects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            let Some(s) = conn.as_mut() else { continue };
+            match self.masters(s).await {
+                Ok(port) => return Ok(port),
+                Err(e) if attempt == 0 && e.downcast_ref::<Closed>().is_some() => *conn = None,
+                Err(e) => return Err(e),
+            }
+        }
+        bail!("the keep-alive connection closed twice")
+    }
+
+    async fn masters(&self, s: &mut TcpStream) -> anyhow::Result<u16> {
+        if s.write_all(&request("/v1/masters")).await.is_err() {
+            return Err(Closed.into());
+        }
+        let mut buf = Vec::with_capacity(2048);
+        let head = match read_head(s, &mut buf).await {
+            Ok(h) => h,
+            Err(_) if buf.is_empty() => return Err(Closed.into()),
+            Err(e) => return Err(e),
+        };
+        status_ok(&buf[..head])?;
+        let length = content_length(&buf[..head]).context("no content-length")?;
+        let mut chunk = [0u8; 8192];
+        while buf.len() < head + length {
+            let n = s.read(&mut chunk).await?;
+            anyhow::ensure!(n > 0, "closed in the body");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let views: Vec<Value> = serde_json::from_slice(&buf[head..head + length])?;
+        let master = views.iter().find(|m| m["name"] == self.master.as_str());
+        let port = master.and_then(|m| m["primary"]["port"].as_u64()).context("no primary")?;
+        Ok(port as u16)
+    }
+
+    /// Subscribes, reads the state, tells `ready`, then follows like the agent, forever.
+    async fn agent(
+        self: Arc<Self>,
+        i: usize,
+        ready: tokio::sync::oneshot::Sender<anyhow::Result<()>>,
+    ) {
+        let from = source(i, self.addresses);
+        let mut reads = None;
+        let setup = async {
+            let mut stream = connect(from, self.http).await?;
+            stream.write_all(&request("/v1/events/stream")).await?;
+            let mut buf = Vec::new();
+            let head = read_head(&mut stream, &mut buf).await?;
+            status_ok(&buf[..head])?;
+            let port = self.refresh(from, &mut reads).await?;
+            anyhow::ensure!(port == self.old_port, "primary {port} before the failover");
+            anyhow::Ok((stream, buf.split_off(head)))
+        };
+        let (mut stream, mut pending) = match setup.await {
+            Ok(s) => {
+                let _ = ready.send(Ok(()));
+                s
+            }
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let mut heard = false;
+        let mut chunk = [0u8; 4096];
+        loop {
+            let events = match timeout(RESYNC, stream.read(&mut chunk)).await {
+                Err(_) => 1, // the agent's resync: read the state anyway
+                Ok(Ok(0) | Err(_)) => return,
+                Ok(Ok(n)) => {
+                    pending.extend_from_slice(&chunk[..n]);
+                    let cut = pending.iter().rposition(|b| *b == b'\n').map_or(0, |p| p + 1);
+                    let lines = pending.drain(..cut).collect::<Vec<u8>>();
+                    lines.split(|b| *b == b'\n').filter(|l| l.starts_with(b"event:")).count()
+                }
+            };
+            if events == 0 {
+                continue;
+            }
+            match self.refresh(from, &mut reads).await {
+                Ok(port) if port != self.old_port && !heard => {
+                    heard = true;
+                    let _ = self.heard.send(now_ms());
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the server closed the kept-alive connection")]
+struct Closed;
+
+async fn agent_crowd(want: usize, hard: u64) -> anyhow::Result<()> {
+    // Two connections each, here and in polestar.
+    let count = clamp(want, 2, hard);
+    let lab = Lab::start(LabOptions::default()).await?;
+    let dir = tempfile::tempdir()?;
+    let token = dir.path().join("agent.token");
+    std::fs::write(&token, format!("{TOKEN}\n"))?;
+    let yaml = format!("{}  agent_token_file: {}\n", lab_yaml(&lab), token.display());
+    let daemon = Daemon::start(dir.path(), &yaml)?;
+    let http = daemon.wait_addr("listening for HTTP on ").await?;
+    let before = proc_kib(daemon.pid(), "VmRSS:");
+    let old = lab.primary().await?;
+
+    let (heard, mut rx) = mpsc::unbounded_channel();
+    let agents = Arc::new(Agents {
+        http,
+        master: lab.master_name().to_string(),
+        old_port: old.port(),
+        // 100 agents (200 connections) per source address: the HTTP cap is 512.
+        addresses: count.div_ceil(100).max(1),
+        heard,
+        reconnects: Default::default(),
+    });
+    let started = Instant::now();
+    let (mut up, mut failed, mut first_error) = (0, 0, None);
+    for wave in (0..count).collect::<Vec<_>>().chunks(WAVE) {
+        let mut waits = Vec::with_capacity(wave.len());
+        for &i in wave {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            tokio::spawn(agents.clone().agent(i, tx));
+            waits.push(rx);
+        }
+        let left = SETUP.saturating_sub(started.elapsed());
+        let done = timeout(left, futures::future::join_all(waits)).await;
+        for r in done.context("setup took too long")? {
+            match r {
+                Ok(Ok(())) => up += 1,
+                Ok(Err(e)) => {
+                    failed += 1;
+                    first_error.get_or_insert(format!("{e:#}"));
+                }
+                Err(_) => failed += 1,
+            }
+        }
+    }
+    let setup = started.elapsed();
+    let attached = proc_kib(daemon.pid(), "VmRSS:");
+    println!(
+        "AGENTS_CROWD agents={count} following={up} refused={failed}{} setup={:.1}s",
+        first_error.map(|e| format!(" (first: {e})")).unwrap_or_default(),
+        setup.as_secs_f64()
+    );
+    anyhow::ensure!(up > 0, "no agent follows");
+
+    let load_before = loadavg();
+    let cpu = (cpu_ms(&daemon.pid().to_string()), cpu_ms("self"));
+    let (asked, new) = failover(&lab).await?;
+    let mut arrivals = Vec::with_capacity(up);
+    let end = Instant::now() + HEAR;
+    while arrivals.len() < up {
+        match timeout(end.saturating_duration_since(Instant::now()), rx.recv()).await {
+            Ok(Some(at)) => arrivals.push(at),
+            _ => break,
+        }
+    }
+    let cpu = cpu_since(daemon.pid(), cpu);
+    let after = proc_kib(daemon.pid(), "VmRSS:");
+    let peak = proc_kib(daemon.pid(), "VmHWM:");
+    let published = switch_time(http, lab.master_name(), asked).await?;
+    arrivals.sort_by(f64::total_cmp);
+    let first = arrivals.first().copied().unwrap_or(f64::NAN);
+    println!("  new primary {new}; {} of {up} agents have it", arrivals.len());
+    println!(
+        "  polestar RSS: before {:.1} MB, attached {:.1} MB (+{:.1} KiB per agent), after the \
+         switch {:.1} MB, peak {:.1} MB",
+        mb(before),
+        mb(attached),
+        attached.saturating_sub(before) as f64 / up.max(1) as f64,
+        mb(after),
+        mb(peak)
+    );
+    println!("  {}", summary("from polestar's publication", &arrivals, published, up));
+    println!("  {}", summary("from the first agent", &arrivals, first, up));
+    println!("  {cpu}");
+    println!(
+        "  keep-alive reconnects: {}",
+        agents.reconnects.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    println!("  loadavg before the failover: {load_before}; after: {}", loadavg());
+    anyhow::ensure!(arrivals.len() == up, "not every agent has the new primary");
+    Ok(())
+}
