@@ -8,9 +8,8 @@
 //! (polestar's switchover uses `COORDINATED` there), in one run. Prints one Markdown table.
 //!
 //! The lag is the primary's `master_repl_offset` minus the furthest replica's own
-//! `slave_repl_offset` (the offsets a primary lists per replica are up to 1 s old).
+//! `slave_repl_offset` ([`lag`]).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -19,7 +18,7 @@ use polestar::lab::Flavor;
 
 use crate::netns::SERIAL;
 use crate::netns::cluster::{Cluster, HTTP_PORT};
-use crate::switchover_netns::{post, primary, start_shaped, stored, writer};
+use crate::switchover_netns::{lag, post, primary, start_shaped, stored, writer};
 
 /// The replication lag at which every failover starts, in bytes (`BENCH_LAG_MB` overrides).
 const TARGET_LAG: u64 = 8_000_000;
@@ -176,21 +175,4 @@ async fn round(
     let kept = stored(cluster, now, key);
     let lost = written.ids.iter().filter(|id| !kept.contains(id)).count();
     Ok(Round { acked: written.ids.len(), lost, lag: at, coordinated })
-}
-
-/// How far the furthest replica of `primary` is behind it, from their own offsets.
-fn lag(cluster: &Cluster, primary: SocketAddr) -> u64 {
-    let offset = |host, field: &str| {
-        let info = cluster.cli(host, 6379, &["INFO", "replication"]);
-        info.lines().find_map(|l| l.trim().strip_prefix(field)?.parse::<u64>().ok())
-    };
-    let Some(top) = cluster.db.iter().find(|h| h.ip == primary.ip()) else { return u64::MAX };
-    let top = offset(top, "master_repl_offset:").unwrap_or(0);
-    cluster
-        .db
-        .iter()
-        .filter(|h| h.ip != primary.ip())
-        .map(|h| offset(h, "slave_repl_offset:").map_or(u64::MAX, |o| top.saturating_sub(o)))
-        .max()
-        .unwrap_or(u64::MAX)
 }

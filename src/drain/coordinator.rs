@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::episode::{DrainOrder, Episode, FENCE_HOLD, Orders, Stop};
-use super::handle::DrainHandle;
+use super::handle::{Coordinated, DrainHandle};
 use super::node::NodeLink;
 use super::{Reason, Shared};
 use crate::config;
@@ -31,6 +31,8 @@ pub struct Coordinator {
     /// first sign of a failover ([`WARM_HOLD`]) or a running episode. An episode that starts
     /// for the node takes the link up, already connected.
     links: HashMap<SocketAddr, Weak<NodeLink>>,
+    /// The coordinated failovers polestar asked for: their promotion is not fenced.
+    coordinated: Coordinated,
 }
 
 /// How long a link opened at the first sign of a failover stays open if no episode takes it
@@ -57,6 +59,7 @@ impl Coordinator {
             settings: None,
             promoting: HashMap::new(),
             links: HashMap::new(),
+            coordinated: Coordinated::default(),
         }
     }
 
@@ -67,7 +70,7 @@ impl Coordinator {
     }
 
     pub fn handle(&self) -> DrainHandle {
-        DrainHandle::new(self.shared.subscribe())
+        DrainHandle::new(self.shared.subscribe(), self.coordinated.clone())
     }
 
     fn shared(&self) -> Arc<Shared> {
@@ -144,6 +147,10 @@ impl Coordinator {
                 // FENCE_HOLD if no flip or confirmation follows.
                 let hold = Instant::now() + FENCE_HOLD;
                 self.promoting.insert(master.clone(), hold);
+                if self.coordinated.holds(&master) {
+                    tracing::info!(%master, node = %old, "coordinated failover: Sentinel's FAILOVER fences the old primary itself; no fence of ours");
+                    return;
+                }
                 self.order(episodes, shutdown, &master, &old, |o| {
                     o.until = o.until.max(hold);
                     o.fence_until = o.fence_until.max(hold);

@@ -30,7 +30,10 @@ const HOLD_AFTER: Duration = Duration::from_secs(10);
 /// What the Sentinel that will fail over says about the master.
 struct Plan {
     sentinel: Link,
+    primary: SocketAddr,
     down_after: Duration,
+    /// Sentinel's `failover-timeout` for the master.
+    failover_timeout: Duration,
     choice: Choice,
 }
 
@@ -72,13 +75,32 @@ async fn attempt(
     let waited = started.elapsed();
     let sentinel = Server::parse(&plan.sentinel.info("server").await.unwrap_or_default());
     let coordinated = coordinated(sentinel, &links.servers().await);
-    let coordinated = match failover(&mut plan.sentinel, master, coordinated).await {
-        Ok(used) => used,
-        Err(e) => {
+    let (fence, coordinated) = if coordinated {
+        if coordinated_failover(deps, master, &mut plan, fence).await? {
+            (None, true)
+        } else {
+            // Refused: fenced again, and the replicas caught up again, before the plain one.
+            let fence = Fence::start(primary, &deps.nodes, deps.interval, limit)
+                .await
+                .map_err(fence_error)?;
+            if let Err(e) = wait_caught_up(&mut links, Instant::now(), max_wait).await {
+                lift(deps, fence, master, &mut plan.sentinel).await;
+                return Err(e);
+            }
+            (Some(fence), false)
+        }
+    } else {
+        (Some(fence), false)
+    };
+    if let Some(fence) = fence {
+        if let Err(e) = ask(&mut plan.sentinel, master, false).await {
+            let e = refused(&plan.sentinel, e);
             lift(deps, fence, master, &mut plan.sentinel).await;
             return Err(e);
         }
-    };
+        let published = published(deps, master, primary);
+        fence.release_when(published, HOLD_AFTER);
+    }
     let switched = Switched {
         sentinel: plan.sentinel.name().to_string(),
         primary: Some(primary),
@@ -87,20 +109,75 @@ async fn attempt(
         waited_ms: waited.as_millis() as u64,
         coordinated,
     };
-    {
-        let mut topology = deps.topology.clone();
-        let name = master.to_string();
-        let published = async move {
-            let moved = |s: &crate::topology::Snapshot| {
-                s.master(&name)
-                    .and_then(|m| m.primary.as_ref())
-                    .is_some_and(|p| p.addr() != primary)
-            };
-            let _ = topology.wait_for(|s| moved(s)).await;
-        };
-        fence.release_when(published, HOLD_AFTER);
-    }
     Ok(switched)
+}
+
+/// Resolves once the published primary of `master` is another node than `primary`.
+fn published(
+    deps: &Deps,
+    master: &str,
+    primary: SocketAddr,
+) -> impl Future<Output = ()> + Send + 'static {
+    let mut topology = deps.topology.clone();
+    let name = master.to_string();
+    async move {
+        let moved = |s: &crate::topology::Snapshot| {
+            s.master(&name).and_then(|m| m.primary.as_ref()).is_some_and(|p| p.addr() != primary)
+        };
+        let _ = topology.wait_for(|s| moved(s)).await;
+    }
+}
+
+/// Valkey's coordinated failover, the replicas caught up under our fence: the fence is lifted
+/// first, and the drain side told to set none at the promotion, since a paused primary holds
+/// the Sentinels' hello `PUBLISH` and everything queued behind it on their command links,
+/// the leader's `CLIENT PAUSE WRITE` + `FAILOVER TO` included: with our pause in place the
+/// primary never runs `FAILOVER`, and Sentinel aborts (`-failover-abort-slave-timeout`) after
+/// its `failover-timeout`. Lossless without our fence: `FAILOVER TO` pauses the writes
+/// itself and hands over only once the replica has the primary's whole offset (the few
+/// writes since the lift are a short catch-up); if it cannot, nothing fails over.
+/// `Ok(true)`: Sentinel accepted it. `Ok(false)`: Sentinel refused `COORDINATED` with an
+/// error reply (it cannot coordinate this primary), so a plain failover is to follow, fenced
+/// again.
+async fn coordinated_failover(
+    deps: &Deps,
+    master: &str,
+    plan: &mut Plan,
+    fence: Fence,
+) -> Result<bool, SwitchoverError> {
+    if let Err(error) = fence.lift().await {
+        tracing::warn!(master, %error, "could not lift the switchover's fence before the coordinated failover: it lapses by itself");
+    }
+    let mark = plan.failover_timeout * 2 + HOLD_AFTER;
+    if let Some(drain) = &deps.drain {
+        drain.coordinated(master, mark);
+    }
+    let done = |deps: &Deps| {
+        if let Some(drain) = &deps.drain {
+            drain.coordinated_done(master);
+        }
+    };
+    match ask(&mut plan.sentinel, master, true).await {
+        Ok(()) => {
+            if let Some(drain) = deps.drain.clone() {
+                let (name, published) = (master.to_string(), published(deps, master, plan.primary));
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(mark, published).await;
+                    drain.coordinated_done(&name);
+                });
+            }
+            Ok(true)
+        }
+        Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_) | redis::ErrorKind::Extension) => {
+            done(deps);
+            tracing::warn!(master, error = %e, "SENTINEL FAILOVER COORDINATED refused; asking for a plain failover");
+            Ok(false)
+        }
+        Err(e) => {
+            done(deps);
+            Err(refused(&plan.sentinel, e))
+        }
+    }
 }
 
 /// `max_wait`, but at most 40% of Sentinel's `down-after-milliseconds`: a fenced primary holds
@@ -169,7 +246,10 @@ async fn plan_with(
     let replicas: Vec<Replica> = records(&reply).iter().filter_map(Replica::from_record).collect();
     let choice = choose(&replicas, down_after)
         .map_err(|why| SwitchoverError::NoCandidate { master: master.to_string(), why })?;
-    Ok(Plan { sentinel, down_after, choice })
+    let failover_timeout =
+        state.get("failover-timeout").and_then(|v| v.parse().ok()).unwrap_or(180_000);
+    let failover_timeout = Duration::from_millis(failover_timeout);
+    Ok(Plan { sentinel, primary, down_after, failover_timeout, choice })
 }
 
 async fn sentinel_master(
@@ -197,32 +277,14 @@ fn unreachable(sentinel: &Link, e: redis::RedisError) -> SwitchoverError {
     ControlError::Unreachable(format!("{}: {e}", sentinel.name())).into()
 }
 
-/// `SENTINEL FAILOVER <master>` on the Sentinel that planned it, with `COORDINATED` when
-/// [`coordinated`] says every part runs Valkey 9. A Sentinel that answers `COORDINATED` with
-/// an error reply (it cannot coordinate this primary) gets the plain command once: the
-/// replicas have caught up under the fence, so that is lossless too. Whether `COORDINATED`
-/// was accepted is the answer.
-async fn failover(
+/// `SENTINEL FAILOVER <master>` on the Sentinel that planned it, with `COORDINATED` if
+/// `coordinated` ([`coordinated`] says every part runs Valkey 9).
+async fn ask(
     sentinel: &mut Link,
     master: &str,
     coordinated: bool,
-) -> Result<bool, SwitchoverError> {
-    if coordinated {
-        match sentinel.query::<Value>(failover_cmd(master, true)).await {
-            Ok(_) => return Ok(true),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
-                ) =>
-            {
-                tracing::warn!(master, error = %e, "SENTINEL FAILOVER COORDINATED refused; asking for a plain failover");
-            }
-            Err(e) => return Err(refused(sentinel, e)),
-        }
-    }
-    let reply = sentinel.query::<Value>(failover_cmd(master, false)).await;
-    reply.map(|_| false).map_err(|e| refused(sentinel, e))
+) -> Result<(), redis::RedisError> {
+    sentinel.query::<Value>(failover_cmd(master, coordinated)).await.map(|_| ())
 }
 
 fn failover_cmd(master: &str, coordinated: bool) -> redis::Cmd {
