@@ -152,13 +152,18 @@ for q in "m3.$ZONE A" "_redis._tcp.m3.$ZONE SRV" "replicas.m3.$ZONE A" "m3.$ZONE
 done
 
 echo "dnsperf ${DNSPERF_ARGS[*]} on $(nproc) cores, $MASTERS masters, $(wc -l < "$work/queries") query names"
-: > "$work/knot.qps"; : > "$work/polestar.qps"
-for round in $(seq "$ROUNDS"); do
-    read -r k kcpu < <(qps "$knot_port" "$knot_pid"); echo "$k $kcpu" >> "$work/knot.qps"
-    read -r p pcpu < <(qps "$polestar_port" "$polestar_pid"); echo "$p $pcpu" >> "$work/polestar.qps"
-    printf 'round %d: knotd %8.0f qps (%5.2f us CPU/query)   polestar %8.0f qps (%5.2f us CPU/query)\n' \
-        "$round" "$k" "$kcpu" "$p" "$pcpu"
-done
+# ROUNDS rounds of knotd then polestar, into $work/knot$1.qps and $work/polestar$1.qps; each
+# round's line starts with $2.
+rounds() {
+    : > "$work/knot$1.qps"; : > "$work/polestar$1.qps"
+    for round in $(seq "$ROUNDS"); do
+        read -r k kcpu < <(qps "$knot_port" "$knot_pid"); echo "$k $kcpu" >> "$work/knot$1.qps"
+        read -r p pcpu < <(qps "$polestar_port" "$polestar_pid"); echo "$p $pcpu" >> "$work/polestar$1.qps"
+        printf '%s %d: knotd %8.0f qps (%5.2f us CPU/query)   polestar %8.0f qps (%5.2f us CPU/query)\n' \
+            "$2" "$round" "$k" "$kcpu" "$p" "$pcpu"
+    done
+}
+rounds "" round
 knot_mean=$(mean < "$work/knot.qps")
 polestar_mean=$(mean < "$work/polestar.qps")
 knot_cpu=$(awk '{s+=$2; n++} END {printf "%.2f", s/n}' "$work/knot.qps")
@@ -183,13 +188,7 @@ if [ "$SUBSCRIBERS" -gt 0 ]; then
     grep '^note' "$work/crowd.log" || true
     printf '%d Sentinel-endpoint subscribers attached to polestar (RSS %d -> %d KiB); loadavg %s\n' \
         "$attached" "$rss_before" "$(rss_kib "$polestar_pid")" "$(cut -d' ' -f1-3 /proc/loadavg)"
-    : > "$work/knot-crowd.qps"; : > "$work/polestar-crowd.qps"
-    for round in $(seq "$ROUNDS"); do
-        read -r k kcpu < <(qps "$knot_port" "$knot_pid"); echo "$k $kcpu" >> "$work/knot-crowd.qps"
-        read -r p pcpu < <(qps "$polestar_port" "$polestar_pid"); echo "$p $pcpu" >> "$work/polestar-crowd.qps"
-        printf 'crowd round %d: knotd %8.0f qps   polestar with %d subscribers %8.0f qps (%5.2f us CPU/query)\n' \
-            "$round" "$k" "$attached" "$p" "$pcpu"
-    done
+    rounds -crowd "with $attached subscribers, round"
     knot_crowd=$(mean < "$work/knot-crowd.qps")
     polestar_crowd=$(mean < "$work/polestar-crowd.qps")
     printf 'crowd mean: knotd %d qps, polestar %d qps: %.2f of polestar without them, %.2f of knotd in the same rounds (%.2f before)\n' \

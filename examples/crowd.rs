@@ -184,7 +184,10 @@ fn summary(what: &str, arrivals: &[f64], from: f64, count: usize) -> String {
 
 /// The `time_ms` of the first `switch` of `master` at or after `since` (Unix ms).
 async fn switch_time(http: SocketAddr, master: &str, since: f64) -> anyhow::Result<f64> {
-    let events: Vec<Value> = reqwest::get(format!("http://{http}/v1/events")).await?.json().await?;
+    // With the token: the crowd may hold every anonymous connection slot.
+    let url = format!("http://{http}/v1/events");
+    let events: Vec<Value> =
+        reqwest::Client::new().get(url).bearer_auth(TOKEN).send().await?.json().await?;
     let switch = events.iter().find(|e| {
         e["kind"] == "switch"
             && e["master"] == master
@@ -201,6 +204,64 @@ fn lab_yaml(lab: &Lab) -> String {
         sentinels.join(", "),
         lab.master_name()
     )
+}
+
+/// What a crowd heard of one real failover: when each member first had the new primary
+/// (Unix ms), how many heard something else first, and polestar's cost over it.
+struct Heard {
+    new: SocketAddr,
+    arrivals: Vec<f64>,
+    other: usize,
+    /// polestar's `switch` event.
+    published: f64,
+    first: f64,
+    cpu: String,
+    after: u64,
+    peak: u64,
+    load_before: String,
+}
+
+/// Fails `lab` over and collects what the crowd reports on `rx` (`Some(at)`: has the new
+/// primary; `None`: heard something else first) until `count` reported or [`HEAR`] passed.
+async fn hear_failover(
+    lab: &Lab,
+    daemon: &Daemon,
+    http: SocketAddr,
+    rx: &mut mpsc::UnboundedReceiver<Option<f64>>,
+    count: usize,
+) -> anyhow::Result<Heard> {
+    let load_before = loadavg();
+    let cpu = (cpu_ms(&daemon.pid().to_string()), cpu_ms("self"));
+    let (asked, new) = failover(lab).await?;
+    let (mut arrivals, mut other) = (Vec::with_capacity(count), 0);
+    let end = Instant::now() + HEAR;
+    while arrivals.len() + other < count {
+        match timeout(end.saturating_duration_since(Instant::now()), rx.recv()).await {
+            Ok(Some(Some(at))) => arrivals.push(at),
+            Ok(Some(None)) => other += 1,
+            _ => break,
+        }
+    }
+    let cpu = cpu_since(daemon.pid(), cpu);
+    let after = proc_kib(daemon.pid(), "VmRSS:");
+    let peak = proc_kib(daemon.pid(), "VmHWM:");
+    let published = switch_time(http, lab.master_name(), asked).await?;
+    arrivals.sort_by(f64::total_cmp);
+    let first = arrivals.first().copied().unwrap_or(f64::NAN);
+    Ok(Heard { new, arrivals, other, published, first, cpu, after, peak, load_before })
+}
+
+/// polestar's RSS before the crowd, with it attached, and after the failover.
+fn print_rss(who: &str, before: u64, attached: u64, count: usize, heard: &Heard) {
+    println!(
+        "  polestar RSS: before {:.1} MB, attached {:.1} MB (+{:.1} KiB per {who}), after the \
+         switch {:.1} MB, peak {:.1} MB",
+        mb(before),
+        mb(attached),
+        attached.saturating_sub(before) as f64 / count.max(1) as f64,
+        mb(heard.after),
+        mb(heard.peak)
+    );
 }
 
 /// The failover, and how long until every Sentinel names the new primary.
@@ -300,51 +361,26 @@ async fn sentinel_crowd(want: usize, hard: u64) -> anyhow::Result<()> {
             if let Ok(n @ 1..) = s.read(&mut chunk).await {
                 let at = now_ms();
                 let switch = chunk[..n].windows(14).any(|w| w == b"+switch-master");
-                let _ = tx.send((at, switch));
+                let _ = tx.send(switch.then_some(at));
             }
             // Held until the end.
             let _ = s.read(&mut chunk).await;
         });
     }
     drop(tx);
-    let load_before = loadavg();
-    let cpu = (cpu_ms(&daemon.pid().to_string()), cpu_ms("self"));
-    let (asked, new) = failover(&lab).await?;
-    let mut arrivals = Vec::with_capacity(count);
-    let mut other = 0;
-    let end = Instant::now() + HEAR;
-    while arrivals.len() + other < count {
-        match timeout(end.saturating_duration_since(Instant::now()), rx.recv()).await {
-            Ok(Some((at, true))) => arrivals.push(at),
-            Ok(Some((_, false))) => other += 1,
-            _ => break,
-        }
-    }
-    let cpu = cpu_since(daemon.pid(), cpu);
-    let after = proc_kib(daemon.pid(), "VmRSS:");
-    let peak = proc_kib(daemon.pid(), "VmHWM:");
-    let published = switch_time(http, lab.master_name(), asked).await?;
-    arrivals.sort_by(f64::total_cmp);
-    let first = arrivals.first().copied().unwrap_or(f64::NAN);
+    let heard = hear_failover(&lab, &daemon, http, &mut rx, count).await?;
+    let Heard { new, ref arrivals, other, published, first, ref cpu, ref load_before, .. } = heard;
     println!(
         "SENTINEL_API_CROWD subscribers={count} setup={:.1}s new_primary={new}",
         setup.as_secs_f64()
     );
-    println!(
-        "  polestar RSS: before {:.1} MB, attached {:.1} MB (+{:.1} KiB per subscriber), after \
-         the switch {:.1} MB, peak {:.1} MB",
-        mb(before),
-        mb(attached),
-        attached.saturating_sub(before) as f64 / count.max(1) as f64,
-        mb(after),
-        mb(peak)
-    );
+    print_rss("subscriber", before, attached, count, &heard);
     println!(
         "  heard +switch-master: {} of {count} (other first message: {other})",
         arrivals.len()
     );
-    println!("  {}", summary("from polestar's publication", &arrivals, published, count));
-    println!("  {}", summary("from the first subscriber", &arrivals, first, count));
+    println!("  {}", summary("from polestar's publication", arrivals, published, count));
+    println!("  {}", summary("from the first subscriber", arrivals, first, count));
     println!("  {cpu}");
     println!("  loadavg before the failover: {load_before}; after: {}", loadavg());
     anyhow::ensure!(arrivals.len() == count, "not every subscriber heard the switch");
@@ -376,7 +412,7 @@ struct Agents {
     old_port: u16,
     addresses: usize,
     /// The instant (Unix ms) each one first had another primary than `old_port`.
-    heard: mpsc::UnboundedSender<f64>,
+    heard: mpsc::UnboundedSender<Option<f64>>,
     /// Reconnects of the keep-alive connection (the agent's HTTP client does the same).
     reconnects: std::sync::atomic::AtomicUsize,
 }
@@ -508,7 +544,7 @@ impl Agents {
             match self.refresh(from, &mut reads).await {
                 Ok(port) if port != self.old_port && !heard => {
                     heard = true;
-                    let _ = self.heard.send(now_ms());
+                    let _ = self.heard.send(Some(now_ms()));
                 }
                 Ok(_) => {}
                 Err(_) => return,
@@ -575,35 +611,12 @@ async fn agent_crowd(want: usize, hard: u64) -> anyhow::Result<()> {
     );
     anyhow::ensure!(up > 0, "no agent follows");
 
-    let load_before = loadavg();
-    let cpu = (cpu_ms(&daemon.pid().to_string()), cpu_ms("self"));
-    let (asked, new) = failover(&lab).await?;
-    let mut arrivals = Vec::with_capacity(up);
-    let end = Instant::now() + HEAR;
-    while arrivals.len() < up {
-        match timeout(end.saturating_duration_since(Instant::now()), rx.recv()).await {
-            Ok(Some(at)) => arrivals.push(at),
-            _ => break,
-        }
-    }
-    let cpu = cpu_since(daemon.pid(), cpu);
-    let after = proc_kib(daemon.pid(), "VmRSS:");
-    let peak = proc_kib(daemon.pid(), "VmHWM:");
-    let published = switch_time(http, lab.master_name(), asked).await?;
-    arrivals.sort_by(f64::total_cmp);
-    let first = arrivals.first().copied().unwrap_or(f64::NAN);
+    let heard = hear_failover(&lab, &daemon, http, &mut rx, up).await?;
+    let Heard { new, ref arrivals, published, first, ref cpu, ref load_before, .. } = heard;
     println!("  new primary {new}; {} of {up} agents have it", arrivals.len());
-    println!(
-        "  polestar RSS: before {:.1} MB, attached {:.1} MB (+{:.1} KiB per agent), after the \
-         switch {:.1} MB, peak {:.1} MB",
-        mb(before),
-        mb(attached),
-        attached.saturating_sub(before) as f64 / up.max(1) as f64,
-        mb(after),
-        mb(peak)
-    );
-    println!("  {}", summary("from polestar's publication", &arrivals, published, up));
-    println!("  {}", summary("from the first agent", &arrivals, first, up));
+    print_rss("agent", before, attached, up, &heard);
+    println!("  {}", summary("from polestar's publication", arrivals, published, up));
+    println!("  {}", summary("from the first agent", arrivals, first, up));
     println!("  {cpu}");
     println!(
         "  keep-alive reconnects: {}",
