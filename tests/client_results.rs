@@ -118,6 +118,7 @@ fn range(backs: &[Option<f64>]) -> String {
     };
     match (span.is_empty(), missing) {
         (_, 0) => span,
+        (true, 1) => "not back (1 run)".to_string(),
         (true, n) => format!("not back ({n} runs)"),
         (false, n) => format!("{span}; {n} not back"),
     }

@@ -1,9 +1,12 @@
-//! Real client libraries behind a caching resolver (issue 15), in the network-namespace lab:
-//! the application host `ap` runs unbound as its system resolver (a stub zone for `redis.test.`
-//! pointing at the central polestar's DNS, `/etc/netns/<ns>/resolv.conf` naming it), and
-//! ioredis and redis-py clients that connect to `cache.redis.test` by name through getaddrinfo,
-//! with the libraries' defaults: two writers (one write every 10-20 ms) and an ioredis BLPOP
-//! client. Deployment as the README recommends: a central polestar (DNS, drain), a node-side
+//! Real client libraries behind a caching resolver (issues 15 and 21), in the network-namespace
+//! lab: the application host `ap` runs unbound as its system resolver (a stub zone for
+//! `redis.test.` pointing at the central polestar's DNS, `/etc/netns/<ns>/resolv.conf` naming
+//! it), and ioredis, redis-py and Valkey GLIDE clients that connect to `cache.redis.test` by
+//! name through getaddrinfo ([`APPS`]: the libraries' defaults and the settings the README
+//! gives, each writer one write every 10-20 ms, and BLPOP readers). Beside the defaults:
+//! redis-py with the README's retry both with `single_connection_client=True` and with its
+//! pool, and ioredis with `disconnectTimeout: 50`, which the README says plays no part by
+//! name (checked: [`disconnect_timeout_costs_nothing`]). Deployment as the README recommends: a central polestar (DNS, drain), a node-side
 //! polestar beside the first primary (`sweep.local_ports`) and an agent on the application host
 //! (`upstream`, `sweep.remote`). Faults: planned failover, hung primary (SIGSTOP), dark host
 //! (link down).

@@ -40,7 +40,8 @@ pub(crate) struct Client {
 
 const PY: &str = "sentinel_writer.py";
 const IOREDIS: &str = "sentinel_writer.js";
-const IOREDIS_ADVISED: &str = "failoverDetector, disconnectTimeout=50, retryStrategy=10 ms, commandTimeout=500, reconnectOnError(READONLY)";
+const IOREDIS_ADVISED: &str = "failoverDetector, disconnectTimeout=50, connectTimeout=500, commandTimeout=500, retryStrategy=10 ms, sentinelRetryStrategy=10 ms, maxRetriesPerRequest=2, reconnectOnError(READONLY)";
+const IOREDIS_DEFAULT_DISCONNECT: &str = "failoverDetector, disconnectTimeout default (2000), connectTimeout=500, commandTimeout=500, retryStrategy=10 ms, sentinelRetryStrategy=10 ms, maxRetriesPerRequest=2, reconnectOnError(READONLY)";
 
 /// The README's warnings, each beside its advice (`promised` false: the warned-about setting).
 pub(crate) const WARNED: [Client; 4] = [
@@ -62,7 +63,7 @@ pub(crate) const WARNED: [Client; 4] = [
     },
     Client {
         label: "ioredis sentinels disconnectTimeout default",
-        settings: "the same without disconnectTimeout (2 s)",
+        settings: IOREDIS_DEFAULT_DISCONNECT,
         script: IOREDIS,
         arg: Some("default-disconnect"),
         promised: false,
