@@ -1,9 +1,12 @@
-//! Real client libraries behind a caching resolver (issue 15), in the network-namespace lab:
-//! the application host `ap` runs unbound as its system resolver (a stub zone for `redis.test.`
-//! pointing at the central polestar's DNS, `/etc/netns/<ns>/resolv.conf` naming it), and
-//! ioredis and redis-py clients that connect to `cache.redis.test` by name through getaddrinfo,
-//! with the libraries' defaults: two writers (one write every 10-20 ms) and an ioredis BLPOP
-//! client. Deployment as the README recommends: a central polestar (DNS, drain), a node-side
+//! Real client libraries behind a caching resolver (issues 15 and 21), in the network-namespace
+//! lab: the application host `ap` runs unbound as its system resolver (a stub zone for
+//! `redis.test.` pointing at the central polestar's DNS, `/etc/netns/<ns>/resolv.conf` naming
+//! it), and ioredis, redis-py and Valkey GLIDE clients that connect to `cache.redis.test` by
+//! name through getaddrinfo ([`APPS`]: the libraries' defaults and the settings the README
+//! gives, each writer one write every 10-20 ms, and BLPOP readers). Beside the defaults:
+//! redis-py with the README's retry both with `single_connection_client=True` and with its
+//! pool, and ioredis with `disconnectTimeout: 50`, which the README says plays no part by
+//! name (checked: [`disconnect_timeout_costs_nothing`]). Deployment as the README recommends: a central polestar (DNS, drain), a node-side
 //! polestar beside the first primary (`sweep.local_ports`) and an agent on the application host
 //! (`upstream`, `sweep.remote`). Faults: planned failover, hung primary (SIGSTOP), dark host
 //! (link down).
@@ -17,6 +20,7 @@
 //! answer naming the new primary. Needs root and `tests/deps.sh` (node, ioredis, redis-py,
 //! unbound).
 
+use crate::client_results;
 use crate::dns_support;
 use crate::netns;
 
@@ -79,7 +83,7 @@ pub(crate) struct App {
 
 const GLIDE_ADVISED: &str = "request_timeout=500, BackoffStrategy(num_of_retries=4, factor=10, exponent_base=2), connection_timeout=500";
 
-pub(crate) const APPS: [App; 7] = [
+pub(crate) const APPS: [App; 9] = [
     App {
         label: "ioredis",
         writes: true,
@@ -87,7 +91,16 @@ pub(crate) const APPS: [App; 7] = [
         script: "failover_ioredis.js",
         before: &["writer"],
         after: &[],
-        settings: "defaults",
+        settings: "defaults (disconnectTimeout 2000 ms)",
+    },
+    App {
+        label: "ioredis-disconnect50",
+        writes: true,
+        timed: true,
+        script: "failover_ioredis.js",
+        before: &["writer"],
+        after: &["disconnect50"],
+        settings: "disconnectTimeout=50",
     },
     App {
         label: "redis-py",
@@ -96,7 +109,7 @@ pub(crate) const APPS: [App; 7] = [
         script: "failover_redis_py.py",
         before: &[],
         after: &[],
-        settings: "defaults (3 retries, ExponentialWithJitterBackoff(base=1, cap=10))",
+        settings: "single_connection_client=True, defaults (3 retries, ExponentialWithJitterBackoff(base=1, cap=10))",
     },
     App {
         label: "redis-py-fast",
@@ -105,7 +118,22 @@ pub(crate) const APPS: [App; 7] = [
         script: "failover_redis_py.py",
         before: &[],
         after: &["fast"],
-        settings: "retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)",
+        settings: concat!(
+            "single_connection_client=True, ",
+            "retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)"
+        ),
+    },
+    App {
+        label: "redis-py-fast-pool",
+        writes: true,
+        timed: true,
+        script: "failover_redis_py.py",
+        before: &[],
+        after: &["fast", "pool"],
+        settings: concat!(
+            "connection pool (no single_connection_client), ",
+            "retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)"
+        ),
     },
     App {
         label: "ioredis-blpop",
@@ -283,19 +311,22 @@ fn first_ok_on(
         .map(time_of)
 }
 
-/// `(version, acknowledged sequence numbers)` from a writer's log.
-fn acked(cluster: &Cluster, label: &str) -> (String, BTreeSet<u64>) {
+/// What a client's `start` event says: `<lib> <version>` and its runtime (`Node.js 20.20.0`).
+struct Started {
+    version: String,
+    runtime: String,
+}
+
+/// `(what it started as, acknowledged sequence numbers)` from a client's log.
+fn acked(cluster: &Cluster, label: &str) -> (Started, BTreeSet<u64>) {
     let events = events_of(cluster, label);
-    let version = events
-        .iter()
-        .find(|e| e["ev"] == "start")
-        .map(|e| {
-            format!("{} {}", e["lib"].as_str().unwrap_or("?"), e["version"].as_str().unwrap_or("?"))
-        })
-        .unwrap_or_default();
+    let start = events.iter().find(|e| e["ev"] == "start");
+    let field = |f: &str| start.and_then(|e| e[f].as_str()).unwrap_or("?").to_string();
+    let version = format!("{} {}", field("lib"), field("version"));
+    let started = Started { version, runtime: field("runtime") };
     let seqs =
         events.iter().filter(|e| e["ev"] == "ok").filter_map(|e| e["seq"].as_u64()).collect();
-    (version, seqs)
+    (started, seqs)
 }
 
 fn spawn_apps(cluster: &Cluster, target: &str) -> anyhow::Result<()> {
@@ -303,7 +334,18 @@ fn spawn_apps(cluster: &Cluster, target: &str) -> anyhow::Result<()> {
     let python = dir.join("venv/bin/python").to_string_lossy().into_owned();
     anyhow::ensure!(
         dir.join("node_modules/ioredis").is_dir() && Path::new(&python).exists(),
-        "the client libraries are missing: run tests/deps.sh"
+        "the client libraries are missing (tests/clients/node_modules/ioredis, \
+         tests/clients/venv): run `bash tests/deps.sh`"
+    );
+    // A library missing from the venv would only show as a client that never wrote.
+    let imports = std::process::Command::new(&python)
+        .args(["-c", "import redis, glide"])
+        .output()
+        .map_err(|e| anyhow::anyhow!("{python}: {e}"))?;
+    anyhow::ensure!(
+        imports.status.success(),
+        "redis-py or Valkey GLIDE is missing from tests/clients/venv ({}): run `bash tests/deps.sh`",
+        String::from_utf8_lossy(&imports.stderr).lines().last().unwrap_or("").trim()
     );
     for app in &APPS {
         let script = dir.join(app.script).to_string_lossy().into_owned();
@@ -483,10 +525,13 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
         None => "no resolver (pinned)".to_string(),
     };
     let new_host = cluster.db.iter().find(|h| h.ip == new_ip).cloned().expect("a data host");
+    let server = client_results::server_version(&cluster.cli(&new_host, 6379, &["INFO", "server"]));
+    let unbound = (mode == Mode::Polestar).then(client_results::unbound_version);
     let limit = (TTL + SLACK).as_secs_f64();
     let mut failures = Vec::new();
     for (app, at) in APPS.iter().zip(&back) {
-        let (version, seqs) = acked(cluster, app.label);
+        let (started, seqs) = acked(cluster, app.label);
+        let version = &started.version;
         let lost = if app.writes {
             let stored = cluster.cli(
                 &new_host,
@@ -520,10 +565,11 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
             cluster.flavor.name(),
             secs(fault_at, switch),
         ));
-        crate::client_results::append(
+        client_results::append(
             "dns.jsonl",
             &serde_json::json!({
                 "client": app.label, "version": version, "settings": app.settings,
+                "runtime": started.runtime, "server": server, "resolver": unbound,
                 "path": match mode {
                     Mode::Polestar => "DNS through unbound (TTL 1 s)",
                     Mode::Pinned => "pinned address, no polestar",
@@ -543,6 +589,9 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
             failures.push(format!("{}: {lost} acknowledged writes lost", app.label));
         }
     }
+    if mode == Mode::Polestar {
+        failures.extend(disconnect_timeout_costs_nothing(&back, switch));
+    }
     anyhow::ensure!(failures.is_empty(), "{}", failures.join("\n"));
     if mode == Mode::Pinned {
         // The control must show a difference, or it shows nothing.
@@ -550,6 +599,28 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
         anyhow::ensure!(!promised, "every pinned client was back within {limit}s without polestar");
     }
     Ok(())
+}
+
+/// The README: by name, nothing makes ioredis close a connection itself (no `+switch-master`,
+/// no `reconnectOnError` by default): polestar's kill and sweeps close it, so its
+/// `disconnectTimeout` (2 s by default, the wait for a FIN after its own close) costs nothing.
+/// The default must be back within 1 s of `disconnectTimeout: 50` (where it plays a part, on
+/// the Sentinel endpoint, it costs its whole 2 s: `clients_sentinel::ioredis_waits_...`).
+fn disconnect_timeout_costs_nothing(
+    back: &[Option<SystemTime>],
+    switch: SystemTime,
+) -> Option<String> {
+    let at = |label: &str| {
+        let i = APPS.iter().position(|a| a.label == label)?;
+        back[i].map(|at| secs(switch, at))
+    };
+    let (default, low) = (at("ioredis")?, at("ioredis-disconnect50")?);
+    (default > low + 1.0).then(|| {
+        format!(
+            "ioredis by name: back {default:.3}s with the default disconnectTimeout, {low:.3}s \
+             with 50 ms: the README says it plays no part by name"
+        )
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,7 +29,7 @@ const BACK: Duration = Duration::from_secs(1);
 pub(crate) struct Client {
     pub(crate) label: &'static str,
     /// The settings, as the README's "Tested with" table names them.
-    settings: &'static str,
+    pub(crate) settings: &'static str,
     /// The writer script in tests/clients and its settings argument.
     script: &'static str,
     arg: Option<&'static str>,
@@ -40,7 +40,8 @@ pub(crate) struct Client {
 
 const PY: &str = "sentinel_writer.py";
 const IOREDIS: &str = "sentinel_writer.js";
-const IOREDIS_ADVISED: &str = "failoverDetector, disconnectTimeout=50, retryStrategy=10 ms, commandTimeout=500, reconnectOnError(READONLY)";
+const IOREDIS_ADVISED: &str = "failoverDetector, disconnectTimeout=50, connectTimeout=500, commandTimeout=500, retryStrategy=10 ms, sentinelRetryStrategy=10 ms, maxRetriesPerRequest=2, reconnectOnError(READONLY)";
+const IOREDIS_DEFAULT_DISCONNECT: &str = "failoverDetector, disconnectTimeout default (2000), connectTimeout=500, commandTimeout=500, retryStrategy=10 ms, sentinelRetryStrategy=10 ms, maxRetriesPerRequest=2, reconnectOnError(READONLY)";
 
 /// The README's warnings, each beside its advice (`promised` false: the warned-about setting).
 pub(crate) const WARNED: [Client; 4] = [
@@ -62,7 +63,7 @@ pub(crate) const WARNED: [Client; 4] = [
     },
     Client {
         label: "ioredis sentinels disconnectTimeout default",
-        settings: "the same without disconnectTimeout (2 s)",
+        settings: IOREDIS_DEFAULT_DISCONNECT,
         script: IOREDIS,
         arg: Some("default-disconnect"),
         promised: false,
@@ -163,8 +164,17 @@ impl Writer {
 
     /// `<lib> <version>` from the client's `version` line.
     fn version(&self) -> String {
+        self.said("version ")
+    }
+
+    /// `<runtime> <version>` from the client's `runtime` line (`Node.js 20.20.0`).
+    fn runtime(&self) -> String {
+        self.said("runtime ")
+    }
+
+    fn said(&self, prefix: &str) -> String {
         let lines = lock(&self.lines);
-        lines.iter().find_map(|l| l.strip_prefix("version ")).unwrap_or("?").to_string()
+        lines.iter().find_map(|l| l.strip_prefix(prefix)).unwrap_or("?").to_string()
     }
 
     fn errors_after(&self, ms: u64) -> usize {
@@ -331,6 +341,8 @@ async fn clients_through(fault: Fault, clients: &[Client]) -> Vec<Outcome> {
             format!("promoted {promoted_ms} old {old} new {new}\n{acks}"),
         );
     }
+    let info: String = query(new, redis::cmd("INFO").arg("server")).await.unwrap_or_default();
+    let server = crate::client_results::server_version(&info);
     let mut outcomes = Vec::new();
     for (w, c) in writers.iter().zip(clients) {
         let mut failures = Vec::new();
@@ -360,6 +372,7 @@ async fn clients_through(fault: Fault, clients: &[Client]) -> Vec<Outcome> {
             "sentinel.jsonl",
             &serde_json::json!({
                 "client": c.label, "version": w.version(), "settings": c.settings,
+                "runtime": w.runtime(), "server": server,
                 "path": "polestar Sentinel endpoint",
                 "fault": match fault { Fault::Planned => "planned", Fault::Hung => "hung primary" },
                 "back_ms": back, "errors": errors, "lost": lost, "acked": acks.len(),

@@ -19,6 +19,7 @@ mod cli;
 mod client_results;
 mod clients_netns;
 mod clients_sentinel;
+mod demotion_netns;
 mod discovery;
 mod dns_cluster;
 mod dns_server;

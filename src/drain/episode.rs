@@ -9,9 +9,10 @@
 //! node answers `ROLE` master it is paused for [`pause_length`] (longer than the gap between
 //! renewals, short enough to lapse on its own soon after a polestar crash), renewed until
 //! `fence_until` ([`FENCE_HOLD`] after the latest signal of the failover). Once the promotion is
-//! confirmed (`demote`), it demotes: it kills the clients the pause holds and sends `REPLICAOF
-//! <new primary>` in one transaction, and lifts the pause only once `ROLE` confirms the node is
-//! a replica. From then on the node refuses every write (`READONLY`), whatever address its
+//! confirmed (`demote`), it demotes: it renews the pause for as long as the demotion may take
+//! ([`demotion_pause`]: the loop renews nothing while it waits on the new primary), kills the
+//! clients the pause holds and sends `REPLICAOF <new primary>` in one transaction, and lifts
+//! the pause only once `ROLE` confirms the node is a replica. From then on the node refuses every write (`READONLY`), whatever address its
 //! clients hold, so it never acknowledges a write that will be lost. A node that does not
 //! answer is retried every `interval` until the window ends; when it answers (a hung primary
 //! resumed) it is demoted at once.
@@ -52,7 +53,7 @@ mod phase;
 
 use super::Shared;
 use super::killer::{Reason, Scope, drain, record, select};
-use super::node::{NodeError, NodeLink, Role};
+use super::node::{DEMOTION_DEADLINES, NodeError, NodeLink, Role};
 use crate::topology::Node;
 use phase::{Action, Demotion, Phase, Probe, step};
 
@@ -125,6 +126,14 @@ impl Stop {
 /// How long each pause lasts: two intervals plus the deadline of one renewal attempt.
 pub fn pause_length(interval: Duration) -> Duration {
     interval * 2 + Duration::from_millis(500)
+}
+
+/// How long the pause a demotion renews lasts: a fence's, plus the demotion's own deadlines
+/// until its `REPLICAOF` runs. The demotion lifts it once the node answers replica; if the
+/// node cannot be demoted the fence ends it (`fence_over`); if polestar dies meanwhile it
+/// lapses by itself.
+pub fn demotion_pause(interval: Duration) -> Duration {
+    pause_length(interval) + DEMOTION_DEADLINES
 }
 
 /// What one demotion attempt found, as the shell reports it.
@@ -262,8 +271,9 @@ impl Episode {
                         }
                         Action::Paused { first: true } => self.fenced(round_trips),
                         Action::Paused { first: false } => {}
-                        Action::Demote { to, seen_replica } => {
-                            probe = Some(Probe::Demotion(self.demote(&to, seen_replica).await));
+                        Action::Demote { to, seen_replica, fenced } => {
+                            let demotion = self.demote(&to, seen_replica, fenced).await;
+                            probe = Some(Probe::Demotion(demotion));
                         }
                         other => self.perform(other, &current).await,
                     }
@@ -358,10 +368,10 @@ impl Episode {
     }
 
     /// Demotes the node to `to` if it still claims master (refused if it answered replica
-    /// before: promoted again).
-    async fn demote(&self, to: &Node, seen_replica: bool) -> Demotion {
+    /// before: promoted again). `fenced`: our pause is on it, renewed first.
+    async fn demote(&self, to: &Node, seen_replica: bool, fenced: bool) -> Demotion {
         let started = Instant::now();
-        let outcome = self.try_demote(to, seen_replica).await;
+        let outcome = self.try_demote(to, seen_replica, fenced).await;
         self.fence_tried.send_replace(true);
         let demotion = match outcome {
             Ok(Outcome::Done { killed }) => {
@@ -389,8 +399,25 @@ impl Episode {
         demotion
     }
 
-    async fn try_demote(&self, to: &Node, seen_replica: bool) -> Result<Outcome, NodeError> {
-        match self.link.role().await? {
+    async fn try_demote(
+        &self,
+        to: &Node,
+        seen_replica: bool,
+        fenced: bool,
+    ) -> Result<Outcome, NodeError> {
+        if let Some(why) = self.not_published_to(to) {
+            return Ok(Outcome::Refused(why));
+        }
+        // Our pause must hold until REPLICAOF runs, and the fence loop renews nothing while it
+        // waits here: it is renewed first, in one pipeline with ROLE, for the demotion's own
+        // deadlines. (It lapsed during a demotion that took 1.5 s on a loaded machine, and the
+        // node acknowledged writes that REPLICAOF then lost.)
+        let role = if fenced && !seen_replica {
+            self.link.fence(demotion_pause(self.shared.cfg.interval)).await?.role
+        } else {
+            self.link.role().await?
+        };
+        match role {
             Role::Master if seen_replica => {
                 // A replica earlier, a master now: promoted again (by Sentinel), not ours.
                 return Ok(Outcome::Refused("it answered replica before: promoted again".into()));
@@ -399,7 +426,7 @@ impl Episode {
             Role::Replica => return Ok(Outcome::AlreadyReplica),
             Role::Other(other) => return Ok(Outcome::Refused(format!("it answers ROLE {other}"))),
         }
-        if let Some(why) = self.not_demotable_to(to).await {
+        if let Some(why) = self.target_not_master(to).await {
             return Ok(Outcome::Refused(why));
         }
         let listing = self.link.clients().await?;
@@ -416,18 +443,24 @@ impl Episode {
         Ok(Outcome::Done { killed })
     }
 
-    /// Why the node must not be made a replica of `to`, if it must not: the published primary
-    /// is the node itself or another than `to`, or `to` does not answer `ROLE` master.
-    async fn not_demotable_to(&self, to: &Node) -> Option<String> {
+    /// Why the node must not be made a replica of `to` by what is published, if it must not:
+    /// the published primary is the node itself or another than `to`. Asked before anything
+    /// is sent to the node, so that no published primary is paused.
+    fn not_published_to(&self, to: &Node) -> Option<String> {
         let published = {
             let topology = self.shared.topology.borrow();
             topology.master(&self.master).and_then(|m| m.primary.as_ref().map(Node::addr))
         };
         match published {
-            Some(p) if p == self.node() => return Some("it is the published primary".into()),
-            Some(p) if p != to.addr() => return Some(format!("{p} is published, not {to}")),
-            _ => {}
+            Some(p) if p == self.node() => Some("it is the published primary".into()),
+            Some(p) if p != to.addr() => Some(format!("{p} is published, not {to}")),
+            _ => None,
         }
+    }
+
+    /// Why the node must not be made a replica of `to` yet, if `to` does not answer `ROLE`
+    /// master.
+    async fn target_not_master(&self, to: &Node) -> Option<String> {
         match self.target_link(to).role().await {
             Ok(Role::Master) => None,
             Ok(role) => Some(format!("{to} answers ROLE {role:?}, not master")),

@@ -20,9 +20,10 @@
 //!   [`episode::FENCE_HOLD`] is left to lapse.
 //! - **Flipped** (DNS and HTTP answer N): every client of O that is not spared is killed at
 //!   once; then a sweep every `interval` until the cutoff `flip + grace`.
-//! - **Confirmed** (or a flip that is not provisional): O is demoted: the clients the pause
-//!   holds are killed and `REPLICAOF N` is sent in one transaction, and the pause is lifted once
-//!   `ROLE` says replica. From then on O refuses every write (`READONLY`), whatever address its
+//! - **Confirmed** (or a flip that is not provisional): O is demoted: the pause is renewed for
+//!   as long as the demotion may take (it asks N `ROLE` first, on a connection opened then),
+//!   the clients the pause holds are killed and `REPLICAOF N` is sent in one transaction, and
+//!   the pause is lifted once `ROLE` says replica. From then on O refuses every write (`READONLY`), whatever address its
 //!   clients hold, so nothing it acknowledges after the promotion is lost.
 //! - **Stale writers**: after the cutoff and until `window`, every client of O whose last
 //!   command is a write (it got `READONLY`: a cached or pinned address) is killed every second,

@@ -34,6 +34,16 @@ const COMMAND_DEADLINE: Duration = Duration::from_secs(1);
 /// `CLIENT LIST` of a node with tens of thousands of clients is a few megabytes.
 const LIST_DEADLINE: Duration = Duration::from_secs(2);
 
+/// The longest a demotion waits, from its `ROLE` of the old primary until its `REPLICAOF`
+/// runs, with every step at its deadline: the new primary's `ROLE` on a link opened then,
+/// `CLIENT LIST` and the transaction. The pause a demotion renews first lasts this much longer
+/// than a fence's, so that it cannot lapse before `REPLICAOF` (writes it let through on a node
+/// still claiming master would be acknowledged, then lost).
+pub const DEMOTION_DEADLINES: Duration = CONNECT_DEADLINE
+    .saturating_add(COMMAND_DEADLINE)
+    .saturating_add(LIST_DEADLINE)
+    .saturating_add(COMMAND_DEADLINE);
+
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     #[error("cannot connect to {node}: {source}")]

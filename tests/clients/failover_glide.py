@@ -16,6 +16,7 @@ is paused (it waits) or read-only, as a plain `RPUSH` would be.
 """
 import asyncio
 import json
+import platform
 import random
 import signal
 import sys
@@ -106,7 +107,8 @@ async def main():
     mode, host, port, name = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     options = settings(sys.argv[5] if len(sys.argv) > 5 else "default")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    log(ev="start", mode=mode, lib="valkey-glide", version=version("valkey-glide"))
+    log(ev="start", mode=mode, lib="valkey-glide", version=version("valkey-glide"),
+        runtime=f"Python {platform.python_version()}")
     if mode == "blpop":
         push = await connect(host, port, options, "pusher")
         block = await connect(host, port, options, "blocker")

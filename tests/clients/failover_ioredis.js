@@ -2,19 +2,25 @@
 // through the system resolver (getaddrinfo), one write every 10-20 ms. Driven by
 // tests/clients_netns.rs; every line on stdout is one JSON event.
 //
-//   node failover_ioredis.js writer HOST PORT NAME   RPUSH acked:NAME <seq>, logs each reply
-//   node failover_ioredis.js blpop  HOST PORT NAME   one connection pushes jobs:NAME every
-//                                                    10-20 ms, another BLPOPs them (timeout 0)
+//   node failover_ioredis.js writer HOST PORT NAME [disconnect50]
+//                                    RPUSH acked:NAME <seq>, logs each reply
+//   node failover_ioredis.js blpop  HOST PORT NAME
+//                                    one connection pushes jobs:NAME every 10-20 ms, another
+//                                    BLPOPs them (timeout 0)
+//
+// `disconnect50`: `disconnectTimeout: 50` (ioredis's default is 2000 ms: how long a connection
+// it closes itself may wait for the peer's FIN before it is destroyed).
 "use strict";
 const Redis = require("ioredis");
 
-const [mode, host, port, name] = process.argv.slice(2);
+const [mode, host, port, name, variant] = process.argv.slice(2);
+const options = variant === "disconnect50" ? { disconnectTimeout: 50 } : {};
 const log = (event) => process.stdout.write(JSON.stringify({ t: Date.now(), ...event }) + "\n");
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const pace = () => sleep(10 + Math.random() * 10);
 
 function connect(role) {
-  const r = new Redis({ host, port: Number(port) });
+  const r = new Redis({ host, port: Number(port), ...options });
   r.on("error", (e) => log({ ev: "error", role, err: String(e.message).slice(0, 200) }));
   r.on("connect", () => log({ ev: "connect", role, peer: peer(r) }));
   return r;
@@ -59,7 +65,8 @@ async function blpop() {
 }
 
 process.on("SIGTERM", () => process.exit(0));
-log({ ev: "start", mode, lib: "ioredis", version: require("ioredis/package.json").version });
+const runtime = `Node.js ${process.versions.node}`;
+log({ ev: "start", mode, lib: "ioredis", version: require("ioredis/package.json").version, runtime });
 (mode === "blpop" ? blpop() : writer()).catch((e) => {
   log({ ev: "crash", err: String(e) });
   process.exit(1);

@@ -2,13 +2,17 @@
 through the system resolver (getaddrinfo), one write every 10-20 ms. Driven by
 tests/clients_netns.rs; every line on stdout is one JSON event.
 
-    python failover_redis_py.py HOST PORT NAME [fast]    RPUSH acked:NAME <seq>, logs each reply
+    python failover_redis_py.py HOST PORT NAME [fast] [pool]
+                                        RPUSH acked:NAME <seq>, logs each reply
 
 redis-py's default retry (3 retries, ExponentialWithJitterBackoff(base=1, cap=10)) sleeps up to
 2 s, then up to 4 s, between reconnects; `fast` retries the way the README recommends for
-failover (ExponentialBackoff(cap=0.5, base=0.05), 10 retries).
+failover (ExponentialBackoff(cap=0.5, base=0.05), 10 retries). The client holds one connection
+(`single_connection_client=True`) unless `pool` is given: then it takes one from redis-py's
+connection pool for each command, as `redis.Redis(host=...)` does by default.
 """
 import json
+import platform
 import random
 import signal
 import sys
@@ -25,7 +29,9 @@ def log(**event):
 
 
 def peer(client):
-    sock = getattr(client.connection, "_sock", None) if client.connection else None
+    # Single-threaded: the held connection, or the pool's one just released, carried the write.
+    conn = client.connection or (client.connection_pool._available_connections or [None])[-1]
+    sock = getattr(conn, "_sock", None) if conn else None
     try:
         host, port = sock.getpeername()[:2]
         return f"{host}:{port}"
@@ -36,11 +42,14 @@ def peer(client):
 def main():
     host, port, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    log(ev="start", lib="redis-py", version=redis.__version__)
+    flags = sys.argv[4:]
+    log(ev="start", lib="redis-py", version=redis.__version__,
+        runtime=f"Python {platform.python_version()}")
     options = {}
-    if sys.argv[4:] == ["fast"]:
+    if "fast" in flags:
         options["retry"] = Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)
-    client = redis.Redis(host=host, port=port, single_connection_client=True, **options)
+    single = "pool" not in flags
+    client = redis.Redis(host=host, port=port, single_connection_client=single, **options)
     seq = 0
     while True:
         seq += 1

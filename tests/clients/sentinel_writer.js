@@ -40,6 +40,7 @@ const line = (text) => process.stdout.write(text.replace(/\n/g, ' ') + '\n');
 
 async function main() {
   line(`version ioredis ${require('ioredis/package.json').version}`);
+  line(`runtime Node.js ${process.versions.node}`);
   const end = Date.now() + Number(seconds) * 1000;
   let seq = 0;
   while (Date.now() < end) {

@@ -18,6 +18,7 @@ Each value is RPUSHed to KEY until a node acknowledges it, then the next one. Pr
   err <seq> <unix-ms> <error>
 """
 import os
+import platform
 import sys
 import time
 
@@ -107,6 +108,7 @@ def main():
     if os.environ.get("PY_TRACE"):
         traced()
     print(f"version redis-py {redis.__version__}", flush=True)
+    print(f"runtime Python {platform.python_version()}", flush=True)
     sentinel, options = sentinel_and_master(sentinels, name, settings)
     # The usual application pattern. (A client holding one connection, such as
     # `single_connection_client=True`, reconnects to the address it had in redis-py 6.4: only a

@@ -23,6 +23,7 @@ const line = (text) => process.stdout.write(text.replace(/\n/g, ' ') + '\n');
 
 async function main() {
   line(`version node-redis ${require('redis/package.json').version}`);
+  line(`runtime Node.js ${process.versions.node}`);
   const sentinel = createSentinel({ name, sentinelRootNodes });
   sentinel.on('error', (e) => line(`trace ${Date.now()} error ${e.message}`));
   if (process.env.NR_TRACE) {

@@ -106,8 +106,11 @@ pub enum Action {
     /// at once, silently (there was no fence of ours to report lifted).
     Unpause,
     /// Demote the node to `to` if it answers master (refused if it answered replica before),
-    /// and report it with [`Probe::Demotion`].
-    Demote { to: Node, seen_replica: bool },
+    /// and report it with [`Probe::Demotion`]. `fenced`: our pause is on it, and the fence
+    /// loop renews nothing while it waits on the demotion, so the demotion renews the pause
+    /// first, for as long as it may take (a pause that lapsed before `REPLICAOF` let writes
+    /// through that the demotion then lost: seen on a loaded machine).
+    Demote { to: Node, seen_replica: bool, fenced: bool },
     /// The first fence (or demotion) attempt is over: the first drain pass may go.
     FenceTried,
     /// Sleep until `at` before the next tick (instead of the interval).
@@ -167,7 +170,8 @@ fn tick(phase: Phase, orders: &Orders, now: Instant) -> (Phase, Vec<Action>) {
         return (phase, vec![Action::SleepUntil(orders.until)]);
     }
     if let Some(to) = &orders.demote {
-        let demote = Action::Demote { to: to.clone(), seen_replica: phase.seen_replica() };
+        let (seen_replica, fenced) = (phase.seen_replica(), phase.fenced());
+        let demote = Action::Demote { to: to.clone(), seen_replica, fenced };
         return (phase, vec![demote]);
     }
     fence(phase, orders, now)

@@ -46,7 +46,7 @@ const TICK: Probe = Probe::Tick { changed: false, returning: false };
 fn a_tick_fences_demotes_or_ends_as_the_orders_say() {
     let now = Instant::now();
     let until = now + Duration::from_secs(60);
-    let demote = |seen_replica| Action::Demote { to: node(7002), seen_replica };
+    let demote = |seen_replica, fenced| Action::Demote { to: node(7002), seen_replica, fenced };
     use Action::*;
     let cases: Vec<Row> = vec![
         (
@@ -100,8 +100,46 @@ fn a_tick_fences_demotes_or_ends_as_the_orders_say() {
             REPLICA,
             vec![SleepUntil(until)],
         ),
-        ("confirmed: demote", FENCED, 5, true, true, None, FENCED, vec![demote(false)]),
-        ("confirmed, seen replica before", SEEN, 5, true, true, None, SEEN, vec![demote(true)]),
+        (
+            "confirmed: demote, renewing our pause",
+            FENCED,
+            5,
+            true,
+            true,
+            None,
+            FENCED,
+            vec![demote(false, true)],
+        ),
+        (
+            "confirmed, no pause of ours",
+            OPEN,
+            5,
+            true,
+            true,
+            None,
+            OPEN,
+            vec![demote(false, false)],
+        ),
+        (
+            "confirmed, fence over: no pause",
+            OPEN,
+            -1,
+            true,
+            true,
+            None,
+            OPEN,
+            vec![demote(false, false)],
+        ),
+        (
+            "confirmed, seen replica before",
+            SEEN,
+            5,
+            true,
+            true,
+            None,
+            SEEN,
+            vec![demote(true, false)],
+        ),
         ("promoting: fence", OPEN, 5, false, false, None, OPEN, vec![Fence]),
         ("renewing: fence", FENCED_SEEN, 5, true, false, None, FENCED_SEEN, vec![Fence]),
         ("fence over", FENCED, -1, true, false, None, OPEN, vec![FenceOver("fence_over")]),
@@ -209,7 +247,8 @@ fn a_demotion_ends_the_fence_or_falls_back_to_it() {
 fn new_orders_look_at_the_node_afresh() {
     let now = Instant::now();
     let o = orders(now, 5, false, true, None);
-    let demote = |seen_replica| vec![Action::Demote { to: node(7002), seen_replica }];
+    let demote =
+        |seen_replica, fenced| vec![Action::Demote { to: node(7002), seen_replica, fenced }];
     let tick = |changed, returning| Probe::Tick { changed, returning };
     let cases = vec![
         (
@@ -219,10 +258,28 @@ fn new_orders_look_at_the_node_afresh() {
             REPLICA,
             vec![Action::SleepUntil(o.until)],
         ),
-        ("changed: demote, but it was a replica", REPLICA, tick(true, false), SEEN, demote(true)),
-        ("a returning node's order", REPLICA, tick(true, true), OPEN, demote(false)),
-        ("a returning node's order, fenced", FENCED_SEEN, tick(true, true), FENCED, demote(false)),
-        ("changed, fenced: remembered", FENCED_SEEN, tick(true, false), FENCED_SEEN, demote(true)),
+        (
+            "changed: demote, but it was a replica",
+            REPLICA,
+            tick(true, false),
+            SEEN,
+            demote(true, false),
+        ),
+        ("a returning node's order", REPLICA, tick(true, true), OPEN, demote(false, false)),
+        (
+            "a returning node's order, fenced",
+            FENCED_SEEN,
+            tick(true, true),
+            FENCED,
+            demote(false, true),
+        ),
+        (
+            "changed, fenced: remembered",
+            FENCED_SEEN,
+            tick(true, false),
+            FENCED_SEEN,
+            demote(true, true),
+        ),
     ];
     for (name, phase, probe, want_phase, want) in cases {
         assert_eq!(step(phase, &o, probe, now), (want_phase, want), "{name}");
