@@ -29,6 +29,14 @@ impl Node {
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::new(self.ip, self.port)
     }
+
+    /// Whether `other` is the same instance: the same address, or, where the Sentinels name
+    /// nodes by hostname (`announce-hostnames yes`), the same hostname and port, whatever
+    /// address the name resolves to now (a pod or VM that came back with a new IP).
+    pub fn same_instance(&self, other: &Node) -> bool {
+        let named = matches!((&self.hostname, &other.hostname), (Some(a), Some(b)) if a == b);
+        self.addr() == other.addr() || (named && self.port == other.port)
+    }
 }
 
 impl fmt::Display for Node {
