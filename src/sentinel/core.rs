@@ -48,10 +48,11 @@ pub type SentinelId = usize;
 pub const FENCE_WITHOUT_FLIP: Duration = Duration::from_secs(5);
 
 /// A provisional flip whose leader is gone while a majority of the configured Sentinels report
-/// the primary before it is withdrawn once that has lasted this long. A leader that lost only
-/// its link to polestar finishes the promotion and the others adopt it from its hello within
-/// about three seconds of the flip.
-pub const CONTRADICTED_FLIP: Duration = Duration::from_secs(5);
+/// the primary before it is withdrawn once that has lasted this long: Sentinel's own wait
+/// before it turns back a replica that claims master with no newer configuration (four hello
+/// periods). A leader that lost only its link to polestar finishes the promotion, and the
+/// others adopt it from its hello within about three seconds of the flip.
+pub const CONTRADICTED_FLIP: Duration = Duration::from_secs(8);
 
 /// A node of a master's lineage that no configured Sentinel has listed for this long, while a
 /// majority of them report, is forgotten (see [`Lineage`]). Sentinel lists every replica it
