@@ -127,6 +127,10 @@ pub struct Master {
     /// `primary` is what it is: the one case in which a master's epoch goes down, said
     /// explicitly so that agents follow it (they refuse a lower epoch otherwise).
     pub withdrawn: Option<Withdrawn>,
+    /// `primary` was flipped to on its own `ROLE` while a configured leader promotes it, and is
+    /// not confirmed yet: the watcher that published it alone can confirm or withdraw it (a
+    /// reload waits for that before a new watcher takes over).
+    pub provisional: bool,
 }
 
 /// The provisional primary a failover's abort took back, at the epoch it was published with.
@@ -240,6 +244,7 @@ mod tests {
     fn master(name: &str, epoch: u64) -> Master {
         Master {
             withdrawn: None,
+            provisional: false,
             name: name.into(),
             label: name.into(),
             primary: None,

@@ -794,6 +794,62 @@ async fn a_lost_event_leaves_no_provisional_flip_published_when_the_node_is_a_re
     assert!(leader.subscribed() >= 1, "the leader stayed connected throughout");
 }
 
+/// Rewrites `env`'s configuration with the master under the DNS label `label` and sends
+/// SIGHUP: a new masters list, so the Sentinel watcher is restarted. Returns once the daemon
+/// says so.
+async fn reload_with_label(env: &Env, label: &str) {
+    let path = &env.ps.config_path;
+    let yaml = std::fs::read_to_string(path).expect("read the config");
+    let entry = format!("  - name: \"{}\"\n", env.master_name());
+    assert!(yaml.contains(&entry), "{yaml}");
+    let yaml = yaml.replace(&entry, &format!("{entry}    dns_name: {label}\n"));
+    std::fs::write(path, yaml).expect("write the config");
+    env.ps.signal(nix::sys::signal::Signal::SIGHUP);
+    env.wait_until(Duration::from_secs(10), "the watcher restarts", || async {
+        ensure!(env.ps.logged("restarting the Sentinel watcher"), "not yet");
+        Ok(())
+    })
+    .await;
+}
+
+/// Regression (issue 25, a reload during a provisional flip), with a scripted leader among two
+/// real Sentinels and a real SIGHUP: polestar flipped provisionally to the replica the leader
+/// promotes (epoch E+1); a reload that restarts the Sentinel watcher came next, then the leader
+/// aborted the failover, and the old watcher withdrew the flip during the new one's warm-up.
+/// The new watcher took its floors from the flip when its warm-up began, so at takeover it put
+/// the withdrawn replica back and held it for good (its own Sentinels never reach E+1): DNS and
+/// HTTP named a replica. Now the takeover waits for the old watcher to settle its flip and
+/// takes its floors from what was published last: the old primary at epoch E stays.
+#[tokio::test]
+async fn a_reload_during_a_provisional_flip_that_is_then_aborted_never_publishes_the_flip_again() {
+    let (env, leader, primary, epoch) = with_scripted_sentinel(false, false).await;
+    let replica = env.lab.replicas().await.expect("the replicas")[0];
+    leader_selects(&env, &leader, replica, primary, epoch + 1);
+    promote(replica).await;
+    let flipped = env.wait_api_primary(replica, Duration::from_secs(5)).await;
+    assert_eq!(epoch_of(&flipped), Some(epoch + 1), "{flipped}");
+
+    reload_with_label(&env, "reloaded").await;
+    let m = env.master_name();
+    leader.answer("SENTINEL MASTERS", &format!("*1\r\n{}", master_record(&leader.claim)));
+    leader.answer("SENTINEL MASTER", &master_record(&leader.claim));
+    let (ip, port) = (primary.ip(), primary.port());
+    leader.say("-failover-abort-slave-timeout", &format!("master {m} {ip} {port}"));
+    let back = env.wait_api_primary(primary, Duration::from_secs(5)).await;
+    assert_eq!(epoch_of(&back), Some(epoch), "{back}");
+
+    // Through the new watcher's takeover (at most WARMUP, 10 s) and beyond: never the flip.
+    let watch_until = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < watch_until {
+        let m = env.master().await.expect("the API answers");
+        assert_eq!(primary_of(&m), Some(primary), "the withdrawn flip is back: {m}");
+        assert_eq!(epoch_of(&m), Some(epoch), "{m}");
+        sleep(Duration::from_millis(200)).await;
+    }
+    let m = env.master().await.expect("the API answers");
+    assert_eq!(m["dns_name"], "reloaded", "the new watcher took over: {m}");
+}
+
 /// Issue 25, item 5, with real Sentinels and a scripted configured one that missed the
 /// failover: after a real failover, it reports the new primary as a returning replica of the
 /// old one (`-sdown slave <new> @ m <old>`, then `+convert-to-slave`), as a Sentinel does when

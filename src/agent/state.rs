@@ -307,6 +307,8 @@ fn from_view(view: &MasterView, label: String) -> Master {
             node: Node { ip: w.ip, port: w.port, hostname: None },
             epoch: w.epoch,
         }),
+        // What the upstreams confirm or withdraw reaches the agent as a new view.
+        provisional: false,
     }
 }
 

@@ -13,7 +13,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::conn::Endpoint;
-use super::core::{Action, Candidate, Evidence, Now, Quorum, SentinelId, State, decide};
+use super::core::{
+    Action, Candidate, Evidence, Now, Publication, Quorum, SentinelId, State, decide,
+};
 use super::hello_acl;
 use super::link::Link;
 use super::message::{Addr, Down, PeerRecord};
@@ -730,6 +732,7 @@ impl Decider {
             replicas: e.state.replicas.clone(),
             sentinels,
             withdrawn: withdrawn(e.withdrawn.as_ref(), primary),
+            provisional: matches!(publication, Publication::Provisional { .. }),
         }
     }
 }
