@@ -239,7 +239,7 @@ pub fn behind(floors: &Floors, side: &Snapshot) -> bool {
 /// Whether the confirmed floor `f` is above `m` and not withdrawn by it.
 fn holds(f: &Master, m: &Master) -> bool {
     let withdrawn = |w: &Withdrawn| Some(w.epoch) == f.epoch && f.primary.as_ref() == Some(&w.node);
-    f.epoch > m.epoch && !m.withdrawn.as_ref().is_some_and(|w| withdrawn(w))
+    f.epoch > m.epoch && !m.withdrawn.as_ref().is_some_and(withdrawn)
 }
 
 /// The restarted watcher's snapshot over the floors: a master below a confirmed floor is kept
