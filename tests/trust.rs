@@ -717,8 +717,8 @@ async fn a_provisional_flip_whose_leader_dies_is_withdrawn_when_the_others_conve
 /// The `why` of the latest `revert` event of `ps`.
 async fn revert_why(ps: &Polestar) -> Option<String> {
     let (_, events) = ps.get_json("/v1/events").await.ok()?;
-    let reverts = events.as_array()?.iter().filter(|e| e["kind"] == "revert");
-    reverts.last()?["why"].as_str().map(str::to_string)
+    let mut reverts = events.as_array()?.iter().filter(|e| e["kind"] == "revert");
+    reverts.next_back()?["why"].as_str().map(str::to_string)
 }
 
 /// The default user of `node` may no longer run `INFO`: the Sentinels, which learn a node's
