@@ -102,6 +102,7 @@ fn master(i: usize, round: u64) -> (String, Arc<Master>) {
             .collect(),
         sentinels: SentinelCounts::default(),
         withdrawn: None,
+        provisional: false,
     };
     (master.name.clone(), Arc::new(master))
 }

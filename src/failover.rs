@@ -41,8 +41,9 @@ pub enum Signal {
     /// The failover was aborted (and a provisional flip withdrawn): lift every fence and stop
     /// every drain started for it. `gave_up`: no Sentinel aborted the failover under way
     /// (polestar's own [`FENCE_WITHOUT_FLIP`](crate::sentinel::core::FENCE_WITHOUT_FLIP) ran
-    /// out, the Sentinels converted a provisional primary back, or a leader aborted an older
-    /// attempt while another leader's newer one goes on); its fences are then left to lapse,
+    /// out, the Sentinels converted a provisional primary back or contradicted it with its
+    /// leader gone, the node answered replica again, or a leader aborted an older attempt
+    /// while another leader's newer one goes on); its fences are then left to lapse,
     /// not lifted: `CLIENT UNPAUSE` lifts every polestar's pause, and another polestar may
     /// still need its fence.
     Aborted { master: String, gave_up: bool },

@@ -29,6 +29,14 @@ impl Node {
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::new(self.ip, self.port)
     }
+
+    /// Whether `other` is the same instance: the same address, or, where the Sentinels name
+    /// nodes by hostname (`announce-hostnames yes`), the same hostname and port, whatever
+    /// address the name resolves to now (a pod or VM that came back with a new IP).
+    pub fn same_instance(&self, other: &Node) -> bool {
+        let named = matches!((&self.hostname, &other.hostname), (Some(a), Some(b)) if a == b);
+        self.addr() == other.addr() || (named && self.port == other.port)
+    }
 }
 
 impl fmt::Display for Node {
@@ -119,6 +127,10 @@ pub struct Master {
     /// `primary` is what it is: the one case in which a master's epoch goes down, said
     /// explicitly so that agents follow it (they refuse a lower epoch otherwise).
     pub withdrawn: Option<Withdrawn>,
+    /// `primary` was flipped to on its own `ROLE` while a configured leader promotes it, and is
+    /// not confirmed yet: the watcher that published it alone can confirm or withdraw it (a
+    /// reload waits for that before a new watcher takes over).
+    pub provisional: bool,
 }
 
 /// The provisional primary a failover's abort took back, at the epoch it was published with.
@@ -232,6 +244,7 @@ mod tests {
     fn master(name: &str, epoch: u64) -> Master {
         Master {
             withdrawn: None,
+            provisional: false,
             name: name.into(),
             label: name.into(),
             primary: None,

@@ -514,3 +514,49 @@ async fn sweep_probes_send_no_credentials_to_a_node_no_majority_named() {
         task.abort();
     }
 }
+
+/// Issue 25, item 2, measured before: Sentinels at current epoch 5000 (one counter for every
+/// master), a `SENTINEL FAILOVER` of a master at config epoch 0 gives 5001; the central
+/// polestar followed in 1.44 s, an agent following it never did (still epoch 0, the old
+/// primary, state `ok`). Past 2^32 (a forged hello can push every real Sentinel there), the
+/// agent's ceiling refused every real failover for good. Real Sentinels started at that
+/// current epoch, the real binary for the central polestar and the agent.
+async fn an_agent_follows_a_failover_whose_epoch_jumps_to(current_epoch: u64) {
+    let opts = LabOptions { current_epoch, ..LabOptions::default() };
+    let lab = Lab::start(opts).await.expect("the lab starts");
+    let central = Polestar::start(&PolestarConfig::for_lab(&lab)).await;
+    let agent = Polestar::start(&PolestarConfig::agent(lab.master_name(), &[central.api()])).await;
+    let old = lab.primary().await.expect("primary");
+    let before = wait_primary(&agent, lab.master_name(), &old.to_string(), STARTUP).await;
+    assert!(before["epoch"].as_u64().is_some_and(|e| e < current_epoch), "{before}");
+
+    lab.failover().await.expect("SENTINEL FAILOVER");
+    let new = lab.wait_for_primary_change(old, FAILOVER * 2).await.expect("a new primary");
+    let m = wait_primary(&central, lab.master_name(), &new.to_string(), FAILOVER).await;
+    let epoch = m["epoch"].as_u64().expect("an epoch");
+    assert!(
+        epoch > current_epoch,
+        "the failover's epoch is past the Sentinels' {current_epoch}: {m}"
+    );
+    let a =
+        wait_primary(&agent, lab.master_name(), &new.to_string(), Duration::from_secs(10)).await;
+    assert_eq!(a["epoch"].as_u64(), Some(epoch), "{a}");
+    let to = new.to_string();
+    if let (Some(central_ms), Some(agent_ms)) =
+        (switch_ms(&central, &to).await, switch_ms(&agent, &to).await)
+    {
+        let ms = agent_ms.saturating_sub(central_ms);
+        eprintln!("EPOCH JUMP to {epoch}: the agent switched {ms} ms after the central polestar");
+    }
+    assert!(!agent.logged("refused"), "{}", agent.log_tail(30));
+}
+
+#[tokio::test]
+async fn an_agent_follows_a_failover_whose_epoch_jumps_by_thousands() {
+    an_agent_follows_a_failover_whose_epoch_jumps_to(5000).await;
+}
+
+#[tokio::test]
+async fn an_agent_follows_a_failover_past_two_to_the_32() {
+    an_agent_follows_a_failover_whose_epoch_jumps_to((1 << 32) + 5000).await;
+}

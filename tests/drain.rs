@@ -292,6 +292,7 @@ impl Harness {
             .collect();
         let m = Master {
             withdrawn: None,
+            provisional: false,
             name: master.into(),
             label: master.into(),
             primary: Some(primary),

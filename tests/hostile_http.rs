@@ -58,6 +58,7 @@ async fn start_with(caps: http::Caps) -> Server {
     let (writer, reader) = topology::channel();
     let master = Master {
         withdrawn: None,
+        provisional: false,
         name: "mymaster".into(),
         label: "mymaster".into(),
         primary: Some(Node { ip: [10, 0, 0, 1].into(), port: 6379, hostname: None }),

@@ -101,6 +101,7 @@ fn master(name: &str, primary: Option<&str>, epoch: Option<u64>) -> Master {
     };
     Master {
         withdrawn: None,
+        provisional: false,
         name: name.into(),
         label: topology::label_for(name),
         primary: primary.map(node),

@@ -709,6 +709,7 @@ async fn slow_subscribers_are_disconnected_not_buffered() {
             .collect();
         let master = Master {
             withdrawn: None,
+            provisional: false,
             name: "m".into(),
             label: "m".into(),
             primary: Some(Node { ip: [10, 0, 0, 1].into(), port: 6379, hostname: None }),

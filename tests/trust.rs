@@ -44,6 +44,8 @@ struct FakeSentinel {
     dead: Arc<AtomicBool>,
     /// Raw replies that replace the usual ones, by the command's first words (upper case).
     overrides: Overrides,
+    /// What it claims.
+    claim: Claim,
 }
 
 type Overrides = Arc<Mutex<Vec<(Vec<String>, String)>>>;
@@ -58,6 +60,7 @@ impl FakeSentinel {
         let overrides = Overrides::default();
         let (log, tx, gone, odd) =
             (commands.clone(), events.clone(), dead.clone(), overrides.clone());
+        let claimed = claim.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 if !gone.load(Ordering::SeqCst) {
@@ -67,7 +70,7 @@ impl FakeSentinel {
                 }
             }
         });
-        Self { addr, commands, events, dead, overrides }
+        Self { addr, commands, events, dead, overrides, claim: claimed }
     }
 
     /// From now on, answers a command starting with `words` (e.g. `SENTINEL CKQUORUM`) with
@@ -129,12 +132,16 @@ fn map(pairs: &[(&str, String)]) -> String {
 }
 
 fn master_record(c: &Claim) -> String {
+    master_record_flagged(c, "master")
+}
+
+fn master_record_flagged(c: &Claim, flags: &str) -> String {
     map(&[
         ("name", c.master.clone()),
         ("ip", c.primary.ip().to_string()),
         ("port", c.primary.port().to_string()),
         ("runid", "0".repeat(40)),
-        ("flags", "master".into()),
+        ("flags", flags.into()),
         ("config-epoch", c.epoch.to_string()),
         ("num-slaves", c.replicas.len().to_string()),
         ("num-other-sentinels", "2".into()),
@@ -645,7 +652,8 @@ async fn with_scripted_sentinel(
 }
 
 /// The scripted `leader` announces that it leads a failover at `epoch` and has selected
-/// `replica` of `primary`, up to sending it `SLAVEOF NO ONE`.
+/// `replica` of `primary`, up to sending it `SLAVEOF NO ONE`; from then on its reconciliation
+/// reports the failover in progress (`flags` `failover_in_progress`), as a real leader's does.
 fn leader_selects(
     env: &Env,
     leader: &FakeSentinel,
@@ -654,6 +662,9 @@ fn leader_selects(
     epoch: u64,
 ) {
     let m = env.master_name();
+    let record = master_record_flagged(&leader.claim, "master,failover_in_progress");
+    leader.answer("SENTINEL MASTERS", &format!("*1\r\n{record}"));
+    leader.answer("SENTINEL MASTER", &record);
     let chosen = replica_event(&m, replica, primary);
     leader.say("+new-epoch", &epoch.to_string());
     leader.say("+try-failover", &format!("master {m} {} {}", primary.ip(), primary.port()));
@@ -672,7 +683,10 @@ async fn promote(replica: SocketAddr) {
 /// sent `SLAVEOF NO ONE` and polestar flipped to the replica on its `ROLE`; the leader died
 /// before `+promoted-slave`, so no Sentinel learned the new configuration, and the real ones
 /// turned the node back into a replica of the old primary (`+convert-to-slave`, their own
-/// doing, some seconds later). polestar went on publishing that replica for good.
+/// doing, some seconds later). polestar went on publishing that replica for good. Now the flip
+/// is withdrawn (on the conversion, or before it: the leader is gone while the others keep
+/// reporting the old primary, `a_lost_event_...` below), and stays withdrawn once the
+/// Sentinels have made the node a replica again.
 #[tokio::test]
 async fn a_provisional_flip_whose_leader_dies_is_withdrawn_when_the_others_convert_the_node_back() {
     let (env, leader, primary, epoch) = with_scripted_sentinel(false, false).await;
@@ -688,11 +702,152 @@ async fn a_provisional_flip_whose_leader_dies_is_withdrawn_when_the_others_conve
     // newer configuration; it reads a replica's INFO every 10 s.
     let m = env.wait_api_primary(primary, Duration::from_secs(45)).await;
     assert_eq!(epoch_of(&m), Some(epoch), "the old primary at its own epoch: {m}");
-    let role = role_of(replica).await.expect("ROLE");
-    assert_eq!(role, "slave", "published back only once the Sentinels made it a replica");
     let (_, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
     let revert = events.as_array().into_iter().flatten().any(|e| e["kind"] == "revert");
     assert!(revert, "no revert event: {events}");
+    env.wait_until(Duration::from_secs(45), "the Sentinels make the node a replica", || async {
+        let m = env.master().await?;
+        ensure!(primary_of(&m) == Some(primary) && epoch_of(&m) == Some(epoch), "{m}");
+        ensure!(role_of(replica).await? == "slave", "still a master");
+        Ok(())
+    })
+    .await;
+}
+
+/// The `why` of the latest `revert` event of `ps`.
+async fn revert_why(ps: &Polestar) -> Option<String> {
+    let (_, events) = ps.get_json("/v1/events").await.ok()?;
+    let mut reverts = events.as_array()?.iter().filter(|e| e["kind"] == "revert");
+    reverts.next_back()?["why"].as_str().map(str::to_string)
+}
+
+/// The default user of `node` may no longer run `INFO`: the Sentinels, which learn a node's
+/// role from its `INFO`, never see it change (and so never convert it back, nor announce it).
+async fn hide_role_from_the_sentinels(node: SocketAddr) {
+    let mut acl = redis::cmd("ACL");
+    acl.arg("SETUSER").arg("default").arg("-info");
+    polestar::lab::query::<String>(node, &acl).await.expect("ACL SETUSER default -info");
+}
+
+/// Issue 25 (SPEC "Sources of truth": withdrawal without the event), with a scripted leader
+/// among two real Sentinels: the leader promotes a replica (polestar flips provisionally),
+/// then dies before `+promoted-slave`; the real Sentinels never learn that the node claims
+/// master (they cannot read its `INFO`), so no `+convert-to-slave` or any other event comes.
+/// A flip was withdrawn only on such an event, and this one stayed published for good. Now the
+/// leader is gone while the two real Sentinels, a majority of three, keep reporting the old
+/// primary at the old epoch: the flip is withdrawn once that lasts `CONTRADICTED_FLIP` (8 s),
+/// the node still answering master.
+#[tokio::test]
+async fn a_lost_event_leaves_no_provisional_flip_published_when_the_leader_dies() {
+    let (env, leader, primary, epoch) = with_scripted_sentinel(false, false).await;
+    let replica = env.lab.replicas().await.expect("the replicas")[0];
+    hide_role_from_the_sentinels(replica).await;
+    leader_selects(&env, &leader, replica, primary, epoch + 1);
+    promote(replica).await;
+    let flipped = env.wait_api_primary(replica, Duration::from_secs(5)).await;
+    assert_eq!(epoch_of(&flipped), Some(epoch + 1), "{flipped}");
+    leader.die();
+
+    let m = env.wait_api_primary(primary, Duration::from_secs(30)).await;
+    assert_eq!(epoch_of(&m), Some(epoch), "the old primary at its own epoch: {m}");
+    assert_eq!(
+        revert_why(&env.ps).await.as_deref(),
+        Some("contradicted"),
+        "{}",
+        env.ps.log_tail(30)
+    );
+    assert_eq!(role_of(replica).await.expect("ROLE"), "master", "no Sentinel turned it back");
+    // Withdrawn for good: the node still claims master, polestar does not flip to it again.
+    let watch_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < watch_until {
+        let m = env.master().await.expect("the API answers");
+        assert_eq!(primary_of(&m), Some(primary), "{m}");
+        sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Issue 25 (SPEC "Sources of truth": withdrawal without the event), with a scripted leader
+/// that stays alive, still reporting its failover in progress: after polestar's provisional
+/// flip, the promoted node is made a replica of the old primary again (an abort, a
+/// reconfiguration) and no event about it reaches polestar. It kept publishing a replica. Now
+/// the provisional primary is asked `ROLE` every second, and its answer of replica withdraws
+/// the flip.
+#[tokio::test]
+async fn a_lost_event_leaves_no_provisional_flip_published_when_the_node_is_a_replica_again() {
+    let (env, leader, primary, epoch) = with_scripted_sentinel(false, false).await;
+    let replica = env.lab.replicas().await.expect("the replicas")[0];
+    leader_selects(&env, &leader, replica, primary, epoch + 1);
+    promote(replica).await;
+    env.wait_api_primary(replica, Duration::from_secs(5)).await;
+
+    let mut back = redis::cmd("REPLICAOF");
+    back.arg(primary.ip().to_string()).arg(primary.port());
+    polestar::lab::query::<String>(replica, &back).await.expect("REPLICAOF the old primary");
+    let m = env.wait_api_primary(primary, Duration::from_secs(5)).await;
+    assert_eq!(epoch_of(&m), Some(epoch), "the old primary at its own epoch: {m}");
+    assert_eq!(
+        revert_why(&env.ps).await.as_deref(),
+        Some("replica-again"),
+        "{}",
+        env.ps.log_tail(30)
+    );
+    assert!(leader.subscribed() >= 1, "the leader stayed connected throughout");
+}
+
+/// Rewrites `env`'s configuration with the master under the DNS label `label` and sends
+/// SIGHUP: a new masters list, so the Sentinel watcher is restarted. Returns once the daemon
+/// says so.
+async fn reload_with_label(env: &Env, label: &str) {
+    let path = &env.ps.config_path;
+    let yaml = std::fs::read_to_string(path).expect("read the config");
+    let entry = format!("  - name: \"{}\"\n", env.master_name());
+    assert!(yaml.contains(&entry), "{yaml}");
+    let yaml = yaml.replace(&entry, &format!("{entry}    dns_name: {label}\n"));
+    std::fs::write(path, yaml).expect("write the config");
+    env.ps.signal(nix::sys::signal::Signal::SIGHUP);
+    env.wait_until(Duration::from_secs(10), "the watcher restarts", || async {
+        ensure!(env.ps.logged("restarting the Sentinel watcher"), "not yet");
+        Ok(())
+    })
+    .await;
+}
+
+/// Regression (issue 25, a reload during a provisional flip), with a scripted leader among two
+/// real Sentinels and a real SIGHUP: polestar flipped provisionally to the replica the leader
+/// promotes (epoch E+1); a reload that restarts the Sentinel watcher came next, then the leader
+/// aborted the failover, and the old watcher withdrew the flip during the new one's warm-up.
+/// The new watcher took its floors from the flip when its warm-up began, so at takeover it put
+/// the withdrawn replica back and held it for good (its own Sentinels never reach E+1): DNS and
+/// HTTP named a replica. Now the takeover waits for the old watcher to settle its flip and
+/// takes its floors from what was published last: the old primary at epoch E stays.
+#[tokio::test]
+async fn a_reload_during_a_provisional_flip_that_is_then_aborted_never_publishes_the_flip_again() {
+    let (env, leader, primary, epoch) = with_scripted_sentinel(false, false).await;
+    let replica = env.lab.replicas().await.expect("the replicas")[0];
+    leader_selects(&env, &leader, replica, primary, epoch + 1);
+    promote(replica).await;
+    let flipped = env.wait_api_primary(replica, Duration::from_secs(5)).await;
+    assert_eq!(epoch_of(&flipped), Some(epoch + 1), "{flipped}");
+
+    reload_with_label(&env, "reloaded").await;
+    let m = env.master_name();
+    leader.answer("SENTINEL MASTERS", &format!("*1\r\n{}", master_record(&leader.claim)));
+    leader.answer("SENTINEL MASTER", &master_record(&leader.claim));
+    let (ip, port) = (primary.ip(), primary.port());
+    leader.say("-failover-abort-slave-timeout", &format!("master {m} {ip} {port}"));
+    let back = env.wait_api_primary(primary, Duration::from_secs(5)).await;
+    assert_eq!(epoch_of(&back), Some(epoch), "{back}");
+
+    // Through the new watcher's takeover (at most WARMUP, 10 s) and beyond: never the flip.
+    let watch_until = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < watch_until {
+        let m = env.master().await.expect("the API answers");
+        assert_eq!(primary_of(&m), Some(primary), "the withdrawn flip is back: {m}");
+        assert_eq!(epoch_of(&m), Some(epoch), "{m}");
+        sleep(Duration::from_millis(200)).await;
+    }
+    let m = env.master().await.expect("the API answers");
+    assert_eq!(m["dns_name"], "reloaded", "the new watcher took over: {m}");
 }
 
 /// Issue 25, item 5, with real Sentinels and a scripted configured one that missed the

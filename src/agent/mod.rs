@@ -13,9 +13,9 @@
 //!
 //! An agent may destroy sockets on its host (`sweep.remote`), so what it accepts is bounded:
 //! the bearer token on every request, https verified against `upstream.ca_file`, no redirects,
-//! a size limit on every answer, and the guards of [`state::decide`] (an absurd epoch, no
-//! majority, an equal epoch with another primary, a lower epoch that is no withdrawal, or a
-//! new primary that was not a replica of the master, is refused).
+//! a size limit on every answer, and the guards of [`state::decide`] (no majority, an equal
+//! epoch with another primary, a lower epoch that is no withdrawal, or a new primary that was
+//! not a replica of the master, is refused; how high an epoch is refuses nothing, see there).
 
 mod sse;
 pub mod state;
@@ -220,7 +220,7 @@ impl Merger {
             state::merge(&current, &views, &self.labels)
         };
         self.record_switches(&current, &next);
-        self.lineage.record(&next);
+        self.lineage.record(&next, std::time::Instant::now());
         self.publish(next);
     }
 

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::http::view::{MasterView, NodeView, ReplicaView};
 use crate::topology::{Master, MasterState, Node, Replica, SentinelCounts, Snapshot, Withdrawn};
@@ -20,36 +21,49 @@ pub trait Labels {
     fn label(&self, master: &str, upstream_label: &str) -> Option<String>;
 }
 
-/// An epoch above this is no Sentinel's (one per failover attempt: billions of failovers).
-pub const MAX_EPOCH: u64 = 1 << 32;
-
 /// How many nodes of a master [`Lineage`] remembers (the oldest are forgotten first).
 const LINEAGE_CAP: usize = 256;
 
+/// A node this agent has not published for this long is forgotten by its [`Lineage`]: the
+/// upstreams list every replica their Sentinels know, down ones included, so a node none of
+/// them has listed for ten minutes was dropped by the Sentinels, and its address may be an
+/// unrelated node's now.
+pub const LINEAGE_TTL: Duration = Duration::from_secs(600);
+
 /// Per master, every node this agent published as its primary or one of its replicas (only
-/// what a majority of the upstreams served gets published). A new primary must be one of
-/// them: the replicas published right now are not enough, since an upstream publishes the
-/// replicas of whichever Sentinel answered last, and a failover that came while that list
-/// lacked the promoted replica was refused for good (every later view names the new primary
-/// at a higher epoch, and it never was a replica in what the agent kept).
+/// what a majority of the upstreams served gets published), with when it last did. A new
+/// primary must be one of them: the replicas published right now are not enough, since an
+/// upstream publishes the replicas of whichever Sentinel answered last, and a failover that
+/// came while that list lacked the promoted replica was refused for good (every later view
+/// names the new primary at a higher epoch, and it never was a replica in what the agent
+/// kept). A node is known by its address, or by hostname and port where the Sentinels
+/// announce hostnames (its IP may change: [`Node::same_instance`]); one not published for
+/// [`LINEAGE_TTL`] is forgotten.
 #[derive(Debug, Default)]
-pub struct Lineage(BTreeMap<String, Vec<SocketAddr>>);
+pub struct Lineage(BTreeMap<String, Vec<(Node, Instant)>>);
 
 impl Lineage {
-    pub fn of(&self, master: &str) -> &[SocketAddr] {
-        self.0.get(master).map_or(&[], Vec::as_slice)
+    pub fn of(&self, master: &str) -> Vec<Node> {
+        self.0.get(master).into_iter().flatten().map(|(n, _)| n.clone()).collect()
     }
 
-    /// Remembers what `snapshot` publishes.
-    pub fn record(&mut self, snapshot: &Snapshot) {
+    /// Remembers what `snapshot` publishes `now`, and forgets what it has not for
+    /// [`LINEAGE_TTL`].
+    pub fn record(&mut self, snapshot: &Snapshot, now: Instant) {
         for (name, m) in &snapshot.masters {
             let known = self.0.entry(name.clone()).or_default();
-            let nodes = m.primary.iter().map(Node::addr);
-            for addr in nodes.chain(m.replicas.iter().map(|r| SocketAddr::new(r.ip, r.port))) {
-                if !known.contains(&addr) {
-                    known.push(addr);
+            let replicas = m.replicas.iter().map(|r| Node {
+                ip: r.ip,
+                port: r.port,
+                hostname: r.hostname.clone(),
+            });
+            for node in m.primary.iter().cloned().chain(replicas) {
+                match known.iter_mut().find(|(n, _)| n.same_instance(&node)) {
+                    Some(entry) => *entry = (node, now),
+                    None => known.push((node, now)),
                 }
             }
+            known.retain(|(_, seen)| now.saturating_duration_since(*seen) < LINEAGE_TTL);
             let excess = known.len().saturating_sub(LINEAGE_CAP);
             known.drain(..excess);
         }
@@ -78,21 +92,29 @@ type Key = (SocketAddr, u64);
 /// higher epoch needs the new primary to have been a replica (as a majority listed them, now
 /// or before: `known`, the master's [`Lineage`]); an
 /// equal epoch never names another primary; a lower epoch is taken only as the explicit
-/// withdrawal of the provisional flip that is published. No bound on how far an epoch moves:
-/// Sentinel's epoch is one counter for every master, and the majority is the bound.
+/// withdrawal of the provisional flip that is published.
+///
+/// No bound on the epoch itself, neither a step size nor a ceiling: Sentinel's epoch is one
+/// counter for every master (one master's epoch jumps by thousands between two of its
+/// failovers), and a forged hello can push every real Sentinel's epoch as high as it likes (a
+/// ceiling, 2^32 once, then refused every real failover after it, for good). The bound is what
+/// the Sentinels have reached, as a majority of the upstreams report it: each upstream
+/// publishes an epoch only when a majority of its configured Sentinels report it, or when its
+/// leader promotes it within the Sentinels' reach, so the epoch a majority of the upstreams
+/// serve is one their Sentinels reached. (A separate "epoch the Sentinels reached" field from
+/// the same upstreams would be vouched for by the same majority, and add nothing.)
 pub fn decide(
     current: Option<&Master>,
     views: &[Option<&MasterView>],
     configured: usize,
-    known: &[SocketAddr],
+    known: &[Node],
 ) -> Decision {
     let majority = configured / 2 + 1;
     let named: Vec<&MasterView> = views.iter().flatten().copied().filter(|v| sane(v)).collect();
     let count = |key: Key| named.iter().filter(|v| key_of(v) == Some(key)).count();
     let agreed = named.iter().filter_map(|v| key_of(v)).find(|k| count(*k) >= majority);
     let Some(key) = agreed else {
-        let absurd = views.iter().flatten().find_map(|v| absurd(v));
-        return Decision::Keep(absurd.or_else(|| offered(current, &named, configured, &count)));
+        return Decision::Keep(offered(current, &named, configured, &count));
     };
     let agreeing: Vec<&MasterView> =
         named.iter().copied().filter(|v| key_of(v) == Some(key)).collect();
@@ -103,14 +125,9 @@ pub fn decide(
     }
 }
 
-/// A primary, at an epoch no Sentinel could have passed (the view does not count).
+/// The view names a primary (one that does not counts for nothing).
 fn sane(view: &MasterView) -> bool {
-    view.primary.is_some() && view.epoch.unwrap_or(0) <= MAX_EPOCH
-}
-
-fn absurd(view: &MasterView) -> Option<String> {
-    let epoch = view.epoch.filter(|e| *e > MAX_EPOCH)?;
-    Some(format!("epoch {epoch} is not a Sentinel epoch"))
+    view.primary.is_some()
 }
 
 fn key_of(view: &MasterView) -> Option<Key> {
@@ -144,13 +161,14 @@ fn follows(
     view: &MasterView,
     agreeing: &[&MasterView],
     majority: usize,
-    known: &[SocketAddr],
+    known: &[Node],
 ) -> Result<(), String> {
     let Some((old_addr, old_epoch)) = current.and_then(key_of_master) else { return Ok(()) };
     let Some((addr, epoch)) = key_of(view) else { return Ok(()) };
-    let listed = current
-        .is_some_and(|m| m.replicas.iter().any(|r| (r.ip, r.port) == (addr.ip(), addr.port())));
-    let was_replica = listed || known.contains(&addr);
+    let Some(new) = view.primary.as_ref().map(node) else { return Ok(()) };
+    let replica = |r: &Replica| Node { ip: r.ip, port: r.port, hostname: r.hostname.clone() };
+    let listed = current.is_some_and(|m| m.replicas.iter().any(|r| replica(r).same_instance(&new)));
+    let was_replica = listed || known.iter().any(|n| n.same_instance(&new));
     match epoch.cmp(&old_epoch) {
         _ if addr == old_addr && epoch >= old_epoch => Ok(()),
         std::cmp::Ordering::Greater if was_replica => Ok(()),
@@ -205,18 +223,24 @@ fn agreed_view(agreeing: &[&MasterView], majority: usize) -> MasterView {
     view
 }
 
-/// The views to publish, one per master some upstream that answers has: what [`decide`]
-/// follows, or what this agent published (`stale`), or `unknown` for a master it has none
-/// of. `upstreams` holds one slot per configured upstream (`None`: down); `lineage` is what
-/// this agent published before. Returns them and
-/// why offered changes were refused.
+/// The views to publish, one per master some upstream that answers has or this agent
+/// publishes: what [`decide`] follows, or what this agent published (`stale`), or `unknown`
+/// for a master it has none of. A master this agent publishes is dropped only when a majority
+/// of the configured upstreams answer without it (an upstream with no masters at all is still
+/// loading and says nothing). `upstreams` holds one slot per configured upstream (`None`:
+/// down); `lineage` is what this agent published before. Returns them and why offered changes
+/// were refused.
 pub fn combine(
     current: &Snapshot,
     upstreams: &[Option<&[MasterView]>],
     lineage: &Lineage,
 ) -> (Vec<MasterView>, Vec<String>) {
     let all = || upstreams.iter().flatten().flat_map(|views| views.iter());
-    let mut names: Vec<&str> = all().map(|v| v.name.as_str()).collect();
+    let answering = || upstreams.iter().flatten().filter(|views| !views.is_empty());
+    let without = |name: &str| answering().filter(|vs| !vs.iter().any(|v| v.name == name)).count();
+    let removed = |name: &str| without(name) > upstreams.len() / 2;
+    let published = current.masters.keys().map(String::as_str).filter(|n| !removed(n));
+    let mut names: Vec<&str> = all().map(|v| v.name.as_str()).chain(published).collect();
     names.sort_unstable();
     names.dedup();
     let mut refused = Vec::new();
@@ -225,11 +249,11 @@ pub fn combine(
         let slots: Vec<Option<&MasterView>> =
             upstreams.iter().map(|u| u.and_then(|vs| vs.iter().find(|v| v.name == name))).collect();
         let old = current.master(name).map(|m| &**m);
-        match decide(old, &slots, upstreams.len(), lineage.of(name)) {
+        match decide(old, &slots, upstreams.len(), &lineage.of(name)) {
             Decision::Follow(view) => out.push(view),
             Decision::Keep(why) => {
                 refused.extend(why.map(|why| format!("{name}: {why}")));
-                // A name listed here is in some slot.
+                // A name listed here is in some slot, or published (and so kept).
                 let any = slots.iter().flatten().next().copied();
                 out.extend(old.map(kept).or_else(|| any.map(unknown)));
             }
@@ -307,6 +331,8 @@ fn from_view(view: &MasterView, label: String) -> Master {
             node: Node { ip: w.ip, port: w.port, hostname: None },
             epoch: w.epoch,
         }),
+        // What the upstreams confirm or withdraw reaches the agent as a new view.
+        provisional: false,
     }
 }
 

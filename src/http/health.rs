@@ -58,6 +58,7 @@ mod tests {
     fn master(name: &str, primary: Option<Node>) -> (String, Arc<Master>) {
         let master = Master {
             withdrawn: None,
+            provisional: false,
             name: name.into(),
             label: name.into(),
             primary,

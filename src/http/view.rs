@@ -134,6 +134,7 @@ mod tests {
     fn a_master_serializes_to_the_documented_fields() {
         let master = Master {
             withdrawn: None,
+            provisional: false,
             name: "mymaster".into(),
             label: "cache".into(),
             primary: Some(Node { ip: [10, 0, 0, 1].into(), port: 6379, hostname: None }),

@@ -65,6 +65,7 @@ mod tests {
     fn snapshot(version: u64, epoch: Option<u64>) -> Arc<Snapshot> {
         let master = Master {
             withdrawn: None,
+            provisional: false,
             name: "m".into(),
             label: "m".into(),
             primary: None,

@@ -46,6 +46,9 @@ pub fn sentinel(proc: &Proc, primary: u16, opts: &LabOptions) -> String {
     let _ =
         writeln!(text, "sentinel failover-timeout {name} {}", opts.failover_timeout.as_millis());
     let _ = writeln!(text, "sentinel parallel-syncs {name} 1");
+    if opts.current_epoch > 0 {
+        let _ = writeln!(text, "sentinel current-epoch {}", opts.current_epoch);
+    }
     text
 }
 

@@ -54,6 +54,10 @@ pub struct LabOptions {
     /// TLS only: every process on `tls-port` with client certificates required, replication
     /// over TLS; the certificates are made in the lab's directory ([`Lab::certs`]).
     pub tls: bool,
+    /// The Sentinels' current epoch at start (`sentinel current-epoch`, as a Sentinel that has
+    /// run for years keeps it in its config): the master's own config epoch stays 0, so its
+    /// first failover jumps to this plus one, as Sentinel's one counter for every master does.
+    pub current_epoch: u64,
 }
 
 impl Default for LabOptions {
@@ -69,6 +73,7 @@ impl Default for LabOptions {
             converge_deadline: Duration::from_secs(60),
             flavor: Flavor::from_env(),
             tls: false,
+            current_epoch: 0,
         }
     }
 }

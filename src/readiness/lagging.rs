@@ -79,6 +79,7 @@ mod tests {
         };
         let master = Master {
             withdrawn: None,
+            provisional: false,
             name: "m".into(),
             label: "m".into(),
             primary: None,

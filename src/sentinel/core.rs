@@ -20,9 +20,17 @@
 //!   every Sentinel to an unrelated node with a hello one epoch ahead; such a "primary" is
 //!   refused, the last good one kept, and the master marked [`Suspect`] with the reason. Its
 //!   `ROLE` is never asked (that would send it the node credentials).
+//!   The lineage forgets a node no configured Sentinel has listed for [`LINEAGE_TTL`] while
+//!   they report (an address Sentinel dropped may be reused by an unrelated node), and knows a
+//!   node by its hostname too where the Sentinels announce hostnames (its IP may change).
 //! - The fence, the drain and their undoing come out of the same transitions: a promotion
 //!   signals [`Signal::Promoting`]; an abort, or a promotion that no flip follows within
 //!   [`FENCE_WITHOUT_FLIP`], signals [`Signal::Aborted`] and withdraws a provisional flip.
+//! - A provisional flip is withdrawn without any event, too (an event can be lost): when its
+//!   node answers `ROLE` replica again (it is asked every tick while the flip is provisional),
+//!   and when its leader is gone (or reports the old primary with no failover under way) while
+//!   a majority reports the primary before it, for [`CONTRADICTED_FLIP`].
+//! - The rule reads no clock: the shell passes [`Now`] with every piece of evidence.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime};
@@ -38,6 +46,27 @@ pub type SentinelId = usize;
 /// A promotion that no flip follows within this is given up: its fence is lifted (the leader
 /// died, the failover stalled, an event was lost). A healthy promotion flips within ~1 s.
 pub const FENCE_WITHOUT_FLIP: Duration = Duration::from_secs(5);
+
+/// A provisional flip whose leader is gone while a majority of the configured Sentinels report
+/// the primary before it is withdrawn once that has lasted this long: Sentinel's own wait
+/// before it turns back a replica that claims master with no newer configuration (four hello
+/// periods). A leader that lost only its link to polestar finishes the promotion, and the
+/// others adopt it from its hello within about three seconds of the flip.
+pub const CONTRADICTED_FLIP: Duration = Duration::from_secs(8);
+
+/// A node of a master's lineage that no configured Sentinel has listed for this long, while a
+/// majority of them report, is forgotten (see [`Lineage`]). Sentinel lists every replica it
+/// knows, down ones included, until it is reset; a live replica it dropped is listed again
+/// within seconds.
+pub const LINEAGE_TTL: Duration = Duration::from_secs(600);
+
+/// When the shell applies a piece of evidence: the rule reads no clock of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Now {
+    pub at: Instant,
+    /// The same moment on the wall clock, for `since`.
+    pub wall: SystemTime,
+}
 
 /// A replica a configured Sentinel reports, with the primary the replica itself says it
 /// replicates from (`master-host`/`master-port`).
@@ -80,6 +109,9 @@ pub enum Publication {
         since: SystemTime,
         leader: SentinelId,
         before: Box<Self>,
+        /// Since when the Sentinels contradict it (its leader gone, a majority reporting
+        /// `before`): withdrawn after [`CONTRADICTED_FLIP`].
+        doubted: Option<Instant>,
     },
 }
 
@@ -139,10 +171,9 @@ pub struct State {
     /// The replica list each reachable configured Sentinel reported last, at an epoch not
     /// below the published one.
     pub listed: BTreeMap<SentinelId, Vec<Replica>>,
-    /// Every node a configured Sentinel showed replicating from the published primary or
-    /// another node of the lineage, and every primary published: the only nodes a change of
-    /// primary may go to, whose `ROLE` may be asked, and that may be warmed.
-    pub lineage: Vec<Node>,
+    /// The only nodes a change of primary may go to, whose `ROLE` may be asked, and that may
+    /// be warmed (see [`Lineage`]).
+    pub lineage: Lineage,
     /// The configured Sentinels name a primary that was refused (see [`Suspect`]).
     pub suspect: Option<Suspect>,
 }
@@ -156,7 +187,7 @@ impl Default for State {
             promotion: None,
             replicas: Vec::new(),
             listed: BTreeMap::new(),
-            lineage: Vec::new(),
+            lineage: Lineage::default(),
             suspect: None,
         }
     }
@@ -200,34 +231,31 @@ impl State {
     /// Whether `node` may become the primary: nothing is published yet (there is no history
     /// to check against), or it is of the lineage.
     pub fn may_lead(&self, node: &Node) -> bool {
-        self.publication.primary().is_none() || self.in_lineage(node)
-    }
-
-    fn in_lineage(&self, node: &Node) -> bool {
-        self.lineage.iter().any(|n| n.addr() == node.addr())
-    }
-
-    /// Records `node` as one of the master's (once).
-    fn descend(&mut self, node: &Node) {
-        if self.in_lineage(node) {
-            return;
-        }
-        if self.lineage.len() >= LINEAGE_CAP {
-            self.lineage.remove(0);
-        }
-        self.lineage.push(node.clone());
+        self.publication.primary().is_none() || self.lineage.contains(node)
     }
 
     /// Adds the followers that replicate from a node of the lineage, until none is left to add
     /// (a replica of a replica joins once its upstream has).
-    fn extend_lineage(&mut self, followers: &[Follower]) {
+    fn extend_lineage(&mut self, followers: &[Follower], now: Instant) {
         loop {
             let known = |f: &&Follower| {
-                self.lineage.iter().any(|n| names(n, &f.upstream)) && !self.in_lineage(&f.node)
+                self.lineage.nodes().any(|n| names(n, &f.upstream))
+                    && !self.lineage.contains(&f.node)
             };
             let Some(f) = followers.iter().find(known).cloned() else { return };
-            self.descend(&f.node);
+            self.lineage.descend(&f.node, now);
         }
+    }
+
+    /// The nodes the lineage keeps whatever the Sentinels list: what is published, what a
+    /// withdrawal would bring back, and what is being promoted.
+    fn kept(&self) -> Vec<&Node> {
+        let before = match &self.publication {
+            Publication::Provisional { before, .. } => before.node(),
+            _ => None,
+        };
+        let target = self.promotion.as_ref().and_then(|p| p.target.as_ref()).map(|t| &t.node);
+        [self.publication.node(), before, target].into_iter().flatten().collect()
     }
 
     /// Whether a failover *of the published primary* is under way: a Sentinel reports a
@@ -271,6 +299,55 @@ impl Quorum {
     }
 }
 
+/// The nodes of one master: every node a configured Sentinel showed replicating from a node
+/// of it, and every primary published. A node is known by its address, or by its hostname and
+/// port where the Sentinels announce hostnames ([`Node::same_instance`]). Each remembers when
+/// a configured Sentinel last listed it (as a replica or a follower) or it was published; one
+/// not listed for [`LINEAGE_TTL`] while a majority of the Sentinels report is forgotten, so an
+/// address the Sentinels dropped long ago (and that an unrelated node may hold now) does not
+/// pass forever. At most [`LINEAGE_CAP`] nodes (the oldest are forgotten first).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lineage(Vec<(Node, Instant)>);
+
+impl Lineage {
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.0.iter().map(|(n, _)| n)
+    }
+
+    pub fn contains(&self, node: &Node) -> bool {
+        self.nodes().any(|n| n.same_instance(node))
+    }
+
+    /// Records `node` as one of the master's (once), listed `now`.
+    fn descend(&mut self, node: &Node, now: Instant) {
+        if self.name(node, now) {
+            return;
+        }
+        if self.0.len() >= LINEAGE_CAP {
+            self.0.remove(0);
+        }
+        self.0.push((node.clone(), now));
+    }
+
+    /// A configured Sentinel listed `node` `now` (or it is published): true if it is known. A
+    /// node known by its hostname takes the address it has now.
+    fn name(&mut self, node: &Node, now: Instant) -> bool {
+        let Some(entry) = self.0.iter_mut().find(|(n, _)| n.same_instance(node)) else {
+            return false;
+        };
+        *entry = (node.clone(), now);
+        true
+    }
+
+    /// Forgets the nodes not listed for [`LINEAGE_TTL`], except `kept`.
+    fn prune(&mut self, now: Instant, kept: &[&Node]) {
+        self.0.retain(|(n, named)| {
+            kept.iter().any(|k| k.same_instance(n))
+                || now.saturating_duration_since(*named) < LINEAGE_TTL
+        });
+    }
+}
+
 /// One thing a configured Sentinel said, or one answer of a watched node.
 #[derive(Clone, Debug)]
 pub enum Evidence {
@@ -303,7 +380,7 @@ pub enum Evidence {
     /// that started the watch reached polestar, for the latency).
     Role { target: Candidate, role: Role, at: Instant },
     /// Time passes (the shell ticks every second).
-    Tick { now: Instant },
+    Tick,
 }
 
 /// Why a primary was published.
@@ -332,13 +409,16 @@ impl Cause {
 pub enum Action {
     /// The published primary changed: publish the snapshot now, then log, count and record.
     Switched { from: Option<Node>, to: Candidate, cause: Cause, at: Instant },
-    /// A provisional flip was withdrawn: `back` is published again.
-    Withdrawn { undone: Candidate, back: Option<Candidate> },
+    /// A provisional flip was withdrawn: `back` is published again; `why`: what withdrew it.
+    Withdrawn { undone: Candidate, back: Option<Candidate>, why: &'static str },
     /// Tell the drain side.
     Signal(Signal),
     /// Poll `target`'s `ROLE` until it answers master or the watch ends; report back with
     /// [`Evidence::Role`].
     WatchRole { target: Candidate, at: Instant },
+    /// Ask `target`, the provisional primary, `ROLE` once; report back with
+    /// [`Evidence::Role`] (an answer of replica withdraws the flip).
+    CheckRole { target: Candidate },
     /// Open connections to these replicas now, so the watch of the promoted one is one
     /// round trip.
     Warm(Vec<Replica>),
@@ -349,18 +429,20 @@ pub enum Action {
     Cleared,
 }
 
-/// The rule: the next state of one master and what to do about it.
+/// The rule: the next state of one master and what to do about it, given the evidence and
+/// the moment the shell applies it.
 pub fn decide(
     master: &str,
     state: State,
     quorum: &Quorum,
     evidence: Evidence,
+    now: Now,
 ) -> (State, Vec<Action>) {
-    let mut d = Decision { master, quorum, state, actions: Vec::new() };
+    let mut d = Decision { master, quorum, state, actions: Vec::new(), now };
     match evidence {
         Evidence::Report { from, primary, failover, replicas, followers } => {
             d.report(from, primary, failover, replicas);
-            d.state.extend_lineage(&followers);
+            d.state.extend_lineage(&followers, now.at);
         }
         Evidence::Gone { from } => d.gone(from),
         Evidence::FailoverStarted { from } => d.failover_started(from),
@@ -370,8 +452,9 @@ pub fn decide(
         Evidence::NodeBack { from, node } => d.node_back(node, from),
         Evidence::Converted { from, node, to } => d.converted(from, &node, &to),
         Evidence::Role { target, role, at } => d.role(target, &role, at),
-        Evidence::Tick { now } => d.tick(now),
+        Evidence::Tick => d.tick(now.at),
     }
+    d.doubt();
     d.state.replicas = d.state.agreed_replicas(quorum.majority());
     (d.state, d.actions)
 }
@@ -382,10 +465,16 @@ struct Decision<'a> {
     quorum: &'a Quorum,
     state: State,
     actions: Vec<Action>,
+    now: Now,
 }
 
 impl Decision<'_> {
     fn report(&mut self, from: SentinelId, primary: Candidate, failover: bool, r: Vec<Replica>) {
+        for replica in &r {
+            let node =
+                Node { ip: replica.ip, port: replica.port, hostname: replica.hostname.clone() };
+            self.state.lineage.name(&node, self.now.at);
+        }
         if self.state.publication.primary().is_none_or(|p| primary.epoch >= p.epoch) {
             self.state.listed.insert(from, r);
         }
@@ -416,7 +505,7 @@ impl Decision<'_> {
         if self.state.publication.node() == Some(&candidate.node) {
             return self.raise_epoch(candidate);
         }
-        self.switch(candidate, Cause::Majority, Instant::now());
+        self.switch(candidate, Cause::Majority, self.now.at);
     }
 
     fn gone(&mut self, from: SentinelId) {
@@ -507,6 +596,11 @@ impl Decision<'_> {
     /// The watched target answered: flip to it if a configured leader promotes it, and the
     /// epoch is new and within the Sentinels' reach.
     fn role(&mut self, target: Candidate, role: &Role, at: Instant) {
+        if *role == Role::Replica && self.is_provisional(&target) {
+            // The node the flip named is a replica again: whoever turned it back (an abort, a
+            // Sentinel's conversion) said so in an event polestar may never have heard.
+            return self.abort(true, "replica-again");
+        }
         let Some(promotion) = &self.state.promotion else { return };
         let ours = promotion.target.as_ref() == Some(&target);
         let fresh = self.state.publication.superseded_by(&target)
@@ -544,7 +638,7 @@ impl Decision<'_> {
             // lift the pauses other polestars hold for the newer failover, which did not
             // abort. What was fenced is left to lapse, and the newer promotion stays watched.
             let newer = self.state.promotion.take_if(|p| p.leader != from);
-            self.abort(newer.is_some());
+            self.abort(newer.is_some(), "aborted");
             self.state.promotion = newer;
         }
     }
@@ -552,13 +646,13 @@ impl Decision<'_> {
     /// Gives the failover up: withdraws a provisional flip and lifts what was started for it.
     /// `gave_up`: no Sentinel aborted the failover under way (polestar's own timeout, a
     /// withdrawal, an older attempt's abort; see [`Signal::Aborted`]).
-    fn abort(&mut self, gave_up: bool) {
+    fn abort(&mut self, gave_up: bool, why: &'static str) {
         self.state.promotion = None;
         let current = std::mem::replace(&mut self.state.publication, Publication::Unknown);
         self.state.publication = match current {
             Publication::Provisional { primary, before, .. } => {
                 let back = before.primary().cloned();
-                self.actions.push(Action::Withdrawn { undone: primary, back });
+                self.actions.push(Action::Withdrawn { undone: primary, back, why });
                 *before
             }
             other => other,
@@ -579,7 +673,7 @@ impl Decision<'_> {
         let quiet = self.state.failover.is_empty() && promoting.is_none();
         let current = self.state.reports.get(&from) == Some(primary)
             && self.state.agreeing(primary) >= self.quorum.majority();
-        let ours = self.state.in_lineage(&node);
+        let ours = self.state.lineage.contains(&node);
         if primary.node.addr() == node.addr() || is_target || !quiet || !current || !ours {
             return;
         }
@@ -605,22 +699,57 @@ impl Decision<'_> {
         let majority = self.state.agreeing(back) >= self.quorum.majority();
         let undone = primary.node.addr() == node.addr() && names(&back.node, to);
         if undone && *leader != from && speaker && majority {
-            self.abort(true);
+            self.abort(true, "converted");
         }
     }
 
-    /// A promotion that no flip followed in time is given up (its fence lifted).
+    /// Time passes: the lineage forgets what the Sentinels stopped listing, a provisional flip
+    /// the Sentinels contradict long enough is withdrawn (else its node is asked `ROLE`
+    /// again), and a promotion that no flip followed in time is given up (its fence lifted).
     fn tick(&mut self, now: Instant) {
+        if self.state.listed.len() >= self.quorum.majority() {
+            let kept: Vec<Node> = self.state.kept().into_iter().cloned().collect();
+            self.state.lineage.prune(now, &kept.iter().collect::<Vec<_>>());
+        }
+        if let Publication::Provisional { primary, doubted, .. } = &self.state.publication {
+            if doubted.is_some_and(|t| now.saturating_duration_since(t) >= CONTRADICTED_FLIP) {
+                return self.abort(true, "contradicted");
+            }
+            self.actions.push(Action::CheckRole { target: primary.clone() });
+        }
         let Some(p) = &self.state.promotion else { return };
         let flipped = matches!(&self.state.publication,
             Publication::Provisional { primary, .. } if p.target.as_ref() == Some(primary));
         if !flipped && now.saturating_duration_since(p.started) >= FENCE_WITHOUT_FLIP {
             if p.fenced.is_some() {
-                self.abort(true);
+                self.abort(true, "no-flip");
             } else {
                 self.state.promotion = None;
             }
         }
+    }
+
+    /// Starts or stops the clock of a provisional flip the Sentinels contradict: its leader
+    /// is gone (no report: its link is lost, or it stopped monitoring the master) or reports
+    /// the primary before the flip with no failover under way (a lost abort), while a
+    /// majority of the configured Sentinels report that primary at its epoch.
+    fn doubt(&mut self) {
+        let contradicted = self.contradicted();
+        if let Publication::Provisional { doubted, .. } = &mut self.state.publication {
+            *doubted = if contradicted { Some(doubted.unwrap_or(self.now.at)) } else { None };
+        }
+    }
+
+    fn contradicted(&self) -> bool {
+        let Publication::Provisional { leader, before, .. } = &self.state.publication else {
+            return false;
+        };
+        let Some(back) = before.primary() else { return false };
+        let gone = match self.state.reports.get(leader) {
+            None => true,
+            Some(said) => said == back && !self.state.failover.contains(leader),
+        };
+        gone && self.state.agreeing(back) >= self.quorum.majority()
     }
 
     fn is_provisional(&self, candidate: &Candidate) -> bool {
@@ -654,9 +783,9 @@ impl Decision<'_> {
             return self.suspect(to);
         }
         self.clear_suspect();
-        self.state.descend(&to.node);
+        self.state.lineage.descend(&to.node, self.now.at);
         let from = self.state.publication.node().cloned();
-        let since = SystemTime::now();
+        let since = self.now.wall;
         let primary = to.clone();
         let leader = self.state.promotion.as_ref().map(|p| p.leader);
         let before = std::mem::replace(&mut self.state.publication, Publication::Unknown);
@@ -667,7 +796,7 @@ impl Decision<'_> {
                     Publication::Provisional { before, .. } => before,
                     confirmed => Box::new(confirmed),
                 };
-                Publication::Provisional { primary, since, leader, before }
+                Publication::Provisional { primary, since, leader, before, doubted: None }
             }
             _ => Publication::Confirmed { primary, since },
         };

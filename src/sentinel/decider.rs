@@ -13,7 +13,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::conn::Endpoint;
-use super::core::{Action, Candidate, Evidence, Quorum, SentinelId, State, decide};
+use super::core::{
+    Action, Candidate, Evidence, Now, Publication, Quorum, SentinelId, State, decide,
+};
 use super::hello_acl;
 use super::link::Link;
 use super::message::{Addr, Down, PeerRecord};
@@ -269,10 +271,9 @@ impl Decider {
                 self.links[id].task = self.spawn_link(id, &self.links[id].addr.clone());
             }
         }
-        let now = Instant::now();
         let names: Vec<String> = self.masters.keys().cloned().collect();
         for name in names {
-            self.apply(&name, Evidence::Tick { now });
+            self.apply(&name, Evidence::Tick);
         }
         self.check_hello_acls();
     }
@@ -283,7 +284,7 @@ impl Decider {
         let lineage = self
             .masters
             .iter()
-            .flat_map(|(name, e)| e.state.lineage.iter().map(move |n| (name.clone(), n.addr())));
+            .flat_map(|(name, e)| e.state.lineage.nodes().map(move |n| (name.clone(), n.addr())));
         let fresh: Vec<_> = lineage.filter(|(_, a)| !self.acl_checked.contains(a)).collect();
         for (master, addr) in fresh {
             self.acl_checked.insert(addr);
@@ -359,7 +360,8 @@ impl Decider {
     fn apply(&mut self, master: &str, evidence: Evidence) {
         let Some(entry) = self.masters.get_mut(master) else { return };
         let state = std::mem::take(&mut entry.state);
-        let (state, actions) = decide(master, state, &self.quorum, evidence);
+        let now = Now { at: Instant::now(), wall: std::time::SystemTime::now() };
+        let (state, actions) = decide(master, state, &self.quorum, evidence, now);
         entry.state = state;
         if let Some(batch) = &mut self.batch {
             batch.extend(actions.into_iter().map(|a| (master.to_string(), a)));
@@ -400,13 +402,14 @@ impl Decider {
                 });
                 self.events.push("switch", Some(master), data);
             }
-            Action::Withdrawn { undone, back } => {
+            Action::Withdrawn { undone, back, why } => {
                 if let Some(entry) = self.masters.get_mut(master) {
                     entry.withdrawn = Some(undone.clone());
                 }
                 let (undone, back) = (undone.node.to_string(), back.map(|b| b.node.to_string()));
-                tracing::warn!(%master, %undone, back = back.as_deref().unwrap_or("-"), "failover aborted: provisional primary withdrawn");
-                self.events.push("revert", Some(master), json!({ "from": undone, "to": back }));
+                tracing::warn!(%master, %undone, back = back.as_deref().unwrap_or("-"), why, "provisional primary withdrawn");
+                let data = json!({ "from": undone, "to": back, "why": why });
+                self.events.push("revert", Some(master), data);
             }
             Action::Suspected(suspect) => {
                 let (node, epoch) = (suspect.candidate.node.to_string(), suspect.candidate.epoch);
@@ -424,7 +427,8 @@ impl Decider {
                 }
                 self.signal(signal);
             }
-            Action::WatchRole { target, at } => self.watch_role(master, target, at),
+            Action::WatchRole { target, at } => self.watch_role(master, target, at, false),
+            Action::CheckRole { target } => self.watch_role(master, target, Instant::now(), true),
             Action::Warm(replicas) => {
                 for r in replicas {
                     self.nodes.warm(std::net::SocketAddr::new(r.ip, r.port));
@@ -451,8 +455,10 @@ impl Decider {
 
     /// Watches the replica a configured leader promotes, and reports the moment it answers
     /// `ROLE` master (a second before the leader's `+promoted-slave`, which waits for its next
-    /// `INFO`), or what it last answered when the watch ends.
-    fn watch_role(&mut self, master: &str, target: Candidate, at: Instant) {
+    /// `INFO`), or what it last answered when the watch ends. `once`: one question, its answer
+    /// reported whatever it is (the provisional primary, asked each tick whether it is still a
+    /// master: an answer of replica withdraws the flip).
+    fn watch_role(&mut self, master: &str, target: Candidate, at: Instant, once: bool) {
         let Some(entry) = self.masters.get_mut(master) else { return };
         if !entry.watching.insert(target.clone()) {
             return;
@@ -461,6 +467,17 @@ impl Decider {
         let stop = self.shutdown.clone();
         tokio::spawn(async move {
             let addr = target.node.addr();
+            if once {
+                let role = nodes.role(addr, ROLE_DEADLINE).await;
+                // The decider holds the receiver for as long as it runs; after, this is moot.
+                let _ = tx.send(Checked {
+                    master,
+                    target,
+                    role: role.unwrap_or(Role::Other("no answer".into())),
+                    at,
+                });
+                return;
+            }
             let mut role = Role::Other("no answer".into());
             while !role.is_master() && at.elapsed() < PROMOTION_WATCH && !stop.is_cancelled() {
                 role = nodes.role(addr, ROLE_DEADLINE).await.unwrap_or(role);
@@ -715,6 +732,7 @@ impl Decider {
             replicas: e.state.replicas.clone(),
             sentinels,
             withdrawn: withdrawn(e.withdrawn.as_ref(), primary),
+            provisional: matches!(publication, Publication::Provisional { .. }),
         }
     }
 }

@@ -179,6 +179,7 @@ mod tests {
     fn snapshot(primary: Option<u16>, replicas: Vec<Replica>) -> Snapshot {
         let master = Master {
             withdrawn: None,
+            provisional: false,
             name: "m".into(),
             label: "m".into(),
             primary: primary.map(node),

@@ -115,6 +115,7 @@ mod tests {
         };
         let master = |name: &str| Master {
             withdrawn: None,
+            provisional: false,
             name: name.into(),
             label: name.into(),
             primary: None,

@@ -239,6 +239,7 @@ pub fn master(label: &str, primary: Option<(&str, u16)>, replicas: &[(&str, bool
     };
     Master {
         withdrawn: None,
+        provisional: false,
         name: label.to_string(),
         label: label.to_string(),
         primary: primary.map(|(ip, port)| node(ip, port)),

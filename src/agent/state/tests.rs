@@ -1,3 +1,5 @@
+use std::time::Instant;
+
 use serde_json::json;
 
 use super::*;
@@ -71,11 +73,12 @@ fn an_unreachable_upstream_marks_stale_and_keeps_the_primary() {
     assert!(crate::sweep::plan::changes(&s, &down).is_empty());
 }
 
+/// (An epoch far above what is published is no longer refused as "not a Sentinel epoch":
+/// see `every_upstream_past_two_to_the_32_is_followed`.)
 #[test]
-fn an_absurd_epoch_an_equal_epoch_with_another_primary_or_no_replica_is_refused() {
+fn an_equal_epoch_with_another_primary_or_no_replica_is_refused() {
     let s = merge(&Snapshot::default(), &[view(Some("10.0.0.1"), Some(5), "ok")], &All);
     for (bad, why) in [
-        (view(Some("10.0.0.2"), Some(u64::MAX), "ok"), "not a Sentinel epoch"),
         (view(Some("10.0.0.2"), Some(5), "ok"), "same epoch"),
         (view(Some("10.9.9.9"), Some(6), "ok"), "not a replica"),
     ] {
@@ -168,8 +171,8 @@ fn a_change_of_primary_needs_a_majority_of_the_configured_upstreams() {
             vec![Some(at(A, 9, &[R])), Some(at(A, 9, &[R])), None], 3, a(9)),
         ("a lower epoch without a withdrawal",
             vec![Some(at(R, 4, &[A])), Some(at(R, 4, &[A])), Some(at(R, 4, &[A]))], 3, a(5)),
-        ("an absurd epoch, even from every upstream",
-            vec![Some(at(R, u64::MAX, &[A])), Some(at(R, u64::MAX, &[A]))], 2, a(5)),
+        ("an epoch of u64::MAX from every upstream: no ceiling, the majority is the bound",
+            vec![Some(at(R, u64::MAX, &[A])), Some(at(R, u64::MAX, &[A]))], 2, r(u64::MAX)),
         ("a single configured upstream: a majority of one",
             vec![Some(real.clone())], 1, r(6)),
         ("a single configured upstream, unreachable",
@@ -293,7 +296,7 @@ fn a_failover_while_the_upstreams_list_no_replicas_is_still_followed() {
             views.iter().map(|v| Some(std::slice::from_ref(v))).collect();
         let (next, refused) = combine(s, &slots, lineage);
         let next = merge(s, &next, &All);
-        lineage.record(&next);
+        lineage.record(&next, Instant::now());
         (next, refused)
     };
     let (s, _) =
@@ -306,4 +309,128 @@ fn a_failover_while_the_upstreams_list_no_replicas_is_still_followed() {
     let (s, refused) = step(&s, &[at(X, 7, &[]), at(X, 7, &[]), at(R, 6, &[A])], &mut lineage);
     assert_eq!(primary(&s).as_deref(), Some("10.0.0.2:6379"));
     assert!(refused.iter().any(|r| r.contains("not a replica")), "{refused:?}");
+}
+
+/// Issue 25 (item 6): with two upstreams configured, one lying and one honest, the majority is
+/// two: nothing moves, whichever the liar names.
+#[test]
+fn two_upstreams_one_lying_move_nothing() {
+    let now = at(A, 5, &[R]);
+    let a = |e: u64| Some((A.to_string(), e));
+    #[rustfmt::skip]
+    let table: Vec<Row> = vec![
+        ("the liar promotes the replica", vec![Some(at(R, 6, &[A])), Some(now.clone())], 2, a(5)),
+        ("the liar names its own node", vec![Some(at(X, 6, &[A, R])), Some(now.clone())], 2, a(5)),
+        ("the liar withdraws what is published", vec![Some(withdrawing(at(R, 4, &[A]), A, 5)), Some(now.clone())], 2, a(5)),
+        ("the liar jumps the epoch, the honest one is down", vec![Some(at(R, 999_999, &[A])), None], 2, a(5)),
+        ("both agree on a real failover", vec![Some(at(R, 6, &[A])), Some(at(R, 6, &[A]))], 2, Some((R.to_string(), 6))),
+    ];
+    for (case, views, configured, want) in table {
+        assert_eq!(published(&now, &views, configured), want, "{case}");
+    }
+}
+
+/// Regression (issue 25, item 6): `combine` listed only the masters some answering upstream
+/// has, so a master one answering upstream omitted (still loading it, or lying) while the
+/// others were down vanished from the agent: no DNS answer, no HTTP answer. It keeps the last
+/// state (stale) until a majority of the configured upstreams answer without it.
+#[test]
+fn a_master_one_answering_upstream_omits_while_the_others_are_down_is_kept() {
+    let other =
+        |name: &str| MasterView { name: name.into(), dns_name: name.into(), ..at(A, 1, &[]) };
+    let (s, _) = combined(
+        &Snapshot::default(),
+        &[Some(&[at(A, 5, &[R]), other("n")]), Some(&[at(A, 5, &[R]), other("n")]), None],
+    );
+    assert_eq!(primary(&s).as_deref(), Some("10.0.0.1:6379"));
+    // One upstream answers without `m`, the other two are down.
+    let (kept, _) = combined(&s, &[Some(&[other("n")]), None, None]);
+    assert_eq!(primary(&kept).as_deref(), Some("10.0.0.1:6379"), "m vanished");
+    assert_eq!(kept.master("m").map(|m| m.state), Some(MasterState::Stale));
+    // Two of three answer without it: it is gone upstream.
+    let (gone, _) = combined(&s, &[Some(&[other("n")]), Some(&[other("n")]), None]);
+    assert!(gone.master("m").is_none() && gone.master("n").is_some());
+    // An upstream with no masters at all is loading: it says nothing about `m`.
+    let (loading, _) = combined(&s, &[Some(&[]), Some(&[other("n")]), None]);
+    assert_eq!(primary(&loading).as_deref(), Some("10.0.0.1:6379"));
+}
+
+/// Issue 25 (item 2): Sentinel's epoch is one counter for every master, and a forged hello can
+/// push every real Sentinel past any ceiling. The agent capped epochs at 2^32 and then refused
+/// every real failover for good, while its upstreams followed them.
+#[test]
+fn every_upstream_past_two_to_the_32_is_followed() {
+    let past = (1u64 << 32) + 5000;
+    let now = at(A, 1 << 32, &[R]);
+    let r = |e: u64| Some((R.to_string(), e));
+    #[rustfmt::skip]
+    let table: Vec<Row> = vec![
+        ("every upstream past 2^32", vec![Some(at(R, past, &[A])), Some(at(R, past, &[A])), Some(at(R, past, &[A]))], 3, r(past)),
+        ("a majority at u64::MAX", vec![Some(at(R, u64::MAX, &[A])), Some(at(R, u64::MAX, &[A])), None], 3, r(u64::MAX)),
+        ("one upstream past 2^32 of three", vec![Some(at(R, past, &[A])), Some(now.clone()), None], 3, Some((A.to_string(), 1 << 32))),
+    ];
+    for (case, views, configured, want) in table {
+        assert_eq!(published(&now, &views, configured), want, "{case}");
+    }
+    // And from what is published at such an epoch, the next real failover.
+    let s = merge(&Snapshot::default(), &[at(R, past, &[A])], &All);
+    let (next, refused) = combined(&s, &[Some(&[at(A, past + 1, &[R])])]);
+    assert_eq!(primary(&next).as_deref(), Some("10.0.0.1:6379"), "{refused:?}");
+}
+
+/// A node known by `hostname` at `ip`.
+fn named_view(ip: &str, hostname: &str, epoch: u64, replicas: &[(&str, &str)]) -> MasterView {
+    let mut v = at(ip, epoch, &[]);
+    v.primary.as_mut().expect("a primary").hostname = Some(hostname.into());
+    v.replicas = replicas
+        .iter()
+        .map(|(ip, h)| ReplicaView {
+            ip: ip.parse().expect("ip"),
+            port: 6379,
+            hostname: Some((*h).into()),
+            healthy: true,
+        })
+        .collect();
+    v
+}
+
+/// Issue 25 (item 2's last sentence), the agent's lineage: a replica whose IP changed (its
+/// hostname announced) was refused as the new primary ("not a replica"), and an address the
+/// agent published once passed forever, whoever holds it now. The lineage knows a node by its
+/// hostname too (its old address is then no longer it) and forgets what it has not published
+/// for LINEAGE_TTL.
+#[test]
+fn an_agents_was_a_replica_survives_a_changed_ip_and_forgets_old_addresses() {
+    const S: &str = "10.0.0.3"; // another replica, dropped by the Sentinels after a while
+    let t0 = Instant::now();
+    let step = |s: &Snapshot, v: MasterView, lineage: &mut Lineage, now: Instant| {
+        let (views, refused) = combine(s, &[Some(std::slice::from_ref(&v))], lineage);
+        let next = merge(s, &views, &All);
+        lineage.record(&next, now);
+        (next, refused)
+    };
+    let mut lineage = Lineage::default();
+    let both = [(R, "r.lan"), (S, "s.lan")];
+    let (s, _) = step(&Snapshot::default(), named_view(A, "a.lan", 5, &both), &mut lineage, t0);
+    // The replica comes back at another address and is published there, then promoted.
+    let moved = "10.0.0.9";
+    let (s, _) = step(&s, named_view(A, "a.lan", 5, &[]), &mut lineage, t0);
+    let (s, refused) = step(&s, named_view(moved, "r.lan", 6, &[(A, "a.lan")]), &mut lineage, t0);
+    assert_eq!(primary(&s).as_deref(), Some("10.0.0.9:6379"), "{refused:?}");
+    // Its old address is no longer it.
+    let (_, refused) = step(&s, at(R, 7, &[]), &mut Lineage::default(), t0);
+    assert!(refused.iter().any(|r| r.contains("not a replica")), "{refused:?}");
+    // S, unpublished since t0, would still pass within LINEAGE_TTL...
+    let soon = t0 + LINEAGE_TTL / 2;
+    assert!(lineage.of("m").iter().any(|n| n.ip.to_string() == S), "{lineage:?}");
+    // ...but long after, its address is someone else's.
+    let later = t0 + LINEAGE_TTL + std::time::Duration::from_secs(1);
+    let (s, _) = step(&s, named_view(moved, "r.lan", 6, &[(A, "a.lan")]), &mut lineage, soon);
+    let (s, _) = step(&s, named_view(moved, "r.lan", 6, &[(A, "a.lan")]), &mut lineage, later);
+    let (s, refused) = step(&s, at(S, 7, &[]), &mut lineage, later);
+    assert_eq!(primary(&s).as_deref(), Some("10.0.0.9:6379"), "an address long unpublished passed");
+    assert!(refused.iter().any(|r| r.contains("not a replica")), "{refused:?}");
+    // What was published lately (the old primary, listed as a replica) still passes.
+    let (s, refused) = step(&s, named_view(A, "a.lan", 8, &[]), &mut lineage, later);
+    assert_eq!(primary(&s).as_deref(), Some("10.0.0.1:6379"), "{refused:?}");
 }

@@ -30,6 +30,7 @@ const ZONE: &str = "redis.internal.";
 fn master(label: &str, primary: Option<&str>, replicas: usize) -> Master {
     Master {
         withdrawn: None,
+        provisional: false,
         name: label.to_string(),
         label: label.to_string(),
         primary: primary.map(|ip| Node { ip: ip.parse().unwrap(), port: 6379, hostname: None }),

@@ -27,6 +27,7 @@ fn settings(nameservers: &[&str]) -> ZoneSettings {
 fn master(label: &str, primary: Option<&str>, replicas: &[(&str, bool)]) -> Master {
     Master {
         withdrawn: None,
+        provisional: false,
         name: label.to_string(),
         label: label.to_string(),
         primary: primary.map(|ip| Node { ip: ip.parse().unwrap(), port: 6380, hostname: None }),

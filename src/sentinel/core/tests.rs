@@ -73,11 +73,23 @@ fn signals(actions: &[Action]) -> Vec<S> {
         .collect()
 }
 
-/// Runs `evidence` through the rule; returns the state and every signal, in order.
+/// Runs `evidence` through the rule, each piece applied as it comes; returns the state and
+/// every signal, in order.
 fn run(state: State, q: &Quorum, evidence: Vec<Evidence>) -> (State, Vec<S>, Vec<Action>) {
+    run_at(state, q, None, evidence)
+}
+
+/// The same, every piece applied at `at` (`None`: as it comes).
+fn run_at(
+    state: State,
+    q: &Quorum,
+    at: Option<Instant>,
+    evidence: Vec<Evidence>,
+) -> (State, Vec<S>, Vec<Action>) {
     let (mut state, mut all, mut actions) = (state, Vec::new(), Vec::new());
     for e in evidence {
-        let (next, acts) = decide("m", state, q, e);
+        let now = Now { at: at.unwrap_or_else(Instant::now), wall: std::time::SystemTime::now() };
+        let (next, acts) = decide("m", state, q, e, now);
         state = next;
         all.extend(signals(&acts));
         actions.extend(acts);
@@ -246,11 +258,11 @@ fn a_fence_that_no_flip_follows_is_lifted_within_seconds() {
     let q = quorum(2);
     let (state, _, _) = run(settled(), &q, vec![promoting(0, 7002, None)]);
     let started = state.promotion.as_ref().map(|p| p.started).expect("a promotion");
-    let soon = Evidence::Tick { now: started + FENCE_WITHOUT_FLIP / 2 };
-    let (state, signals, _) = run(state, &q, vec![soon]);
+    let soon = Some(started + FENCE_WITHOUT_FLIP / 2);
+    let (state, signals, _) = run_at(state, &q, soon, vec![Evidence::Tick]);
     assert!(signals.is_empty(), "{signals:?}");
-    let late = Evidence::Tick { now: started + FENCE_WITHOUT_FLIP };
-    let (state, signals, actions) = run(state, &q, vec![late]);
+    let late = Some(started + FENCE_WITHOUT_FLIP);
+    let (state, signals, actions) = run_at(state, &q, late, vec![Evidence::Tick]);
     assert_eq!(signals, [S::Aborted]);
     assert_eq!(state.promotion, None);
     // Given up by polestar, not aborted by a Sentinel: its fence lapses (no UNPAUSE).
@@ -260,8 +272,8 @@ fn a_fence_that_no_flip_follows_is_lifted_within_seconds() {
     // A provisional flip is not given up by the clock: it waits for confirmation or an abort.
     let state = flipped();
     let started = state.promotion.as_ref().map(|p| p.started).expect("a promotion");
-    let tick = Evidence::Tick { now: started + FENCE_WITHOUT_FLIP * 2 };
-    let (state, signals, _) = run(state, &q, vec![tick]);
+    let tick = Some(started + FENCE_WITHOUT_FLIP * 2);
+    let (state, signals, _) = run_at(state, &q, tick, vec![Evidence::Tick]);
     assert!(signals.is_empty() && provisional(&state));
 }
 

@@ -1,6 +1,8 @@
 //! Issue 25's sequences: a forged hello that moves every Sentinel, a stale Sentinel after a
 //! partition heals. Each test is named after the sequence it pins.
 
+use std::time::Duration;
+
 use super::*;
 
 /// `from` reports `port` at `epoch` with exactly these followers (replica, its upstream).
@@ -90,7 +92,7 @@ fn a_real_failover_to_a_replica_of_the_master_is_published() {
     // A replica of a replica (7004 follows 7003) joins the lineage through it.
     let cascade = (0..2).map(|s| report_with(s, 7002, 2, &[(7003, 7002), (7004, 7003)]));
     let (state, _, _) = run(state, &q, cascade.collect());
-    assert!(state.lineage.iter().any(|n| n.port == 7004), "{:?}", state.lineage);
+    assert!(state.lineage.nodes().any(|n| n.port == 7004), "{:?}", state.lineage);
 }
 
 /// At start-up there is no history: the first majority is published.
@@ -151,12 +153,15 @@ fn converted(from: SentinelId, port: u16, to: u16) -> Evidence {
 fn a_provisional_flip_whose_leader_dies_is_withdrawn_when_the_others_convert_the_node_back() {
     let q = quorum(2);
     // Sentinels 1 and 2 still report 7001 at epoch 1; the leader 0 is gone.
+    let t0 = Instant::now();
     let others = vec![Evidence::Gone { from: 0 }, report(1, 7001, 1), report(2, 7001, 1)];
-    let (dead, signals, _) = run(flipped(), &q, others);
+    let (dead, signals, _) = run_at(flipped(), &q, Some(t0), others);
     assert!(signals.is_empty() && provisional(&dead), "not yet: {signals:?}");
-    let later = Evidence::Tick { now: Instant::now() + FENCE_WITHOUT_FLIP * 4 };
-    let (dead, signals, _) = run(dead, &q, vec![later]);
-    assert!(signals.is_empty() && provisional(&dead), "time alone withdraws nothing");
+    // (Left so for CONTRADICTED_FLIP, the flip is withdrawn without any event: see
+    // `a_lost_event_leaves_no_provisional_flip_published`. The conversion comes first here.)
+    let later = Some(t0 + CONTRADICTED_FLIP / 2);
+    let (dead, signals, _) = run_at(dead, &q, later, vec![Evidence::Tick]);
+    assert!(signals.is_empty() && provisional(&dead), "a moment alone withdraws nothing");
     // Who speaks, and toward where, decides: (name, evidence, withdrawn).
     let cases = [
         ("a reporting Sentinel converts it to the old primary", converted(1, 7002, 7001), true),
@@ -233,4 +238,151 @@ fn an_abort_of_an_older_attempt_lifts_no_fence_of_the_newer_one() {
     let lifted =
         actions.iter().any(|a| matches!(a, Action::Signal(Signal::Aborted { gave_up: false, .. })));
     assert!(lifted, "{actions:?}");
+}
+
+/// `from` reports `port` at `epoch` with a failover of it in progress.
+fn failing(from: SentinelId, port: u16, epoch: u64) -> Evidence {
+    match report(from, port, epoch) {
+        Evidence::Report { from, primary, replicas, followers, .. } => {
+            Evidence::Report { from, primary, failover: true, replicas, followers }
+        }
+        other => other,
+    }
+}
+
+/// Issue 25 (SPEC "Sources of truth", withdrawal without the event): a provisional flip was
+/// withdrawn only on an abort or a non-leader's `+convert-to-slave`. Events can be lost: a
+/// flip whose leader is gone while a majority keeps reporting the old primary at the old
+/// epoch, or whose node answers `ROLE` replica again, stayed published (DNS named a replica).
+/// Each row starts from the flip to 7002 at epoch 2 (leader 0), applies its evidence at t0,
+/// then a tick at t0 + `after`: what is published then, and whether it is still provisional.
+#[test]
+fn a_lost_event_leaves_no_provisional_flip_published() {
+    let q = quorum(2);
+    let grace = CONTRADICTED_FLIP;
+    let old = Some((7001, 1));
+    let new = Some((7002, 2));
+    type Row = (&'static str, Vec<Evidence>, Duration, Option<(u16, u64)>, bool);
+    let gone = |more: Vec<Evidence>| {
+        let mut e = vec![Evidence::Gone { from: 0 }];
+        e.extend(more);
+        e
+    };
+    #[rustfmt::skip]
+    let table: Vec<Row> = vec![
+        ("leader gone, a majority at the old epoch, for the grace",
+            gone(vec![report(1, 7001, 1), report(2, 7001, 1)]), grace, old, false),
+        ("leader gone, a majority at the old epoch, not yet for the grace",
+            gone(vec![report(1, 7001, 1), report(2, 7001, 1)]), grace / 2, new, true),
+        ("leader gone, one of three at the old epoch",
+            gone(vec![Evidence::Gone { from: 2 }, report(1, 7001, 1)]), grace * 4, new, true),
+        ("leader alive and failing over, the others at the old epoch",
+            vec![failing(0, 7001, 1), report(1, 7001, 1), report(2, 7001, 1)], grace * 4, new, true),
+        ("the leader reports the old primary with no failover (its abort was lost)",
+            vec![report(0, 7001, 1), report(1, 7001, 1), report(2, 7001, 1)], grace, old, false),
+        ("leader gone, then back with the promotion",
+            gone(vec![report(1, 7001, 1), report(2, 7001, 1), report(0, 7002, 2)]), grace * 4, new, true),
+        ("leader gone, the others moved to the new primary: confirmed",
+            gone(vec![report(1, 7002, 2), report(2, 7002, 2)]), grace * 4, new, false),
+        ("the node answers ROLE replica again",
+            vec![role(7002, 2, Role::Replica)], Duration::ZERO, old, false),
+        ("the node does not answer",
+            vec![role(7002, 2, Role::Other("no answer".into()))], grace * 4, new, true),
+        ("another node answers replica",
+            vec![role(7003, 2, Role::Replica)], grace * 4, new, true),
+        ("the node answers replica at another epoch",
+            vec![role(7002, 3, Role::Replica)], grace * 4, new, true),
+    ];
+    for (name, evidence, after, want, still_provisional) in table {
+        let t0 = Instant::now();
+        let (state, _, mut actions) = run_at(flipped(), &q, Some(t0), evidence);
+        let (state, _, more) = run_at(state, &q, Some(t0 + after), vec![Evidence::Tick]);
+        actions.extend(more);
+        assert_eq!(published(&state), want, "{name}");
+        assert_eq!(provisional(&state), still_provisional, "{name}");
+        let withdrawn = actions.iter().any(|a| matches!(a, Action::Withdrawn { .. }));
+        assert_eq!(withdrawn, want == old, "{name}: {actions:?}");
+        if withdrawn {
+            // No Sentinel aborted anything polestar heard: the fence is left to lapse.
+            let gave_up = actions
+                .iter()
+                .any(|a| matches!(a, Action::Signal(Signal::Aborted { gave_up: true, .. })));
+            assert!(gave_up, "{name}: {actions:?}");
+        }
+    }
+}
+
+/// While a flip is provisional its node is asked `ROLE` every tick (so that a replica again
+/// is seen without any event); once confirmed, it is not.
+#[test]
+fn a_provisional_primary_is_asked_role_every_tick() {
+    let checks = |actions: &[Action]| {
+        actions
+            .iter()
+            .filter(|a| matches!(a, Action::CheckRole { target } if *target == cand(7002, 2)))
+            .count()
+    };
+    let (state, _, actions) = run(flipped(), &quorum(2), vec![Evidence::Tick, Evidence::Tick]);
+    assert_eq!(checks(&actions), 2, "{actions:?}");
+    let promoted = Evidence::Promoted { from: 0, target: cand(7002, 2), at: Instant::now() };
+    let (_, _, actions) = run(state, &quorum(2), vec![promoted, Evidence::Tick]);
+    assert_eq!(checks(&actions), 0, "{actions:?}");
+}
+
+/// A node known by `hostname` at `127.0.0.<last>:<port>`.
+fn named(hostname: &str, last: u8, port: u16) -> Node {
+    Node { ip: [127, 0, 0, last].into(), port, hostname: Some(hostname.into()) }
+}
+
+/// Issue 25 (item 2's last sentence): "a new primary was a replica" compared addresses, so a
+/// replica whose IP changed (a pod or VM back with a new address, its hostname announced by
+/// the Sentinels) was refused as the new primary, and an address the Sentinels dropped long
+/// ago passed forever, whoever holds it now. The lineage knows a node by its hostname too, and
+/// forgets what no configured Sentinel has listed for `LINEAGE_TTL` while they report.
+#[test]
+fn was_a_replica_survives_a_changed_ip_and_an_old_address_does_not_pass_forever() {
+    let q = quorum(2);
+    let (r2, moved) = (named("r2.lan", 2, 7002), named("r2.lan", 9, 7002));
+    let follows = |from, primary: &Node, node: &Node| Evidence::Report {
+        from,
+        primary: Candidate { node: primary.clone(), epoch: 1 },
+        failover: false,
+        replicas: Vec::new(),
+        followers: vec![Follower { node: node.clone(), upstream: addr(primary.port) }],
+    };
+    let (state, _, _) =
+        run(State::default(), &q, (0..3).map(|s| follows(s, &node(7001), &r2)).collect());
+    assert!(state.lineage.contains(&r2));
+    // The Sentinels promote r2.lan, now at another address.
+    let promoted = |s| Evidence::Report {
+        from: s,
+        primary: Candidate { node: moved.clone(), epoch: 2 },
+        failover: false,
+        replicas: Vec::new(),
+        followers: Vec::new(),
+    };
+    let (state, _, _) = run(state, &quorum(2), (0..2).map(promoted).collect());
+    assert_eq!(state.publication.primary().map(|p| &p.node), Some(&moved), "{:?}", state.suspect);
+    assert!(state.suspect.is_none());
+
+    // 7003 joined the lineage once (settled: every node replicated from 7001); then the
+    // Sentinels list only 7002 for LINEAGE_TTL.
+    let t0 = Instant::now();
+    let only_7002 = (0..3).map(|s| listing(s, 7001, 1, &[(7002, true)])).collect::<Vec<_>>();
+    let (state, _, _) = run_at(settled(), &q, Some(t0 + LINEAGE_TTL / 2), only_7002.clone());
+    let later = Some(t0 + LINEAGE_TTL + Duration::from_secs(1));
+    let (pruned, _, _) = run_at(state.clone(), &q, later, vec![Evidence::Tick]);
+    assert!(!pruned.lineage.contains(&node(7003)), "{:?}", pruned.lineage);
+    assert!(pruned.lineage.contains(&node(7002)) && pruned.lineage.contains(&node(7001)));
+    let forged = (0..3).map(|s| report_with(s, 7003, 2, &[])).collect();
+    let (after, signals, _) = run_at(pruned, &q, later, forged);
+    assert_eq!(published(&after), Some((7001, 1)), "an address long dropped passed");
+    assert!(after.suspect.is_some() && signals.is_empty());
+    // While the Sentinels do not report (polestar cut off from them), nothing is forgotten.
+    let cut = (0..3).map(|s| Evidence::Gone { from: s }).collect();
+    let (cut, _, _) = run_at(state, &q, Some(t0), cut);
+    let (cut, _, _) = run_at(cut, &q, Some(t0 + LINEAGE_TTL * 3), vec![Evidence::Tick]);
+    assert!(cut.lineage.contains(&node(7003)), "{:?}", cut.lineage);
+    // The published primary stays, listed or not.
+    assert!(after.lineage.contains(&node(7001)));
 }

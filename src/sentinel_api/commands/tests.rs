@@ -7,6 +7,7 @@ use std::sync::Arc;
 fn snapshot() -> Snapshot {
     let master = Master {
         withdrawn: None,
+        provisional: false,
         name: "mymaster".into(),
         label: "mymaster".into(),
         primary: Some(Node { ip: [10, 0, 0, 1].into(), port: 6379, hostname: None }),

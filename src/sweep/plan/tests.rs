@@ -21,6 +21,7 @@ fn master(primary: Option<&str>, replicas: &[&str], state: MasterState) -> Arc<M
         .collect();
     Arc::new(Master {
         withdrawn: None,
+        provisional: false,
         name: "m".into(),
         label: "m".into(),
         primary: primary.map(node),
