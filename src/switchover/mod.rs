@@ -117,17 +117,19 @@ impl Maintenance {
             return Err(SwitchoverError::Busy { master: master.to_string(), why });
         }
         let _busy = self.take(master)?;
-        run::switchover(deps, master, primary.addr(), options).await
+        let handed_off = self.handoffs.of(master);
+        run::switchover(deps, master, primary.addr(), &handed_off, options).await
     }
 
-    /// The handoff of `node` (see [`handoff`]).
+    /// The handoff of `node` (see [`handoff`]), of `master` if given.
     pub async fn handoff(
         self: &Arc<Self>,
         deps: &Deps,
         node: SocketAddr,
+        master: Option<&str>,
         options: SwitchoverOptions,
         wait: Duration,
     ) -> Result<HandedOff, SwitchoverError> {
-        handoff::handoff(self, deps, node, options, wait).await
+        handoff::handoff(self, deps, node, master, options, wait).await
     }
 }

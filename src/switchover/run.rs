@@ -11,7 +11,7 @@ use tokio::time::{Instant, sleep};
 
 use super::Deps;
 use super::catchup::{Reading, Verdict, judge};
-use super::choose::{Choice, Replica, choose};
+use super::choose::{Choice, Replica, choose, handed_off_candidate};
 use super::fence::Fence;
 use super::info;
 use super::link::Link;
@@ -37,13 +37,16 @@ struct Plan {
     choice: Choice,
 }
 
+/// `handed_off`: the replicas of `master` being handed off now (about to be stopped): the
+/// switchover is refused if Sentinel could promote one of them.
 pub async fn switchover(
     deps: &Deps,
     master: &str,
     primary: SocketAddr,
+    handed_off: &[SocketAddr],
     options: SwitchoverOptions,
 ) -> Result<Switched, SwitchoverError> {
-    let result = attempt(deps, master, primary, options).await;
+    let result = attempt(deps, master, primary, handed_off, options).await;
     report(deps, master, primary, &result);
     result
 }
@@ -52,9 +55,13 @@ async fn attempt(
     deps: &Deps,
     master: &str,
     primary: SocketAddr,
+    handed_off: &[SocketAddr],
     options: SwitchoverOptions,
 ) -> Result<Switched, SwitchoverError> {
     let mut plan = plan(deps, master, primary).await?;
+    if let Some(replica) = handed_off_candidate(&plan.choice, handed_off) {
+        return Err(SwitchoverError::HandedOff { master: master.to_string(), replica });
+    }
     let fence_error = |why: String| SwitchoverError::Fence { node: primary, why };
     let mut links =
         Offsets::open(deps, primary, &plan.choice.wait_for).await.map_err(fence_error)?;
