@@ -255,7 +255,53 @@ async fn scenario(cluster: &Cluster, coordinated: bool) -> anyhow::Result<()> {
         "there was no lag to wait for: {switchover}"
     );
     anyhow::ensure!(switchover["coordinated"] == coordinated, "coordinated? {switchover}");
+    // The metrics of the three: the switchover, the one that waited in vain (200 ms), the one
+    // refused up front (never fenced, no wait recorded).
+    let url = format!("http://{}:{HTTP_PORT}/metrics", cluster.ctl.ip);
+    let text = in_ns(&cluster.ctl, move || async move {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+        Ok(http.get(url).send().await?.text().await?)
+    })
+    .await??;
+    let value = |name: &str, outcome: Option<&str>| {
+        metric(&text, name, &[("master", "mymaster")], outcome.map(|o| ("outcome", o)))
+    };
+    let counts: Vec<Option<f64>> = ["failed_over", "not_caught_up", "too_far_behind", "refused"]
+        .iter()
+        .map(|o| value("polestar_switchovers_total", Some(o)))
+        .collect();
+    anyhow::ensure!(
+        counts == [Some(1.0), Some(1.0), Some(1.0), Some(0.0)],
+        "switchovers_total by outcome: {counts:?}"
+    );
+    let waits = value("polestar_switchover_wait_seconds_count", None);
+    let waited = value("polestar_switchover_wait_seconds_sum", None).unwrap_or(0.0);
+    let least = switchover["waited_ms"].as_f64().unwrap_or(0.0) / 1000.0 + 0.2;
+    anyhow::ensure!(
+        waits == Some(2.0) && waited >= least,
+        "switchover_wait_seconds: {waits:?} waits, {waited} s in all (at least {least})"
+    );
     Ok(())
+}
+
+/// The value of the sample of `name` whose labels include `labels` (and `extra`), from a
+/// Prometheus text exposition.
+fn metric(
+    text: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+    extra: Option<(&str, &str)>,
+) -> Option<f64> {
+    let wanted: Vec<String> =
+        labels.iter().chain(extra.as_ref()).map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?;
+        if !rest.starts_with('{') && !rest.starts_with(' ') {
+            return None;
+        }
+        let (labels, value) = rest.rsplit_once(' ')?;
+        wanted.iter().all(|w| labels.contains(w.as_str())).then(|| value.parse().ok())?
+    })
 }
 
 /// Whether polestar lists `node` as a healthy replica (so Sentinel does too, and its handoff

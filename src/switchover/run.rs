@@ -419,6 +419,17 @@ impl Offsets {
     }
 }
 
+/// The `outcome` of a switchover (one of [`m::SWITCHOVER_OUTCOMES`]), and how long its
+/// primary was fenced for the replicas, when it was: until they caught up, or in vain.
+fn outcome(result: &Result<Switched, SwitchoverError>) -> (&'static str, Option<u64>) {
+    match result {
+        Ok(s) => ("failed_over", Some(s.waited_ms)),
+        Err(SwitchoverError::NotCaughtUp { waited_ms, .. }) => ("not_caught_up", Some(*waited_ms)),
+        Err(SwitchoverError::TooFarBehind { .. }) => ("too_far_behind", None),
+        Err(_) => ("refused", None),
+    }
+}
+
 /// The event and the metrics of one switchover, whatever its outcome.
 fn report(
     deps: &Deps,
@@ -426,18 +437,15 @@ fn report(
     primary: SocketAddr,
     result: &Result<Switched, SwitchoverError>,
 ) {
-    let outcome = match result {
-        Ok(_) => "failed_over",
-        Err(SwitchoverError::NotCaughtUp { .. }) => "not_caught_up",
-        Err(SwitchoverError::TooFarBehind { .. }) => "too_far_behind",
-        Err(_) => "refused",
-    };
+    let (outcome, waited_ms) = outcome(result);
     metrics::counter!(m::SWITCHOVERS, "master" => master.to_string(), "outcome" => outcome)
         .increment(1);
+    if let Some(waited_ms) = waited_ms {
+        metrics::histogram!(m::SWITCHOVER_WAIT, "master" => master.to_string())
+            .record(waited_ms as f64 / 1000.0);
+    }
     match result {
         Ok(s) => {
-            metrics::histogram!(m::SWITCHOVER_WAIT, "master" => master.to_string())
-                .record(s.waited_ms as f64 / 1000.0);
             tracing::info!(master, %primary, lag_bytes = s.lag_bytes, waited_ms = s.waited_ms, coordinated = s.coordinated, "switchover: the replicas caught up; Sentinel fails over");
             let mut data = serde_json::to_value(s).unwrap_or_default();
             data["outcome"] = json!(outcome);
@@ -462,6 +470,30 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_outcome_is_a_registered_series_and_every_fenced_wait_is_recorded() {
+        let replica = SocketAddr::from(([10, 0, 0, 2], 6379));
+        let switched = Switched { waited_ms: 1200, ..Switched::default() };
+        let table: [(Result<Switched, SwitchoverError>, (&str, Option<u64>)); 5] = [
+            (Ok(switched), ("failed_over", Some(1200))),
+            (
+                Err(SwitchoverError::NotCaughtUp { replica, lag_bytes: 9, waited_ms: 5000 }),
+                ("not_caught_up", Some(5000)),
+            ),
+            (
+                Err(SwitchoverError::TooFarBehind { replica, lag_bytes: 9, max_lag: 1 }),
+                ("too_far_behind", None),
+            ),
+            (Err(SwitchoverError::NoPrimary("m".into())), ("refused", None)),
+            (Err(SwitchoverError::HandedOff { master: "m".into(), replica }), ("refused", None)),
+        ];
+        for (result, expected) in table {
+            let got = outcome(&result);
+            assert_eq!(got, expected, "{result:?}");
+            assert!(m::SWITCHOVER_OUTCOMES.contains(&got.0), "{} is not registered", got.0);
+        }
+    }
 
     #[test]
     fn a_fence_is_never_held_long_enough_for_sentinel_to_find_the_primary_down() {
