@@ -16,10 +16,11 @@ use crate::netns::cluster::{Cluster, HTTP_PORT};
 use crate::netns::{Host, SERIAL, in_ns, until};
 
 mod handoff;
+mod refused;
 
 const TOKEN: &str = "switchover-test-token";
 /// As in the scenario: a writer builds megabytes of lag within a second or two.
-const RATE: &str = "40mbit";
+pub const RATE: &str = "40mbit";
 
 /// What the writer was acknowledged, and when.
 pub struct Written {
@@ -29,7 +30,7 @@ pub struct Written {
 }
 
 /// The writer: finds the primary through polestar's HTTP API, and after any error asks again
-/// and reconnects. Runs until `stop`; bounded by `limit`.
+/// and reconnects. Runs until `stop`; bounded by `limit`. As fast as the machine lets it.
 pub fn writer(
     app: &Host,
     key: &'static str,
@@ -37,6 +38,20 @@ pub fn writer(
     stop: Arc<AtomicBool>,
     acked: Arc<AtomicU64>,
     limit: Duration,
+) -> tokio::task::JoinHandle<anyhow::Result<Written>> {
+    writer_at(app, key, primary_url, stop, acked, limit, None)
+}
+
+/// [`writer`] at most `pace` steps a second (the bench: the 3,300, whatever the
+/// machine, so that the lag grows alike from run to run).
+pub fn writer_at(
+    app: &Host,
+    key: &'static str,
+    primary_url: String,
+    stop: Arc<AtomicBool>,
+    acked: Arc<AtomicU64>,
+    limit: Duration,
+    pace: Option<u32>,
 ) -> tokio::task::JoinHandle<anyhow::Result<Written>> {
     in_ns(app, move || async move {
         let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build()?;
@@ -55,6 +70,10 @@ pub fn writer(
                 continue;
             };
             let id = ids.len() as u64 + 1;
+            if let Some(pace) = pace {
+                let due = started + Duration::from_secs_f64(id as f64 / f64::from(pace));
+                tokio::time::sleep_until(due).await;
+            }
             let mut pipe = redis::pipe();
             pipe.cmd("SETRANGE").arg("blob").arg((id % 256) * 4096).arg(&payload[..]).ignore();
             pipe.cmd("RPUSH").arg(key).arg(id).ignore();
@@ -561,7 +580,7 @@ async fn coordinated(cluster: &Cluster) -> anyhow::Result<()> {
 
 /// With `POLESTAR_KEEP=DIR`, copies the lab's directory (configs, every process's whole log)
 /// to `DIR` before it goes.
-fn keep(cluster: &Cluster) {
+pub fn keep(cluster: &Cluster) {
     if let Ok(dest) = std::env::var("POLESTAR_KEEP") {
         let _ = std::process::Command::new("cp")
             .arg("-a")
@@ -596,7 +615,7 @@ impl Started {
 /// Waits until the failover before (if any) is over everywhere: every Sentinel names
 /// `primary`, both replicas replicate from it with their link up and are listed healthy by
 /// the central polestar, and they are caught up.
-async fn settled(cluster: &Cluster, primary: SocketAddr) -> anyhow::Result<()> {
+pub async fn settled(cluster: &Cluster, primary: SocketAddr) -> anyhow::Result<()> {
     until("the cluster to settle", Duration::from_secs(90), || async {
         let named = cluster.db.iter().all(|h| {
             let a = cluster.cli(h, 26379, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"]);
@@ -812,6 +831,33 @@ fn failover_calls(cluster: &Cluster, host: &Host) -> u64 {
 /// How far behind the replicas are when the coordinated switchover starts: at 40 Mbit/s
 /// (5 MB/s) they need more than 2 s to catch up under the fence.
 const COORDINATED_LAG: u64 = 12_000_000;
+
+/// [`lag`] read over connections from the control host instead of three `redis-cli` runs: a
+/// few milliseconds on a loaded machine rather than several hundred, so that a wait for a lag
+/// band that grows by megabytes a second does not step over it.
+pub async fn lag_now(cluster: &Cluster, primary: SocketAddr) -> u64 {
+    let nodes: Vec<SocketAddr> = cluster.db.iter().map(|h| SocketAddr::new(h.ip, 6379)).collect();
+    let read = in_ns(&cluster.ctl, move || async move {
+        let mut offsets = Vec::new();
+        for node in nodes {
+            let client = redis::Client::open(format!("redis://{node}/"))?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await?;
+            let field = if node == primary { "master_repl_offset:" } else { "slave_repl_offset:" };
+            let offset =
+                info.lines().find_map(|l| l.trim().strip_prefix(field)?.parse::<u64>().ok());
+            offsets.push((node == primary, offset));
+        }
+        Ok(offsets)
+    });
+    let Ok(Ok(offsets)) = read.await else { return u64::MAX };
+    let Some(top) = offsets.iter().find(|(p, _)| *p).and_then(|(_, o)| *o) else { return u64::MAX };
+    let behind = offsets
+        .iter()
+        .filter(|(p, _)| !*p)
+        .map(|(_, o)| o.map_or(u64::MAX, |o| top.saturating_sub(o)));
+    behind.max().unwrap_or(u64::MAX)
+}
 
 /// How far the furthest replica of `primary` is behind it, from their own offsets (the
 /// offsets a primary lists per replica are up to 1 s old).
