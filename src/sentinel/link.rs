@@ -673,7 +673,9 @@ async fn ping_once(mut conn: MultiplexedConnection) -> Result<(), LinkError> {
 /// The config epoch this Sentinel holds for `master` (`SENTINEL MASTER <name>`).
 /// Whether this Sentinel runs the failover of `master` as Valkey 9's coordinated one
 /// ([`coordinated_failover`]). An error or an odd reply counts as a plain failover: its
-/// promotion is fenced, as every failover's was before Valkey 9.
+/// promotion is fenced, as every failover's was before Valkey 9. The events behind it wait
+/// for it at most the connection's response timeout (a Sentinel answers in a round trip;
+/// its `+selected-slave` comes an election or a timer tick after `+try-failover`).
 async fn coordinated(conn: &mut MultiplexedConnection, master: &str) -> bool {
     let reply = redis::cmd("SENTINEL").arg("MASTER").arg(master).query_async::<Value>(conn).await;
     let record = reply.ok().as_ref().and_then(super::message::record);

@@ -475,7 +475,8 @@ mod tests {
     fn every_outcome_is_a_registered_series_and_every_fenced_wait_is_recorded() {
         let replica = SocketAddr::from(([10, 0, 0, 2], 6379));
         let switched = Switched { waited_ms: 1200, ..Switched::default() };
-        let table: [(Result<Switched, SwitchoverError>, (&str, Option<u64>)); 5] = [
+        type Row = (Result<Switched, SwitchoverError>, (&'static str, Option<u64>));
+        let table: [Row; 5] = [
             (Ok(switched), ("failed_over", Some(1200))),
             (
                 Err(SwitchoverError::NotCaughtUp { replica, lag_bytes: 9, waited_ms: 5000 }),
