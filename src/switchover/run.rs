@@ -70,6 +70,9 @@ async fn attempt(
     if let Some(max_lag) = options.max_lag.filter(|max| lag_bytes > *max) {
         return Err(SwitchoverError::TooFarBehind { replica: worst, lag_bytes, max_lag });
     }
+    // Asked before the fence: every round trip under it is a pause for the writers.
+    let sentinel = Server::parse(&plan.sentinel.info("server").await.unwrap_or_default());
+    let coordinated = coordinated(sentinel, &links.servers().await);
     let max_wait = fence_bound(options.max_wait, plan.down_after);
     let limit = max_wait + HOLD_AFTER;
     let fence =
@@ -80,8 +83,6 @@ async fn attempt(
         return Err(e);
     }
     let waited = started.elapsed();
-    let sentinel = Server::parse(&plan.sentinel.info("server").await.unwrap_or_default());
-    let coordinated = coordinated(sentinel, &links.servers().await);
     let (fence, coordinated) = if coordinated {
         if coordinated_failover(deps, master, &mut plan, fence).await? {
             (None, true)
@@ -196,10 +197,15 @@ pub fn fence_bound(max_wait: Duration, down_after: Duration) -> Duration {
     max_wait.min(down_after * 2 / 5)
 }
 
-/// The first configured Sentinel that answers and is not in TILT: what it knows of the master
-/// (no failover under way, the same primary as published) and whom it would promote.
+/// The first configured Sentinel that answers, is not in TILT and has a replica it could
+/// promote: what it knows of the master (no failover under way, the same primary as
+/// published) and whom it would promote. It is the one asked to fail over, and a Sentinel
+/// fails over by its own view: one that still has a replica `disconnected` (its link not back
+/// yet after a restart, as in a rolling restart) is passed over for the next. With no such
+/// Sentinel, the first one's reason is the answer.
 async fn plan(deps: &Deps, master: &str, primary: SocketAddr) -> Result<Plan, SwitchoverError> {
     let mut failures = Vec::new();
+    let mut no_candidate = None;
     for address in &deps.sentinels.addresses {
         let endpoint = Endpoint::new(address.host.clone(), address.port, &deps.sentinels.auth);
         let mut sentinel = match Link::open(&endpoint).await {
@@ -217,9 +223,15 @@ async fn plan(deps: &Deps, master: &str, primary: SocketAddr) -> Result<Plan, Sw
             failures.push(format!("{}: in TILT mode", endpoint.name()));
             continue;
         }
-        return plan_with(sentinel, master, primary).await;
+        match plan_with(sentinel, master, primary).await {
+            Err(SwitchoverError::NoCandidate { master, why }) => {
+                let why = format!("{}: {why}", endpoint.name());
+                no_candidate.get_or_insert(SwitchoverError::NoCandidate { master, why });
+            }
+            planned => return planned,
+        }
     }
-    Err(ControlError::Unreachable(failures.join("; ")).into())
+    Err(no_candidate.unwrap_or_else(|| ControlError::Unreachable(failures.join("; ")).into()))
 }
 
 async fn plan_with(
