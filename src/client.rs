@@ -186,16 +186,23 @@ pub async fn request_failover_with(
     Ok(Failover::Done(Box::new(api.post(&path, &query, Some(hold)).await?)))
 }
 
-/// `POST /v1/nodes/{node}/handoff?wait=`: prints what was done (JSON) once the node is safe
-/// to stop.
+/// A handoff asked for: the node (`ip:port`), the master it must be a node of (if given), and
+/// how long to wait for a new primary.
+pub struct Handoff<'a> {
+    pub node: &'a str,
+    pub master: Option<&'a str>,
+    pub wait: Duration,
+}
+
+/// `POST /v1/nodes/{node}/handoff?wait=[&master=]`: prints what was done (JSON) once the node
+/// is safe to stop.
 pub async fn handoff(
     api: &str,
-    node: &str,
-    wait: Duration,
+    handoff: Handoff<'_>,
     token: Option<String>,
     limits: Limits,
 ) -> anyhow::Result<()> {
-    let answer = request_handoff(api, node, wait, token, limits).await?;
+    let answer = request_handoff(api, handoff, token, limits).await?;
     println!("{answer}");
     Ok(())
 }
@@ -203,14 +210,17 @@ pub async fn handoff(
 /// The handoff's answer.
 pub async fn request_handoff(
     api: &str,
-    node: &str,
-    wait: Duration,
+    handoff: Handoff<'_>,
     token: Option<String>,
     limits: Limits,
 ) -> anyhow::Result<serde_json::Value> {
+    let Handoff { node, master, wait } = handoff;
     let api = Api::new(api)?.with_token(token);
     let mut query = limits.query();
     query.push(("wait", duration::format(wait.max(Duration::from_millis(1)))));
+    if let Some(master) = master {
+        query.push(("master", master.to_string()));
+    }
     let hold = wait + limits.hold();
     api.post(&["v1", "nodes", node, "handoff"], &query, Some(hold)).await
 }

@@ -38,10 +38,12 @@ pub trait Control: Send + Sync + 'static {
     }
 
     /// Makes `node` safe to stop: a switchover away from it if it is a primary; out of every
-    /// replica answer and drained if it is a replica.
+    /// replica answer and drained if it is a replica. `master`: the master it must be a node
+    /// of (a hook that knows it says so; refused otherwise).
     fn handoff<'a>(
         &'a self,
         _node: SocketAddr,
+        _master: Option<&'a str>,
         _options: SwitchoverOptions,
         _wait: std::time::Duration,
     ) -> BoxFuture<'a, Result<HandedOff, SwitchoverError>> {
@@ -129,6 +131,15 @@ pub enum SwitchoverError {
     Control(#[from] ControlError),
     #[error("{0} is not a node of any master polestar serves")]
     UnknownNode(SocketAddr),
+    #[error("{node} is a node of {master}, not of {asked}: nothing handed off")]
+    OtherMaster { node: SocketAddr, master: String, asked: String },
+    /// A replica being handed off (about to stop) is one Sentinel could promote.
+    #[error(
+        "{replica} of {master} is handed off (about to be stopped) and Sentinel could promote \
+         it: nothing fenced, nothing failed over; retry once it is back (restarted and healthy \
+         again: the handoff_ended event)"
+    )]
+    HandedOff { master: String, replica: SocketAddr },
     #[error("handoff of {node} refused: {why}")]
     Refused { node: SocketAddr, why: String },
     /// Sentinel accepted, but the new primary was not published in time.

@@ -21,8 +21,10 @@ pub enum Signal {
     /// A configured leader announced the promotion of `new` (resolved, where known) (`+selected-slave`,
     /// `+failover-state-send-slaveof-noone`): fence `old` early. A fence that no
     /// [`Signal::Flipped`] follows within a few seconds is lifted by the drain side itself (the
-    /// leader died, an event was lost).
-    Promoting { master: String, old: Node, new: Option<Node>, at: Instant },
+    /// leader died, an event was lost). `coordinated`: the leader runs Valkey 9's coordinated
+    /// failover (it said so at the start), which fences `old` itself and which a fence of
+    /// ours would stall.
+    Promoting { master: String, old: Node, new: Option<Node>, at: Instant, coordinated: bool },
     /// The published primary changed: DNS and HTTP already answer `new`. `provisional`: the
     /// flip was made on the promoted replica's own `ROLE` answer while a configured leader
     /// promotes it, and is not confirmed yet ([`Signal::Confirmed`] or [`Signal::Aborted`]

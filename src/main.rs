@@ -83,6 +83,9 @@ enum Command {
     Handoff {
         /// The node, as ip:port.
         node: String,
+        /// Refuse unless the node is one of this master's (a hook that knows its master).
+        #[arg(long, value_name = "NAME")]
+        master: Option<String>,
         /// How long to wait for the new primary to be published (a primary's handoff).
         #[arg(long, default_value = "30s", value_parser = parse_duration)]
         wait: Duration,
@@ -142,12 +145,13 @@ fn command(command: Command) -> ExitCode {
                 }
             }
         }
-        Command::Handoff { node, wait, max_wait, max_lag, api, token_file } => {
+        Command::Handoff { node, master, wait, max_wait, max_lag, api, token_file } => {
             let limits = client::Limits { max_wait, max_lag };
             match admin_token(token_file) {
-                Ok(token) => {
-                    runtime(async move { client::handoff(&api, &node, wait, token, limits).await })
-                }
+                Ok(token) => runtime(async move {
+                    let handoff = client::Handoff { node: &node, master: master.as_deref(), wait };
+                    client::handoff(&api, handoff, token, limits).await
+                }),
                 Err(e) => {
                     eprintln!("error: {e}");
                     ExitCode::from(2)

@@ -34,6 +34,15 @@ pub const SWITCHOVER_WAIT: &str = "polestar_switchover_wait_seconds";
 /// The `method` label values of [`DRAIN_KILLED`].
 pub const KILL_METHODS: [&str; 2] = ["client_kill", "sock_destroy"];
 
+/// The `outcome` label values of [`SWITCHOVERS`].
+pub const SWITCHOVER_OUTCOMES: [&str; 4] =
+    ["failed_over", "not_caught_up", "too_far_behind", "refused"];
+
+/// The buckets of [`SWITCHOVER_WAIT`], in seconds: a fence is held at most 40% of Sentinel's
+/// `down-after-milliseconds`, and `max_wait` is at most a minute.
+const SWITCHOVER_WAIT_BUCKETS: [f64; 12] =
+    [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0];
+
 /// Registers every per-master series of `master` that counts events (at 0 when new; an
 /// existing counter keeps its value). The gauges are set by the decider with the state.
 pub fn register_master(master: &str) {
@@ -43,6 +52,12 @@ pub fn register_master(master: &str) {
         metrics::counter!(DRAIN_KILLED, "master" => master.to_string(), "method" => method)
             .increment(0);
     }
+    for outcome in SWITCHOVER_OUTCOMES {
+        metrics::counter!(SWITCHOVERS, "master" => master.to_string(), "outcome" => outcome)
+            .increment(0);
+    }
+    // Registered, not observed: the histogram's series exist with a count of 0.
+    drop(metrics::histogram!(SWITCHOVER_WAIT, "master" => master.to_string()));
 }
 
 /// Installs the process-wide recorder (once; later calls get a recorder that is not global,
@@ -63,6 +78,12 @@ pub fn install() -> PrometheusHandle {
             &crate::phases::BUCKETS,
         )
         .expect("the failover phases have buckets");
+    let builder = builder
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(SWITCHOVER_WAIT.into()),
+            &SWITCHOVER_WAIT_BUCKETS,
+        )
+        .expect("the switchover wait has buckets");
     let recorder = builder.build_recorder();
     let handle = recorder.handle();
     if metrics::set_global_recorder(recorder).is_ok() {
@@ -80,7 +101,7 @@ fn describe() {
     describe_histogram!(
         SWITCHOVER_WAIT,
         Unit::Seconds,
-        "How long a switchover held the primary fenced until its replicas had all of it"
+        "How long a switchover held the primary fenced for its replicas: until they had all of it (failed_over) or until max_wait (not_caught_up)"
     );
     describe_gauge!(SENTINEL_UP, "1 while polestar is connected to this Sentinel");
     describe_gauge!(

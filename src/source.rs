@@ -122,12 +122,13 @@ impl Control for Current {
     fn handoff<'a>(
         &'a self,
         node: SocketAddr,
+        master: Option<&'a str>,
         options: SwitchoverOptions,
         wait: Duration,
     ) -> BoxFuture<'a, Result<HandedOff, SwitchoverError>> {
         Box::pin(async move {
             let (maintenance, deps) = self.deps()?;
-            maintenance.handoff(&deps, node, options, wait).await
+            maintenance.handoff(&deps, node, master, options, wait).await
         })
     }
 

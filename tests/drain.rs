@@ -413,6 +413,7 @@ async fn fence_holds_writes_and_abort_lifts_it() {
         old: old.node(),
         new: None,
         at: Instant::now(),
+        coordinated: false,
     });
     h.event("fence", |_| true).await.expect("fence event");
     writer.write_all(&encode(&["SET", "k", "v"])).await.expect("send SET");
@@ -433,6 +434,7 @@ async fn fence_holds_writes_and_abort_lifts_it() {
         old: old.node(),
         new: None,
         at: Instant::now(),
+        coordinated: false,
     });
     for _ in 0..200 {
         if h.count("fence") == 2 {
@@ -477,6 +479,7 @@ async fn the_fence_goes_over_the_link_opened_at_the_first_sign_of_the_failover()
         old: old.node(),
         new: None,
         at: Instant::now(),
+        coordinated: false,
     });
     let fence = h.event("fence", |_| true).await.expect("fence event");
     assert_eq!(field(&fence, "round_trips"), 1, "{fence:?}");
@@ -492,6 +495,7 @@ async fn the_fence_goes_over_the_link_opened_at_the_first_sign_of_the_failover()
         old: old.node(),
         new: None,
         at: Instant::now(),
+        coordinated: false,
     });
     let fence = h.event("fence", |e| e.id > fence.id).await.expect("a second fence event");
     assert!(field(&fence, "round_trips").as_u64() > Some(1), "{fence:?}");
@@ -505,7 +509,13 @@ async fn a_fence_that_no_promotion_follows_is_lifted_within_seconds() {
     let old = Server::start(&[]).await;
     let h = harness(settings(200, 100, 60_000, 2000));
     let promoted = Instant::now();
-    h.send(Signal::Promoting { master: "m".into(), old: old.node(), new: None, at: promoted });
+    h.send(Signal::Promoting {
+        master: "m".into(),
+        old: old.node(),
+        new: None,
+        at: promoted,
+        coordinated: false,
+    });
     h.event("fence", |_| true).await.expect("fence event");
     let mut writer = TcpStream::connect(old.addr()).await.expect("connect");
     writer.write_all(&encode(&["SET", "k", "v"])).await.expect("send SET");
@@ -534,6 +544,7 @@ async fn giving_up_a_promotion_leaves_another_polestars_fence_in_place() {
         old: old.node(),
         new: None,
         at: Instant::now(),
+        coordinated: false,
     });
     h.event("fence", |_| true).await.expect("fence event");
     assert!(old.ask(&["CLIENT", "PAUSE", "4000", "WRITE"]).await.contains("OK"));
@@ -564,6 +575,7 @@ async fn held_writes_never_run_on_the_old_primary_which_is_demoted_at_the_flip()
         old: old.node(),
         new: Some(new.node()),
         at: Instant::now(),
+        coordinated: false,
     });
     h.event("fence", |_| true).await.expect("fence event");
     writer.write_all(&encode(&["SET", "k", "lost"])).await.expect("send SET");
@@ -657,7 +669,13 @@ async fn an_abort_after_a_provisional_flip_undoes_the_fence_and_the_drain() {
     spare_names(&mut cfg, &["keepme"]);
     let h = harness(cfg);
     let at = Instant::now();
-    h.send(Signal::Promoting { master: "m".into(), old: old.node(), new: Some(new.node()), at });
+    h.send(Signal::Promoting {
+        master: "m".into(),
+        old: old.node(),
+        new: Some(new.node()),
+        at,
+        coordinated: false,
+    });
     h.send(Signal::Flipped {
         master: "m".into(),
         old: Some(old.node()),
@@ -727,6 +745,7 @@ async fn a_node_that_refuses_replicaof_stays_fenced_and_no_held_write_runs() {
         old: old.node(),
         new: None,
         at: Instant::now(),
+        coordinated: false,
     });
     h.event("fence", |_| true).await.expect("fence event");
     h.flip("m", &old, new.node());
@@ -786,6 +805,7 @@ async fn the_replica_being_promoted_is_never_taken_for_a_returning_primary() {
         old: primary.node(),
         new: Some(promoted.node()),
         at: Instant::now(),
+        coordinated: false,
     });
     h.send(returning(2));
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -817,6 +837,7 @@ async fn one_polestar_never_lifts_the_fence_another_still_needs() {
         old: old.node(),
         new: Some(new.node()),
         at: Instant::now(),
+        coordinated: false,
     };
     a.send(promoting());
     b.send(promoting());
@@ -980,7 +1001,13 @@ async fn a_manual_drain_reports_what_it_did() {
 async fn a_node_published_again_is_unfenced_at_once() {
     let a = Server::start(&[]).await;
     let h = harness(settings(1500, 100, 30_000, 2000));
-    h.send(Signal::Promoting { master: "m".into(), old: a.node(), new: None, at: Instant::now() });
+    h.send(Signal::Promoting {
+        master: "m".into(),
+        old: a.node(),
+        new: None,
+        at: Instant::now(),
+        coordinated: false,
+    });
     h.event("fence", |_| true).await.expect("fence event");
     let at = Instant::now();
     h.send(Signal::Flipped {
@@ -1009,6 +1036,7 @@ async fn disabled_draining_touches_nothing() {
         old: old.node(),
         new: None,
         at: Instant::now(),
+        coordinated: false,
     });
     h.flip("m", &old, other_node());
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -1195,7 +1223,13 @@ async fn a_planned_sentinel_failover_loses_no_acknowledged_write() {
         eprintln!("{} sentinel {} {payload}", ms.as_millis(), msg.get_channel_name());
         match msg.get_channel_name() {
             "+selected-slave" | "+failover-state-send-slaveof-noone" => {
-                h.send(Signal::Promoting { master: "mm".into(), old: old.node(), new: None, at });
+                h.send(Signal::Promoting {
+                    master: "mm".into(),
+                    old: old.node(),
+                    new: None,
+                    at,
+                    coordinated: false,
+                });
             }
             "+promoted-slave" => {
                 *route.lock().unwrap_or_else(|p| p.into_inner()) = new.addr();

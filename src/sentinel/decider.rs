@@ -300,9 +300,9 @@ impl Decider {
             Observation::NotSentinel { link, reason } => self.not_a_sentinel(link, &reason),
             Observation::Report(report) => self.report(report),
             Observation::Epoch { link, epoch } => self.epoch(link, epoch),
-            Observation::Failover { link: from, master, in_progress, aborted } => {
+            Observation::Failover { link: from, master, in_progress, aborted, coordinated } => {
                 let evidence = if in_progress {
-                    Evidence::FailoverStarted { from }
+                    Evidence::FailoverStarted { from, coordinated }
                 } else {
                     Evidence::FailoverEnded { from, aborted }
                 };

@@ -35,7 +35,8 @@ use tokio_util::sync::CancellationToken;
 use super::conn::{Endpoint, PushSink, connect};
 use super::core::Follower;
 use super::message::{
-    Addr, Event, MasterRecord, PeerRecord, ReplicaRecord, master_addr, records, text,
+    Addr, Event, MasterRecord, PeerRecord, ReplicaRecord, coordinated_failover, master_addr,
+    records, text,
 };
 use super::{LinkId, MasterReport, Observation, Report, Scope};
 use crate::readiness::facts::MasterFacts;
@@ -304,9 +305,22 @@ impl Link {
                 if let Some(epoch) = state.last_epoch {
                     state.remember(&master, epoch);
                 }
-                let failover =
-                    Observation::Failover { link, master, in_progress: true, aborted: false };
-                pending.push(ready(failover));
+                // Whether this Sentinel runs it as Valkey's coordinated failover, asked now:
+                // the answer reaches the decider before this Sentinel's `+selected-slave`,
+                // which waits behind it in `pending` (an election or a tick later).
+                let mut conn = conn.clone();
+                pending.push(Box::pin(async move {
+                    let coordinated = coordinated(&mut conn, &master).await;
+                    let in_progress = true;
+                    let aborted = false;
+                    Ok(Some(Observation::Failover {
+                        link,
+                        master,
+                        in_progress,
+                        aborted,
+                        coordinated,
+                    }))
+                }));
             }
             Event::Promoting { master, replica, sent } => {
                 let epoch = state.failover_epoch.get(&master).copied().filter(|_| sent);
@@ -338,6 +352,7 @@ impl Link {
                     master,
                     in_progress: false,
                     aborted,
+                    coordinated: false,
                 }));
                 return scope;
             }
@@ -656,6 +671,17 @@ async fn ping_once(mut conn: MultiplexedConnection) -> Result<(), LinkError> {
 }
 
 /// The config epoch this Sentinel holds for `master` (`SENTINEL MASTER <name>`).
+/// Whether this Sentinel runs the failover of `master` as Valkey 9's coordinated one
+/// ([`coordinated_failover`]). An error or an odd reply counts as a plain failover: its
+/// promotion is fenced, as every failover's was before Valkey 9. The events behind it wait
+/// for it at most the connection's response timeout (a Sentinel answers in a round trip;
+/// its `+selected-slave` comes an election or a timer tick after `+try-failover`).
+async fn coordinated(conn: &mut MultiplexedConnection, master: &str) -> bool {
+    let reply = redis::cmd("SENTINEL").arg("MASTER").arg(master).query_async::<Value>(conn).await;
+    let record = reply.ok().as_ref().and_then(super::message::record);
+    record.is_some_and(|r| coordinated_failover(&r))
+}
+
 async fn config_epoch(conn: &mut MultiplexedConnection, master: &str) -> Result<u64, LinkError> {
     let reply: Value = redis::cmd("SENTINEL").arg("MASTER").arg(master).query_async(conn).await?;
     let epoch = super::message::record(&reply)

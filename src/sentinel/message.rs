@@ -233,6 +233,18 @@ impl MasterRecord {
     }
 }
 
+/// Whether a master record (`SENTINEL MASTER <name>`) shows this Sentinel running Valkey 9's
+/// coordinated failover of it (`SENTINEL FAILOVER <name> COORDINATED`): Valkey's Sentinel
+/// flags the master `coordinated_failover` from the command until the failover ends or
+/// aborts, on the Sentinel that runs it only (the others merely vote). Its events are those
+/// of any failover (`+selected-slave`, `+failover-state-send-slaveof-noone`), and the old
+/// primary's `master_failover_state` changes only once the leader's `FAILOVER TO` runs
+/// there, after the promotion is announced: this flag is the one sign polestar can read in
+/// time, from the leader itself.
+pub fn coordinated_failover(r: &HashMap<String, String>) -> bool {
+    r.get("flags").is_some_and(|f| f.split(',').any(|f| f == "coordinated_failover"))
+}
+
 /// One replica as a Sentinel describes it (`SENTINEL REPLICAS <name>`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaRecord {
@@ -467,6 +479,25 @@ mod tests {
         }
         assert_eq!(record(&Value::Array(vec![bulk("odd")])), None);
         assert_eq!(records(&Value::Nil), Vec::new());
+    }
+
+    #[test]
+    fn only_the_coordinated_flag_marks_a_coordinated_failover() {
+        let flags = |f: &str| HashMap::from([("flags".to_string(), f.to_string())]);
+        let table = [
+            ("master,failover_in_progress,coordinated_failover", true),
+            ("s_down,master,failover_in_progress,coordinated_failover", true),
+            // Valkey 9's plain SENTINEL FAILOVER, an automatic failover, none at all.
+            ("s_down,master,failover_in_progress,force_failover", false),
+            ("s_down,o_down,master,failover_in_progress", false),
+            ("master", false),
+            ("master,coordinated_failover_x", false),
+            ("", false),
+        ];
+        for (f, expected) in table {
+            assert_eq!(coordinated_failover(&flags(f)), expected, "{f}");
+        }
+        assert!(!coordinated_failover(&HashMap::new()), "no flags field");
     }
 
     #[test]

@@ -70,6 +70,9 @@ pub enum Observation {
         master: String,
         in_progress: bool,
         aborted: bool,
+        /// Starting: the Sentinel runs it as Valkey 9's coordinated failover (its record's
+        /// `coordinated_failover` flag, read at the start).
+        coordinated: bool,
     },
     /// The leader is about to promote `replica`.
     Promoting {

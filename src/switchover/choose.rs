@@ -98,6 +98,14 @@ pub fn choose(replicas: &[Replica], down_after: Duration) -> Result<Choice, Stri
     Ok(Choice { likely: fit[0].addr, wait_for })
 }
 
+/// The first replica of `choice` Sentinel may promote that is being handed off (`out`): it is
+/// about to be stopped, so a switchover now would promote a node on its way down. One that is
+/// stopped already is no candidate (Sentinel finds it down or disconnected), and one with a
+/// worse priority is never Sentinel's pick while a better one is fit.
+pub fn handed_off_candidate(choice: &Choice, out: &[SocketAddr]) -> Option<SocketAddr> {
+    choice.wait_for.iter().find(|r| out.contains(r)).copied()
+}
+
 fn why_none(replicas: &[Replica], down_after: Duration) -> String {
     if replicas.is_empty() {
         return "Sentinel lists no replica".into();
@@ -165,6 +173,32 @@ mod tests {
         let why = choose(&all[..6], DOWN_AFTER).unwrap_err();
         assert!(why.contains("10.0.0.1:1 down") && why.contains("replica-priority 0"), "{why}");
         assert_eq!(choose(&[], DOWN_AFTER).unwrap_err(), "Sentinel lists no replica");
+    }
+
+    #[test]
+    fn a_switchover_never_waits_for_a_replica_about_to_be_stopped() {
+        let at = |port| SocketAddr::from(([10, 0, 0, 1], port));
+        let down = || {
+            let mut r = replica(3, 100, 99, "c");
+            r.flags.push("s_down".into());
+            r
+        };
+        let table: [(Vec<Replica>, Vec<u16>, Option<u16>); 6] = [
+            (vec![replica(1, 100, 5, "a"), replica(2, 100, 5, "b")], vec![], None),
+            (vec![replica(1, 100, 5, "a"), replica(2, 100, 5, "b")], vec![2], Some(2)),
+            (vec![replica(1, 100, 5, "a"), replica(2, 100, 9, "b")], vec![1], Some(1)),
+            // A worse priority: never Sentinel's pick while the better one is fit.
+            (vec![replica(1, 10, 5, "a"), replica(2, 100, 9, "b")], vec![2], None),
+            // Stopped already: Sentinel finds it down, no candidate.
+            (vec![replica(1, 100, 5, "a"), down()], vec![3], None),
+            // Of another master, or gone from the list.
+            (vec![replica(1, 100, 5, "a")], vec![7], None),
+        ];
+        for (replicas, out, expected) in table {
+            let choice = choose(&replicas, DOWN_AFTER).unwrap();
+            let out: Vec<SocketAddr> = out.into_iter().map(at).collect();
+            assert_eq!(handed_off_candidate(&choice, &out), expected.map(at), "{out:?}");
+        }
     }
 
     #[test]

@@ -25,8 +25,9 @@ pub struct Fence {
     auth: Auth,
     /// Cancelled to stop renewing; the renewal task holds a clone.
     stop: CancellationToken,
-    /// The renewal task: ends when `stop` is cancelled or its hard limit passes.
-    renewal: JoinHandle<()>,
+    /// The renewal task: ends when `stop` is cancelled or its hard limit passes, and gives
+    /// its connection back (the lift goes over it: one round trip).
+    renewal: JoinHandle<Link>,
 }
 
 impl Fence {
@@ -60,11 +61,16 @@ impl Fence {
         let _ = self.renewal.await;
     }
 
-    /// Stops renewing and lifts the pause at once (only when no failover follows it).
+    /// Stops renewing and lifts the pause at once (only when no failover follows it), over
+    /// the renewal's connection, or a new one if that one fails or its task is gone.
     pub async fn lift(self) -> Result<(), String> {
-        let (node, auth) = (self.node, self.auth.clone());
-        self.release().await;
-        Link::node(node, &auth).await?.unpause().await
+        self.stop.cancel();
+        if let Ok(mut link) = self.renewal.await
+            && link.unpause().await.is_ok()
+        {
+            return Ok(());
+        }
+        Link::node(self.node, &self.auth).await?.unpause().await
     }
 
     /// Renews until `done` (the new primary is published) or `limit`, whichever comes first;
@@ -84,15 +90,15 @@ async fn renew(
     interval: Duration,
     until: Instant,
     stop: CancellationToken,
-) {
+) -> Link {
     let length = pause_length(interval).as_millis() as u64;
     loop {
         tokio::select! {
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => return link,
             () = sleep(interval) => {}
         }
         if Instant::now() >= until || stop.is_cancelled() {
-            return;
+            return link;
         }
         if let Err(error) = link.pause(length).await {
             tracing::warn!(%node, %error, "switchover: renewing the fence failed; reconnecting");

@@ -37,14 +37,28 @@ pub async fn handoff(
     maintenance: &Arc<Maintenance>,
     deps: &Deps,
     node: SocketAddr,
+    asked: Option<&str>,
     options: SwitchoverOptions,
     wait: Duration,
 ) -> Result<HandedOff, SwitchoverError> {
+    if let Some(asked) = asked {
+        deps.master(asked)?;
+    }
+    let of = |master: &str| match asked {
+        Some(asked) if asked != master => Err(SwitchoverError::OtherMaster {
+            node,
+            master: master.to_string(),
+            asked: asked.to_string(),
+        }),
+        _ => Ok(()),
+    };
     // A node handed off already (an old primary Sentinel does not list as a replica yet).
     if let Some(master) = maintenance.handoffs.master_of(node) {
+        of(&master)?;
         return replica(maintenance, deps, &master, node).await;
     }
     let (master, role) = locate(deps, node)?;
+    of(&master)?;
     match role {
         Role::Primary => primary(maintenance, deps, &master, node, options, wait).await,
         Role::Replica => replica(maintenance, deps, &master, node).await,

@@ -7,15 +7,31 @@
 //! of replication lag (redis/redis#6062). polestar's switchover fences the primary first
 //! (`CLIENT PAUSE <ms> WRITE`, renewed, so it lapses if polestar dies), waits until every
 //! replica Sentinel may promote has acknowledged the primary's whole replication offset
-//! (at most `max_wait`), and only then asks the same Sentinel to fail over, keeping the fence
-//! until the new primary is published (the drain side takes over from the leader's
-//! `+selected-slave`: flip, drain, demote). If the replicas do not catch up in time the fence
-//! is lifted and nothing fails over. The fence is held for at most 40% of Sentinel's
-//! `down-after-milliseconds` ([`run::fence_bound`]).
+//! (at most `max_wait`, and never more than 40% of Sentinel's `down-after-milliseconds`,
+//! `run::fence_bound`: a fence held about that long makes the Sentinels find the primary
+//! down and fail over on their own), and only then asks the same Sentinel to fail over,
+//! keeping the fence until the new primary is published (the drain side takes over from the
+//! leader's `+selected-slave`: flip, drain, demote). If the replicas do not catch up in time
+//! the fence is lifted and nothing fails over.
+//!
+//! With Valkey 9 on the Sentinel and every node (`version`) it asks for `SENTINEL FAILOVER
+//! <master> COORDINATED` instead, after lifting its fence: the leader then has the primary
+//! pause its writes and hand over itself (`CLIENT PAUSE WRITE` + `FAILOVER TO` in one
+//! transaction on its command link), and a pause of ours would hold that transaction behind
+//! the Sentinels' hello `PUBLISH`. No polestar fences such a failover's promotion: each reads
+//! the leader's `coordinated_failover` flag when the failover starts (the Sentinel side), and
+//! the one that asked for it also marks it for its drain side. A `COORDINATED` that Sentinel
+//! refuses with an error is followed by a plain failover, fenced and waited for again. The
+//! flip's drain and demotion run as for any failover.
+//!
+//! Refused before anything is fenced: during a failover, while another switchover or handoff
+//! of the master runs, and while a replica Sentinel could promote is handed off (it is about
+//! to be stopped: `choose::handed_off_candidate`).
 //!
 //! The handoff of a replica takes it out of every replica answer at once ([`mask`]: it is
 //! published unhealthy), drains its clients, and lets it back once Sentinel reports it
-//! healthy after its restart.
+//! healthy after its restart; one node of a master at a time, never the last healthy replica,
+//! and (when the caller names the master) never a node of another master.
 
 mod catchup;
 mod choose;
@@ -117,17 +133,19 @@ impl Maintenance {
             return Err(SwitchoverError::Busy { master: master.to_string(), why });
         }
         let _busy = self.take(master)?;
-        run::switchover(deps, master, primary.addr(), options).await
+        let handed_off = self.handoffs.of(master);
+        run::switchover(deps, master, primary.addr(), &handed_off, options).await
     }
 
-    /// The handoff of `node` (see [`handoff`]).
+    /// The handoff of `node` (see [`handoff`]), of `master` if given.
     pub async fn handoff(
         self: &Arc<Self>,
         deps: &Deps,
         node: SocketAddr,
+        master: Option<&str>,
         options: SwitchoverOptions,
         wait: Duration,
     ) -> Result<HandedOff, SwitchoverError> {
-        handoff::handoff(self, deps, node, options, wait).await
+        handoff::handoff(self, deps, node, master, options, wait).await
     }
 }

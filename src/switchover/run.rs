@@ -11,7 +11,7 @@ use tokio::time::{Instant, sleep};
 
 use super::Deps;
 use super::catchup::{Reading, Verdict, judge};
-use super::choose::{Choice, Replica, choose};
+use super::choose::{Choice, Replica, choose, handed_off_candidate};
 use super::fence::Fence;
 use super::info;
 use super::link::Link;
@@ -37,13 +37,16 @@ struct Plan {
     choice: Choice,
 }
 
+/// `handed_off`: the replicas of `master` being handed off now (about to be stopped): the
+/// switchover is refused if Sentinel could promote one of them.
 pub async fn switchover(
     deps: &Deps,
     master: &str,
     primary: SocketAddr,
+    handed_off: &[SocketAddr],
     options: SwitchoverOptions,
 ) -> Result<Switched, SwitchoverError> {
-    let result = attempt(deps, master, primary, options).await;
+    let result = attempt(deps, master, primary, handed_off, options).await;
     report(deps, master, primary, &result);
     result
 }
@@ -52,9 +55,13 @@ async fn attempt(
     deps: &Deps,
     master: &str,
     primary: SocketAddr,
+    handed_off: &[SocketAddr],
     options: SwitchoverOptions,
 ) -> Result<Switched, SwitchoverError> {
     let mut plan = plan(deps, master, primary).await?;
+    if let Some(replica) = handed_off_candidate(&plan.choice, handed_off) {
+        return Err(SwitchoverError::HandedOff { master: master.to_string(), replica });
+    }
     let fence_error = |why: String| SwitchoverError::Fence { node: primary, why };
     let mut links =
         Offsets::open(deps, primary, &plan.choice.wait_for).await.map_err(fence_error)?;
@@ -63,6 +70,9 @@ async fn attempt(
     if let Some(max_lag) = options.max_lag.filter(|max| lag_bytes > *max) {
         return Err(SwitchoverError::TooFarBehind { replica: worst, lag_bytes, max_lag });
     }
+    // Asked before the fence: every round trip under it is a pause for the writers.
+    let sentinel = Server::parse(&plan.sentinel.info("server").await.unwrap_or_default());
+    let coordinated = coordinated(sentinel, &links.servers().await);
     let max_wait = fence_bound(options.max_wait, plan.down_after);
     let limit = max_wait + HOLD_AFTER;
     let fence =
@@ -73,8 +83,6 @@ async fn attempt(
         return Err(e);
     }
     let waited = started.elapsed();
-    let sentinel = Server::parse(&plan.sentinel.info("server").await.unwrap_or_default());
-    let coordinated = coordinated(sentinel, &links.servers().await);
     let (fence, coordinated) = if coordinated {
         if coordinated_failover(deps, master, &mut plan, fence).await? {
             (None, true)
@@ -189,10 +197,15 @@ pub fn fence_bound(max_wait: Duration, down_after: Duration) -> Duration {
     max_wait.min(down_after * 2 / 5)
 }
 
-/// The first configured Sentinel that answers and is not in TILT: what it knows of the master
-/// (no failover under way, the same primary as published) and whom it would promote.
+/// The first configured Sentinel that answers, is not in TILT and has a replica it could
+/// promote: what it knows of the master (no failover under way, the same primary as
+/// published) and whom it would promote. It is the one asked to fail over, and a Sentinel
+/// fails over by its own view: one that still has a replica `disconnected` (its link not back
+/// yet after a restart, as in a rolling restart) is passed over for the next. With no such
+/// Sentinel, the first one's reason is the answer.
 async fn plan(deps: &Deps, master: &str, primary: SocketAddr) -> Result<Plan, SwitchoverError> {
     let mut failures = Vec::new();
+    let mut no_candidate = None;
     for address in &deps.sentinels.addresses {
         let endpoint = Endpoint::new(address.host.clone(), address.port, &deps.sentinels.auth);
         let mut sentinel = match Link::open(&endpoint).await {
@@ -210,9 +223,15 @@ async fn plan(deps: &Deps, master: &str, primary: SocketAddr) -> Result<Plan, Sw
             failures.push(format!("{}: in TILT mode", endpoint.name()));
             continue;
         }
-        return plan_with(sentinel, master, primary).await;
+        match plan_with(sentinel, master, primary).await {
+            Err(SwitchoverError::NoCandidate { master, why }) => {
+                let why = format!("{}: {why}", endpoint.name());
+                no_candidate.get_or_insert(SwitchoverError::NoCandidate { master, why });
+            }
+            planned => return planned,
+        }
     }
-    Err(ControlError::Unreachable(failures.join("; ")).into())
+    Err(no_candidate.unwrap_or_else(|| ControlError::Unreachable(failures.join("; ")).into()))
 }
 
 async fn plan_with(
@@ -412,6 +431,17 @@ impl Offsets {
     }
 }
 
+/// The `outcome` of a switchover (one of [`m::SWITCHOVER_OUTCOMES`]), and how long its
+/// primary was fenced for the replicas, when it was: until they caught up, or in vain.
+fn outcome(result: &Result<Switched, SwitchoverError>) -> (&'static str, Option<u64>) {
+    match result {
+        Ok(s) => ("failed_over", Some(s.waited_ms)),
+        Err(SwitchoverError::NotCaughtUp { waited_ms, .. }) => ("not_caught_up", Some(*waited_ms)),
+        Err(SwitchoverError::TooFarBehind { .. }) => ("too_far_behind", None),
+        Err(_) => ("refused", None),
+    }
+}
+
 /// The event and the metrics of one switchover, whatever its outcome.
 fn report(
     deps: &Deps,
@@ -419,18 +449,15 @@ fn report(
     primary: SocketAddr,
     result: &Result<Switched, SwitchoverError>,
 ) {
-    let outcome = match result {
-        Ok(_) => "failed_over",
-        Err(SwitchoverError::NotCaughtUp { .. }) => "not_caught_up",
-        Err(SwitchoverError::TooFarBehind { .. }) => "too_far_behind",
-        Err(_) => "refused",
-    };
+    let (outcome, waited_ms) = outcome(result);
     metrics::counter!(m::SWITCHOVERS, "master" => master.to_string(), "outcome" => outcome)
         .increment(1);
+    if let Some(waited_ms) = waited_ms {
+        metrics::histogram!(m::SWITCHOVER_WAIT, "master" => master.to_string())
+            .record(waited_ms as f64 / 1000.0);
+    }
     match result {
         Ok(s) => {
-            metrics::histogram!(m::SWITCHOVER_WAIT, "master" => master.to_string())
-                .record(s.waited_ms as f64 / 1000.0);
             tracing::info!(master, %primary, lag_bytes = s.lag_bytes, waited_ms = s.waited_ms, coordinated = s.coordinated, "switchover: the replicas caught up; Sentinel fails over");
             let mut data = serde_json::to_value(s).unwrap_or_default();
             data["outcome"] = json!(outcome);
@@ -455,6 +482,31 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_outcome_is_a_registered_series_and_every_fenced_wait_is_recorded() {
+        let replica = SocketAddr::from(([10, 0, 0, 2], 6379));
+        let switched = Switched { waited_ms: 1200, ..Switched::default() };
+        type Row = (Result<Switched, SwitchoverError>, (&'static str, Option<u64>));
+        let table: [Row; 5] = [
+            (Ok(switched), ("failed_over", Some(1200))),
+            (
+                Err(SwitchoverError::NotCaughtUp { replica, lag_bytes: 9, waited_ms: 5000 }),
+                ("not_caught_up", Some(5000)),
+            ),
+            (
+                Err(SwitchoverError::TooFarBehind { replica, lag_bytes: 9, max_lag: 1 }),
+                ("too_far_behind", None),
+            ),
+            (Err(SwitchoverError::NoPrimary("m".into())), ("refused", None)),
+            (Err(SwitchoverError::HandedOff { master: "m".into(), replica }), ("refused", None)),
+        ];
+        for (result, expected) in table {
+            let got = outcome(&result);
+            assert_eq!(got, expected, "{result:?}");
+            assert!(m::SWITCHOVER_OUTCOMES.contains(&got.0), "{} is not registered", got.0);
+        }
+    }
 
     #[test]
     fn a_fence_is_never_held_long_enough_for_sentinel_to_find_the_primary_down() {

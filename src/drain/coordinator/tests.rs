@@ -26,8 +26,13 @@ async fn a_reload_mid_failover_does_not_lift_the_fence_of_the_old_primary() {
     let (mut episodes, shutdown) = (Episodes::new(), CancellationToken::new());
     let (master, old, new) = ("m".to_string(), node(1), node(2));
     let at = std::time::Instant::now();
-    let promoting =
-        Signal::Promoting { master: master.clone(), old: old.clone(), new: Some(new), at };
+    let promoting = Signal::Promoting {
+        master: master.clone(),
+        old: old.clone(),
+        new: Some(new),
+        at,
+        coordinated: false,
+    };
     c.apply(promoting, &mut episodes, &shutdown);
     // The restarted watcher's first publication: the old primary, from nothing.
     let first = Signal::Flipped {
@@ -43,5 +48,49 @@ async fn a_reload_mid_failover_does_not_lift_the_fence_of_the_old_primary() {
         episodes.get(&(master.clone(), old.addr())).expect("the fence's episode").borrow().clone();
     assert_eq!(orders.stop, None, "the fence was lifted by a watcher that did not set it");
     assert!(c.promoting.contains_key(&master), "the promotion is still under way");
+    shutdown.cancel();
+}
+
+#[test]
+fn a_coordinated_failovers_promotion_is_fenced_by_no_polestar() {
+    // (the leader reports it coordinated, this polestar asked for it coordinated) -> fence
+    let table = [
+        ((false, false), true),
+        ((true, false), false),
+        ((false, true), false),
+        ((true, true), false),
+    ];
+    for ((reported, asked), fence) in table {
+        assert_eq!(
+            fence_at_promotion(reported, asked),
+            fence,
+            "reported {reported}, asked {asked}"
+        );
+    }
+}
+
+/// Regression (issue 19): only the polestar that asked for a coordinated failover skipped its
+/// fence; every other polestar fenced the old primary at the leader's `+selected-slave`,
+/// which held the leader's `FAILOVER TO` behind its hello `PUBLISH` until the failover timed
+/// out. The leader's word now reaches every polestar: no episode, no fence.
+#[tokio::test]
+async fn a_promotion_the_leader_runs_coordinated_starts_no_fence() {
+    let mut c = coordinator();
+    let (mut episodes, shutdown) = (Episodes::new(), CancellationToken::new());
+    let (master, old, new) = ("m".to_string(), node(1), node(2));
+    let at = std::time::Instant::now();
+    for coordinated in [true, false] {
+        let promoting = Signal::Promoting {
+            master: master.clone(),
+            old: old.clone(),
+            new: Some(new.clone()),
+            at,
+            coordinated,
+        };
+        c.apply(promoting, &mut episodes, &shutdown);
+        let fenced = episodes.contains_key(&(master.clone(), old.addr()));
+        assert_eq!(fenced, !coordinated, "coordinated {coordinated}");
+        assert!(c.promoting.contains_key(&master), "the promotion is under way either way");
+    }
     shutdown.cancel();
 }

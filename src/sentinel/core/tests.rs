@@ -206,6 +206,48 @@ fn a_leaders_promotion_fences_then_flips_provisionally_on_role_master() {
     assert_eq!(published(&state), Some((7002, 2)));
 }
 
+/// Whether each `Signal::Promoting` among `actions` said the failover is coordinated.
+fn coordinated(actions: &[Action]) -> Vec<bool> {
+    let of = |a: &Action| match a {
+        Action::Signal(Signal::Promoting { coordinated, .. }) => Some(*coordinated),
+        _ => None,
+    };
+    actions.iter().filter_map(of).collect()
+}
+
+#[test]
+fn a_promotion_is_coordinated_only_when_its_own_leader_said_so_at_the_start() {
+    let q = quorum(2);
+    let started = |from, coordinated| Evidence::FailoverStarted { from, coordinated };
+    let ended = Evidence::FailoverEnded { from: 0, aborted: true };
+    let not_failing = report(0, 7001, 1);
+    let cases: Vec<(&str, Vec<Evidence>, Vec<bool>)> = vec![
+        ("the leader says so", vec![started(0, true), promoting(0, 7002, None)], vec![true]),
+        ("a plain one", vec![started(0, false), promoting(0, 7002, None)], vec![false]),
+        ("no word at the start", vec![promoting(0, 7002, None)], vec![false]),
+        ("another Sentinel's word", vec![started(1, true), promoting(0, 7002, None)], vec![false]),
+        (
+            "both promotion events",
+            vec![started(0, true), promoting(0, 7002, None), promoting(0, 7002, Some(2))],
+            vec![true, true],
+        ),
+        (
+            "a later plain failover by the same leader",
+            vec![started(0, true), ended, started(0, false), promoting(0, 7002, None)],
+            vec![false],
+        ),
+        (
+            "a later failover whose start was missed",
+            vec![started(0, true), not_failing, promoting(0, 7002, None)],
+            vec![false],
+        ),
+    ];
+    for (name, evidence, expected) in cases {
+        let (_, _, actions) = run(settled(), &q, evidence);
+        assert_eq!(coordinated(&actions), expected, "{name}");
+    }
+}
+
 fn flipped() -> State {
     let q = quorum(2);
     let (state, _, _) =
@@ -336,7 +378,7 @@ fn returning_nodes_are_signalled_only_outside_a_failover() {
     assert_eq!(signals, [S::Returning { node: 7003, published: 7001 }]);
     let (_, signals, _) = run(settled(), &q, vec![back(7001)]);
     assert!(signals.is_empty(), "the published primary is not returning");
-    let during = vec![Evidence::FailoverStarted { from: 0 }, back(7003)];
+    let during = vec![Evidence::FailoverStarted { from: 0, coordinated: false }, back(7003)];
     let (_, signals, _) = run(settled(), &q, during);
     assert!(signals.is_empty(), "a failover is in progress: {signals:?}");
     // The replica being promoted changes role: it is never taken for a returning primary.
