@@ -14,21 +14,40 @@ use tokio::time::{Instant, sleep};
 
 use common::*;
 
-/// A reason set or cleared later than this after the Sentinels show it fails the test; the
-/// promise is 2 s, the rest is headroom for a loaded machine (the real delays are printed).
+/// How long the tests wait for what follows a verdict (ready again, an answer to change).
 pub const FOLLOW: Duration = Duration::from_secs(6);
+/// A reason set or cleared later than this after the test saw the Sentinels show it fails the
+/// test. The promise is 2 s, and at the default `readiness.interval` (1 s, which these tests
+/// run at) the design keeps to about 1 s: the poll asks TILT, `CKQUORUM`, reachability and
+/// lag every interval, and judges again at once when a Sentinel link's reconciliation (on an
+/// event at once, in full every second) brings changed records. The bound is twice the promise
+/// because what is measured here also holds the test's own sampling (every [`POLL`], after it
+/// asked each Sentinel) and a loaded 2-core machine's scheduling; the real delays are printed
+/// (`readiness: ...`) and the README gives them.
+pub const WITHIN: Duration = Duration::from_secs(4);
 /// Sentinel refreshes a replica's INFO every 10 s: it may take that long to show a change.
 const SENTINEL_SHOWS: Duration = Duration::from_secs(40);
 
-/// A lab whose polestar judges stale entries after 2 s (instead of 60 s) to keep tests short.
+/// A lab whose polestar judges stale entries after 2 s (instead of 60 s) to keep tests short;
+/// `readiness.interval` is the default (1 s).
 pub async fn start() -> Env {
     let lab = Lab::start(LabOptions::default()).await.expect("start the lab");
     let mut config = PolestarConfig::for_lab(&lab);
-    config.extra = "readiness:\n  stale_after: 2s\n  interval: 500ms\n".into();
+    config.extra = "readiness:\n  stale_after: 2s\n".into();
     let env = Env::with_config(lab, &config).await;
     env.wait_reachable(3, STARTUP).await;
     wait_ready(&env, true, STARTUP).await;
     env
+}
+
+/// Sleeps part of a `readiness.interval` (0-1 s) drawn from the clock, so that the injection
+/// that follows falls at any phase of polestar's rounds and of the Sentinel links'
+/// reconciliations, not always just after a round (as it would right after [`wait_ready`]):
+/// the printed delays then sample the whole range, the worst phase included.
+pub async fn any_phase() {
+    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let micros = clock.map(|d| d.subsec_micros()).unwrap_or_default();
+    sleep(Duration::from_millis(u64::from(micros % 1000))).await;
 }
 
 /// `GET .../readiness`: the verdict (200 or 503 both carry it).
@@ -57,7 +76,7 @@ async fn wait_ready(env: &Env, ready: bool, deadline: Duration) -> Value {
 
 /// Waits until `shown` (what the Sentinels say) holds, then until the verdict has `reason`
 /// (`set`) or has not; returns the verdict and how long after `shown` polestar followed
-/// (zero when polestar was first).
+/// (zero when polestar was first), failing past [`WITHIN`].
 async fn follow<F, Fut>(
     env: &Env,
     what: &str,
@@ -90,7 +109,7 @@ where
             let delay = f.saturating_duration_since(s);
             let verb = if set { "set" } else { "cleared" };
             eprintln!("readiness: {reason} {verb} {:.2}s after {what}", delay.as_secs_f64());
-            if delay > FOLLOW {
+            if delay > WITHIN {
                 env.fail(&format!("{reason} {verb} {delay:?} after {what}: {last}"));
             }
             return (last, delay);
@@ -141,6 +160,7 @@ async fn set_priority(env: &Env, priority: &str) {
 #[tokio::test]
 async fn priority_zero_everywhere_blocks_and_the_cure_clears() {
     let env = start().await;
+    any_phase().await;
     set_priority(&env, "0").await;
     let shown =
         || every_sentinel_shows(&env, |r| r.get("slave-priority").map(String::as_str) == Some("0"));
@@ -150,6 +170,7 @@ async fn priority_zero_everywhere_blocks_and_the_cure_clears() {
     assert!(v.to_string().contains("replica-priority 0"), "{v}");
     let line = status_failover_line(&env).await;
     assert!(line.contains("NOT POSSIBLE: no_promotable_replica"), "polestar status: {line}");
+    any_phase().await;
     set_priority(&env, "100").await;
     let shown = || {
         every_sentinel_shows(&env, |r| r.get("slave-priority").map(String::as_str) == Some("100"))
@@ -175,12 +196,14 @@ async fn status_failover_line(env: &Env) -> String {
 #[tokio::test]
 async fn two_sentinels_down_block_and_their_return_clears() {
     let env = start().await;
+    any_phase().await;
     env.lab.stop_sentinel(1).expect("stop sentinel 1");
     env.lab.stop_sentinel(2).expect("stop sentinel 2");
     let (v, _) =
         follow(&env, "two Sentinels were killed", "sentinels_unreachable", true, || async { true })
             .await;
     assert!(v.to_string().contains("1 of 3 configured Sentinels reachable"), "{v}");
+    any_phase().await;
     env.lab.start_sentinel(1).await.expect("start sentinel 1");
     let sentinel = env.lab.sentinel_addrs()[1];
     let answers = || async move { query::<String>(sentinel, &redis::cmd("PING")).await.is_ok() };
@@ -194,6 +217,7 @@ async fn every_replica_down_blocks_and_a_stale_entry_is_named() {
     let primary = env.lab.primary().await.expect("the primary");
     let replicas: Vec<usize> = (0..3).filter(|i| env.lab.node_addrs()[*i] != primary).collect();
     // One replica gone: still promotable (the other), but its entry goes stale after 2 s.
+    any_phase().await;
     env.lab.kill_node(replicas[0]).expect("kill a replica");
     let gone = env.lab.node_addrs()[replicas[0]].to_string();
     let stale = || async {
@@ -212,11 +236,13 @@ async fn every_replica_down_blocks_and_a_stale_entry_is_named() {
             .await;
     assert!(!blocked(&v, "no_promotable_replica"), "one replica is left: {v}");
     // The other replica too: nothing left to promote.
+    any_phase().await;
     env.lab.kill_node(replicas[1]).expect("kill the other replica");
     let down = || every_sentinel_shows(&env, |r| flagged(r, "s_down"));
     follow(&env, "every Sentinel showed every replica s_down", "no_promotable_replica", true, down)
         .await;
     // The cure: both back.
+    any_phase().await;
     env.lab.restart_node(replicas[0]).await.expect("restart");
     env.lab.restart_node(replicas[1]).await.expect("restart");
     let up = || {
@@ -233,6 +259,7 @@ async fn every_replica_down_blocks_and_a_stale_entry_is_named() {
 #[tokio::test]
 async fn a_sentinel_held_for_3s_is_in_tilt_and_then_it_passes() {
     let env = start().await;
+    any_phase().await;
     env.lab.hang_sentinel(0).expect("SIGSTOP");
     sleep(Duration::from_secs(3)).await;
     env.lab.unhang_sentinel(0).expect("SIGCONT");

@@ -11,7 +11,7 @@
 //! `polestar_failover_seconds` (`phases: ...`).
 
 use crate::netns;
-use crate::readiness::FOLLOW;
+use crate::readiness::{FOLLOW, WITHIN};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -102,7 +102,7 @@ async fn check(cluster: &Cluster, replica: SocketAddr) -> anyhow::Result<u16> {
 
 /// Polls until `shown` (the primary reports it) and the verdict has the lag blocker (`set`) or
 /// not; the delay from the first to the second (zero when polestar was first), failing past
-/// [`FOLLOW`]; also the last verdict.
+/// [`WITHIN`]; also the last verdict.
 async fn follow(
     cluster: &Cluster,
     what: &str,
@@ -131,7 +131,7 @@ async fn follow(
                 "readiness: no_promotable_replica (lag) {verb} {:.2}s after {what}",
                 delay.as_secs_f64()
             );
-            anyhow::ensure!(delay <= FOLLOW, "{verb} {delay:?} after {what}: {last}");
+            anyhow::ensure!(delay <= WITHIN, "{verb} {delay:?} after {what}: {last}");
             return Ok((delay, last));
         }
         anyhow::ensure!(Instant::now() < end, "{what}: shown {shown_at:?}, set={set}: {last}");
@@ -193,7 +193,7 @@ async fn lagging(cluster: &Cluster) -> anyhow::Result<()> {
     let extra = format!(
         "masters:\n  - name: mymaster\n    dns_name: cache\n\
          dns:\n  listen: [\"{}:53\"]\n  zone: redis.test.\n  ttl: 1s\n  replica_max_lag: 1MB\n\
-         readiness:\n  max_lag: 1MB\n  interval: 500ms\n",
+         readiness:\n  max_lag: 1MB\n",
         cluster.ctl.ip
     );
     let listen = format!("{}:{HTTP_PORT}", cluster.ctl.ip);
