@@ -350,3 +350,105 @@ async fn lag_aware_replica_answers() {
     })
     .await;
 }
+
+/// `polestar_replica_lag_bytes` of `replica` (`None`: no such series, or not a number).
+async fn lag_series(env: &Env, replica: std::net::SocketAddr) -> Option<f64> {
+    let (_, _, metrics) = env.ps.get("/metrics").await.ok()?;
+    let label = format!("replica=\"{replica}\"");
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("polestar_replica_lag_bytes{") && l.contains(&label))?;
+    line.rsplit(' ').next()?.parse().ok().filter(|v: &f64| v.is_finite())
+}
+
+/// `lag_bytes` of each replica in `GET .../replicas` (`None` for `null`).
+async fn listed_lags(env: &Env) -> anyhow::Result<HashMap<String, Option<u64>>> {
+    let path = format!("/v1/masters/{}/replicas", env.master_name());
+    let (status, body) = env.ps.get_json(&path).await?;
+    anyhow::ensure!(status == 200, "{status} {body}");
+    let listed = body.as_array().cloned().unwrap_or_default();
+    let addr = |r: &Value| format!("{}:{}", r["ip"].as_str().unwrap_or_default(), r["port"]);
+    Ok(listed.iter().map(|r| (addr(r), r["lag_bytes"].as_u64())).collect())
+}
+
+/// A replica's own `slave_repl_offset`.
+async fn own_offset(replica: std::net::SocketAddr) -> anyhow::Result<u64> {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("replication");
+    let info: String = query(replica, &cmd).await?;
+    let field = info.lines().find_map(|l| l.trim().strip_prefix("slave_repl_offset:"));
+    let offset = field.and_then(|o| o.parse().ok());
+    offset.ok_or_else(|| anyhow::anyhow!("{replica}: no slave_repl_offset in {info}"))
+}
+
+/// The primary stopped (SIGSTOP: it answers nothing, and with every replica at priority 0 no
+/// failover replaces it): the lag of each replica stays known, from the replicas' own offsets
+/// (behind the most advanced one), in `polestar_replica_lag_bytes` and in `/replicas`. One
+/// replica is made to lag for real: it is stopped while 32 MiB are written, and the primary is
+/// stopped before it could send it the rest.
+#[tokio::test]
+async fn lag_stays_known_from_the_replicas_own_offsets_while_the_primary_is_stopped() {
+    let env = start().await;
+    let primary = env.lab.primary().await.expect("the primary");
+    let replicas: Vec<_> = env.lab.node_addrs().into_iter().filter(|n| *n != primary).collect();
+    let index = |addr| env.lab.index_of(addr).expect("a lab node");
+    set_priority(&env, "0").await;
+    let env = &env;
+    for r in replicas.iter().copied() {
+        env.wait_until(FOLLOW, "the primary's lag of each replica", || async move {
+            lag_series(env, r).await.ok_or_else(|| anyhow::anyhow!("no lag of {r}"))
+        })
+        .await;
+    }
+    // The second replica falls behind: stopped while the primary takes 32 MiB, and the primary
+    // stopped before it could send the rest.
+    let (ahead, behind) = (replicas[0], replicas[1]);
+    env.lab.stop_node(index(behind)).expect("SIGSTOP a replica");
+    let client = redis::Client::open(format!("redis://{primary}/")).expect("a client");
+    // The default response deadline is too short for 32 MiB on a busy machine.
+    let patient = redis::AsyncConnectionConfig::new().set_response_timeout(Some(FAILOVER));
+    let conn = client.get_multiplexed_async_connection_with_config(&patient).await;
+    let mut conn = conn.expect("connect");
+    let mut pipe = redis::pipe();
+    for i in 0..32 {
+        pipe.cmd("SET").arg(format!("lag:{i}")).arg(vec![b'x'; 1 << 20]).ignore();
+    }
+    pipe.query_async::<()>(&mut conn).await.expect("32 MiB written");
+    env.lab.stop_node(index(primary)).expect("SIGSTOP the primary");
+    env.lab.cont_node(index(behind)).expect("SIGCONT the replica");
+    // Once the replicas took in what reached them, their offsets stay put.
+    let offsets = env
+        .wait_until(FAILOVER, "the replicas' offsets settle", || async {
+            let first = (own_offset(ahead).await?, own_offset(behind).await?);
+            sleep(Duration::from_millis(500)).await;
+            let again = (own_offset(ahead).await?, own_offset(behind).await?);
+            anyhow::ensure!(first == again, "{first:?} then {again:?}");
+            Ok(again)
+        })
+        .await;
+    assert!(offsets.0 > offsets.1 + (1 << 20), "the stopped replica is not behind: {offsets:?}");
+    let expected = HashMap::from([
+        (ahead.to_string(), Some(0)),
+        (behind.to_string(), Some(offsets.0 - offsets.1)),
+    ]);
+    let known = || async {
+        let series = (lag_series(env, ahead).await, lag_series(env, behind).await);
+        let listed = listed_lags(env).await?;
+        let wanted = (Some(0.0), Some((offsets.0 - offsets.1) as f64));
+        anyhow::ensure!(series == wanted && listed == expected, "{series:?} {listed:?}");
+        Ok(())
+    };
+    env.wait_until(FOLLOW, "lags from the replicas' own offsets", known).await;
+    // And they stay known, round after round, while the primary answers nothing.
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        if let Err(e) = known().await {
+            env.fail(&format!("the lag did not stay known: {e:#}"));
+        }
+        sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "readiness: primary stopped: lags from the replicas' offsets {offsets:?}: {expected:?}"
+    );
+    env.lab.cont_node(index(primary)).expect("SIGCONT the primary");
+}
