@@ -1,10 +1,14 @@
 //! The thin async shell around [`super::verdict::judge`]: every `readiness.interval`, ask
-//! (see [`super::ask`]), judge, publish the [`Board`] and set the series. Between rounds, a
+//! (see [`super::ask`]), judge, publish the [`Board`] and set the series. Meanwhile (while a
+//! round is asked too: a Sentinel that does not answer holds a round up to its deadline), a
 //! master whose records a Sentinel link's reconciliation changed ([`Heard::news`]) is judged
-//! again at once from those records and the round's other answers (TILT, `CKQUORUM`, lags),
-//! without asking anything: a change the Sentinels show is judged one reconciliation after it
-//! (at once for an event, within the links' 1 s full reconciliation otherwise), and what the
-//! poll asks itself within one `readiness.interval`.
+//! again at once from those records and the last round's other answers (TILT, `CKQUORUM`,
+//! lags), without asking anything. So what the links read (flags, priorities, `s-down-time`,
+//! the primary and epoch) reaches the verdict one reconciliation after the Sentinels show it
+//! (at once for an event, within the links' full reconciliation otherwise: 1 s up to 100
+//! masters). A round asks the lags first and judges them at once, then the Sentinels (TILT,
+//! `CKQUORUM`, reachability): the lags reach the verdict within one `readiness.interval` and
+//! a node's answer, the Sentinels' answers within one interval and a round.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -44,7 +48,15 @@ pub async fn run(
             for m in masters.iter().filter(|m| registered.insert((*m).clone())) {
                 series::register_master(m);
             }
-            let round = ask_all(&mut conns, &heard, &config, sentinels, &snapshot, &masters);
+            // Lags first, of the replicas each master was last judged with, and judged at
+            // once: a Sentinel that does not answer holds the rest of the round up to its
+            // deadline, but not the lags.
+            let known = memory.replicas(&masters);
+            let lags = ask_lags(&mut conns, &config, &snapshot, known);
+            let news = Judging { memory: &mut memory, heard: &heard, writer: &writer, settings };
+            let Some((lags, _)) = news.until(lags, &shutdown).await else { return };
+            rejudge_lags(&mut memory, &writer, settings, &lags);
+            let round = ask_all(&mut conns, &heard, &config, sentinels, &snapshot, &masters, lags);
             let news = Judging { memory: &mut memory, heard: &heard, writer: &writer, settings };
             let Some((mut facts, judged)) = news.until(round, &shutdown).await else { return };
             // The links' records of a master judged meanwhile are newer than the round's.
@@ -142,6 +154,12 @@ impl Memory {
         judged
     }
 
+    /// The replicas each of `masters` was last judged with (those judged before).
+    fn replicas(&self, masters: &[String]) -> BTreeMap<String, Vec<String>> {
+        let known = masters.iter().filter_map(|m| self.facts.get(m).map(|f| (m, f)));
+        known.map(|(m, f)| (m.clone(), replica_addrs(f))).collect()
+    }
+
     /// Judges a round: only its masters are remembered.
     fn round(&mut self, facts: Vec<(String, Facts)>, settings: &Readiness) -> Board {
         self.facts.clear();
@@ -153,7 +171,46 @@ impl Memory {
     }
 }
 
-/// Asks every Sentinel about every master, and each master's primary (or replicas) for lags.
+/// Lags of each master's replicas, by master, with the replicas they were asked of.
+type Lags = BTreeMap<String, (Vec<String>, BTreeMap<String, u64>)>;
+
+/// Asks each master's primary (or replicas) for the lags of `known` replicas.
+async fn ask_lags(
+    conns: &mut Connections,
+    config: &Config,
+    snapshot: &Snapshot,
+    known: BTreeMap<String, Vec<String>>,
+) -> Lags {
+    let mut lags = Lags::new();
+    for (master, replicas) in known {
+        let primary = primary_of(snapshot, &master);
+        let got = ask::lags(conns, primary.as_deref(), &replicas, &config.nodes).await;
+        lags.insert(master, (replicas, got));
+    }
+    lags
+}
+
+fn primary_of(snapshot: &Snapshot, master: &str) -> Option<String> {
+    snapshot.master(master).and_then(|m| m.primary.as_ref()).map(|p| p.to_string())
+}
+
+/// Judges again, with their new lags, the masters whose lags changed; publishes when anything
+/// did.
+fn rejudge_lags(memory: &mut Memory, writer: &Writer, settings: &Readiness, lags: &Lags) {
+    let before = writer.borrow().clone();
+    let mut board = (*before).clone();
+    for (master, (_, lags)) in lags {
+        let Some(facts) = memory.facts.get(master).filter(|f| f.lags != *lags) else { continue };
+        let facts = Facts { lags: lags.clone(), ..facts.clone() };
+        board.masters.insert(master.clone(), memory.judge(master, facts, settings));
+    }
+    if board != *before {
+        publish(writer, board);
+    }
+}
+
+/// Asks every Sentinel about every master; each master's lags are `lags`' when they were asked
+/// of the replicas the Sentinels list now, else asked now.
 async fn ask_all(
     conns: &mut Connections,
     heard: &Heard,
@@ -161,15 +218,20 @@ async fn ask_all(
     sentinels: &Sentinels,
     snapshot: &Snapshot,
     masters: &[String],
+    mut lags: Lags,
 ) -> Vec<(String, Facts)> {
     let replies = conns.sentinels(&sentinels.addresses, &sentinels.auth, masters, heard).await;
     let mut all = Vec::with_capacity(masters.len());
     for master in masters {
         let mut facts = facts_of(master, sentinels, &replies);
-        let primary =
-            snapshot.master(master).and_then(|m| m.primary.as_ref()).map(|p| p.to_string());
         let replicas = replica_addrs(&facts);
-        facts.lags = ask::lags(conns, primary.as_deref(), &replicas, &config.nodes).await;
+        facts.lags = match lags.remove(master) {
+            Some((asked, known)) if asked == replicas => known,
+            _ => {
+                let primary = primary_of(snapshot, master);
+                ask::lags(conns, primary.as_deref(), &replicas, &config.nodes).await
+            }
+        };
         all.push((master.clone(), facts));
     }
     all
@@ -361,6 +423,29 @@ mod tests {
         let verdict = &board.masters["m"].verdict;
         assert!(verdict.blocked_by(Reason::NoPromotableReplica), "{verdict:?}");
         assert_eq!(board.masters.len(), 1, "{board:?}");
+    }
+
+    /// Lags asked at the start of a round are judged before the Sentinels answer; a master
+    /// whose lags did not change is not judged again.
+    #[test]
+    fn new_lags_are_judged_at_once() {
+        let (writer, mut reader) = channel();
+        let mut memory = Memory::default();
+        let judged = memory.judge("m", facts(&records(100)), &settings());
+        publish(&writer, Board { masters: BTreeMap::from([("m".into(), judged)]) });
+        reader.borrow_and_update();
+        let replicas = memory.replicas(&["m".to_string(), "gone".to_string()]);
+        assert_eq!(replicas, BTreeMap::from([("m".into(), vec!["10.0.0.2:6379".to_string()])]));
+        let same = Lags::from([("m".into(), (replicas["m"].clone(), facts(&records(100)).lags))]);
+        rejudge_lags(&mut memory, &writer, &settings(), &same);
+        assert!(!reader.has_changed().expect("a writer"), "unchanged lags publish nothing");
+        let behind = BTreeMap::from([("10.0.0.2:6379".to_string(), 2 << 20)]);
+        let lags = Lags::from([("m".into(), (replicas["m"].clone(), behind.clone()))]);
+        rejudge_lags(&mut memory, &writer, &settings(), &lags);
+        let board = reader.borrow().clone();
+        let verdict = &board.masters["m"].verdict;
+        assert!(verdict.blocked_by(Reason::NoPromotableReplica), "{verdict:?}");
+        assert_eq!(board.masters["m"].lags, behind);
     }
 
     /// News is judged while a round is under way (a round held by a silent Sentinel's deadline
