@@ -426,6 +426,16 @@ async fn lag_aware_replica_answers() {
     let (status, body) =
         env.ps.get_json("/v1/masters/nope/replica?is=127.0.0.1:1").await.expect("GET");
     assert_eq!(status, 404, "{body}");
+    let (status, body) =
+        env.ps.get_json(&format!("/v1/masters/{master}/replicas?max_lag=lots")).await.expect("GET");
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("max_lag") && e.contains("lots")),
+        "{body}"
+    );
+    let (status, body) = env.ps.get_json("/v1/masters/nope/replicas").await.expect("GET");
+    assert_eq!(status, 404, "{body}");
+    assert!(body["error"].as_str().is_some_and(|e| e.contains("nope")), "{body}");
     let (status, body) = env.ps.get_json("/v1/masters/nope/readiness").await.expect("GET");
     assert_eq!(status, 404, "{body}");
     // A replica that stops is not healthy: 503 at once from Sentinel's flags.
