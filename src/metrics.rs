@@ -26,6 +26,7 @@ pub const FAILOVER_READY: &str = "polestar_failover_ready";
 pub const FAILOVER_BLOCKED: &str = "polestar_failover_blocked";
 pub const REPLICA_LAG: &str = "polestar_replica_lag_bytes";
 pub const OLD_PRIMARY_CLIENTS: &str = "polestar_old_primary_clients";
+pub const OLD_PRIMARY_STALE_CLIENTS: &str = "polestar_old_primary_stale_clients_total";
 pub const FAILOVER_SECONDS: &str = "polestar_failover_seconds";
 pub const SENTINEL_API_LIMITED: &str = "polestar_sentinel_api_limited_total";
 pub const SWITCHOVERS: &str = "polestar_switchovers_total";
@@ -48,6 +49,7 @@ const SWITCHOVER_WAIT_BUCKETS: [f64; 12] =
 pub fn register_master(master: &str) {
     metrics::counter!(PRIMARY_CHANGES, "master" => master.to_string()).increment(0);
     metrics::gauge!(OLD_PRIMARY_CLIENTS, "master" => master.to_string()).increment(0.0);
+    metrics::counter!(OLD_PRIMARY_STALE_CLIENTS, "master" => master.to_string()).increment(0);
     for method in KILL_METHODS {
         metrics::counter!(DRAIN_KILLED, "master" => master.to_string(), "method" => method)
             .increment(0);
@@ -150,6 +152,10 @@ fn describe() {
     describe_gauge!(
         OLD_PRIMARY_CLIENTS,
         "Clients (not spared) found on the node being drained at the latest pass; 0 once its episode ends"
+    );
+    describe_counter!(
+        OLD_PRIMARY_STALE_CLIENTS,
+        "Clients still writing to an old primary when its drain.window ended (they get READONLY until they resolve the name again)"
     );
     describe_histogram!(
         FAILOVER_SECONDS,

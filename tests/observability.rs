@@ -405,6 +405,88 @@ async fn a_writer_pinned_to_the_old_primary_shows_in_old_primary_clients() {
         Ok(())
     })
     .await;
+    // The window is over and the writer had gone before it ended: nothing was left behind.
+    assert_eq!(stale_clients(&env).await, Some(0.0), "a writer gone within the window counted");
+    assert!(stale_events(&env).await.is_empty(), "a stale_clients_left event");
+}
+
+/// `polestar_old_primary_stale_clients_total` of the lab's master.
+async fn stale_clients(env: &Env) -> Option<f64> {
+    let (_, _, metrics) = env.ps.get("/metrics").await.ok()?;
+    let series =
+        format!("polestar_old_primary_stale_clients_total{{master=\"{}\"}} ", env.master_name());
+    let line = metrics.lines().find_map(|l| l.strip_prefix(series.as_str()).map(str::to_string));
+    line.and_then(|v| v.trim().parse().ok())
+}
+
+/// The `stale_clients_left` events.
+async fn stale_events(env: &Env) -> Vec<Value> {
+    let (status, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
+    assert_eq!(status, 200, "{events}");
+    let all = events.as_array().cloned().unwrap_or_default();
+    all.into_iter().filter(|e| e["kind"] == "stale_clients_left").collect()
+}
+
+/// A writer pinned to the old primary's address past the end of `drain.window` (it reconnects
+/// whenever it is cut and writes again, getting `READONLY`) is a client left behind: once the
+/// window ends, `polestar_old_primary_stale_clients_total` counts it, a `stale_clients_left`
+/// event names the node, and a real Prometheus with the repository's rules fires
+/// `PolestarStaleClientsOnOldPrimary` (not during the window, while polestar still cuts it).
+#[tokio::test]
+async fn a_writer_still_pinned_when_the_drain_window_ends_fires_stale_clients_on_old_primary() {
+    let lab = Lab::start(LabOptions::default()).await.expect("start the lab");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.drain = true;
+    let window = Duration::from_secs(8);
+    config.drain_settings = vec!["window: 8s".into()];
+    let env = Env::with_config(lab, &config).await;
+    env.wait_reachable(3, STARTUP).await;
+    let prometheus = Prometheus::start(env.ps.http);
+    let alert = "PolestarStaleClientsOnOldPrimary";
+    let master = env.master_name();
+    env.wait_until(Duration::from_secs(30), "prometheus scrapes the counter at 0", || async {
+        let query = "polestar_old_primary_stale_clients_total";
+        let url = format!("{}/api/v1/query?query={query}", prometheus.url);
+        let got: Value = reqwest::get(url).await?.json().await?;
+        anyhow::ensure!(got["data"]["result"][0]["value"][1] == "0", "{got}");
+        Ok(())
+    })
+    .await;
+    assert_eq!(stale_clients(&env).await, Some(0.0), "the series exists at 0 from the start");
+
+    let old = env.lab.primary().await.expect("the primary");
+    env.failover().await;
+    let flipped = Instant::now();
+    let stop = flipped + window + Duration::from_secs(5);
+    let writer = tokio::spawn(pinned_writer(old, stop));
+    // Within the window polestar cuts it: nothing is left behind yet.
+    sleep(Duration::from_secs(3)).await;
+    assert!(flipped.elapsed() < window, "the test was too slow to look within the window");
+    assert_eq!(stale_clients(&env).await, Some(0.0), "counted before the window ended");
+    assert!(prometheus.firing(alert).await.expect("alerts").is_empty(), "firing in the window");
+
+    env.wait_until(window + FAILOVER, "the writer counted as the window ended", || async {
+        let n = stale_clients(&env).await;
+        anyhow::ensure!(n.is_some_and(|n| n >= 1.0), "{n:?}");
+        Ok(())
+    })
+    .await;
+    let counted_after = flipped.elapsed().as_secs_f64();
+    let events = stale_events(&env).await;
+    let named =
+        events.iter().any(|e| e["node"] == old.to_string() && e["clients"].as_u64() >= Some(1));
+    assert!(named, "no stale_clients_left event for {old}: {events:?}");
+    env.wait_until(Duration::from_secs(60), "the alert fires", || async {
+        anyhow::ensure!(prometheus.firing(alert).await?.contains(&master), "not firing");
+        Ok(())
+    })
+    .await;
+    eprintln!(
+        "observability: stale clients counted {counted_after:.1}s after the flip (window {}s), {alert} firing {:.1}s after it",
+        window.as_secs(),
+        flipped.elapsed().as_secs_f64()
+    );
+    writer.await.expect("the writer task");
 }
 
 /// `SET` to `node` every 50 ms until `stop`, reconnecting whenever the connection is cut;

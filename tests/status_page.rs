@@ -202,6 +202,50 @@ async fn the_status_page_shows_a_failover_live() {
     println!("screenshot: {}", shot.display());
 }
 
+/// A master that cannot fail over shows it on its card: the failover line turns `bad` and reads
+/// `not possible: <reason>: <detail>` (every replica at `replica-priority 0` here), and reads
+/// `possible` again after the cure, without a reload.
+#[tokio::test]
+async fn the_status_page_shows_a_readiness_blocker_with_its_reason() {
+    let env = Env::start().await;
+    env.wait_reachable(3, STARTUP).await;
+    let master = env.master_name();
+    let browser = Browser::start();
+    let mut page = browser.page().await;
+    page.call("Page.navigate", json!({ "url": env.ps.url("/") })).await.expect("navigate");
+    let line = format!("document.querySelector('article[data-master=\"{master}\"] dd.failover')");
+    page.wait_true(&env, STARTUP, &format!("{line}?.textContent === 'possible'")).await;
+    page.eval("window.sameDocument = true").await.expect("mark the document");
+
+    set_replica_priority(&env, "0").await;
+    // Sentinel refreshes a replica's INFO every 10 s, the page its masters every 5 s.
+    let shown = format!(
+        "{line}?.classList.contains('bad') && {line}.textContent.startsWith('not possible: no_promotable_replica: ') && {line}.textContent.includes('has replica-priority 0')"
+    );
+    page.wait_true(&env, Duration::from_secs(40), &shown).await;
+    let text = page.eval(&format!("{line}.textContent")).await.expect("the failover line");
+    println!("status page: {text}");
+    let shot = page.screenshot("readiness-blocker.png").await;
+    println!("screenshot: {}", shot.display());
+
+    set_replica_priority(&env, "100").await;
+    let possible =
+        format!("{line}?.textContent === 'possible' && !{line}.classList.contains('bad')");
+    page.wait_true(&env, Duration::from_secs(40), &possible).await;
+    page.wait_true(&env, STARTUP, "window.sameDocument === true").await;
+}
+
+/// `CONFIG SET replica-priority` on every replica of the lab.
+async fn set_replica_priority(env: &Env, priority: &str) {
+    let primary = env.lab.primary().await.expect("the primary");
+    for node in env.lab.node_addrs().into_iter().filter(|n| *n != primary) {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("SET").arg("replica-priority").arg(priority);
+        let set = polestar::lab::query::<String>(node, &cmd).await;
+        set.unwrap_or_else(|e| env.fail(&format!("CONFIG SET replica-priority: {e:#}")));
+    }
+}
+
 /// `GET /` is HTML that may load nothing from elsewhere.
 async fn check_headers(env: &Env) {
     let response = reqwest::get(env.ps.url("/")).await.expect("GET /");

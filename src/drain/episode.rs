@@ -52,7 +52,7 @@ use tokio::time::{Instant, sleep_until};
 mod phase;
 
 use super::Shared;
-use super::killer::{Reason, Scope, drain, record, select};
+use super::killer::{Reason, Scope, drain, record, select, stale_left};
 use super::node::{DEMOTION_DEADLINES, NodeError, NodeLink, Role};
 use crate::topology::Node;
 use phase::{Action, Demotion, Phase, Probe, step};
@@ -599,11 +599,16 @@ impl Episode {
 
     /// After the cutoff and until the window ends: kills the clients whose last command is a
     /// write (on a demoted node, they got `READONLY`), so that they resolve the name again.
+    /// Those the window's last sweep still found are reported when it ends: nothing cuts them
+    /// any more.
     async fn stale_writers(&self, order: DrainOrder, orders: &mut watch::Receiver<Orders>) {
         let every = self.shared.cfg.interval.max(STALE_SWEEP);
+        let mut found = 0;
         loop {
             let next = Instant::now() + every;
             if next >= orders.borrow().until {
+                let window = self.shared.cfg.window;
+                stale_left(&self.shared.events, &self.master, self.node(), found, window);
                 return;
             }
             tokio::select! {
@@ -619,9 +624,13 @@ impl Episode {
             match sweep.await {
                 Ok(report) => {
                     self.reachable_again();
+                    found = report.killed;
                     record(&self.shared.events, &self.master, &report, false);
                 }
-                Err(e) => drop(self.unreachable::<()>(e, "stale writers")),
+                Err(e) => {
+                    found = 0;
+                    self.unreachable::<()>(e, "stale writers");
+                }
             }
         }
     }

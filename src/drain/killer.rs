@@ -193,6 +193,31 @@ pub fn record(events: &EventLog, master: &str, report: &DrainReport, loud: bool)
     events.push("drain", Some(master), data);
 }
 
+/// The window of `node` ended with `found` clients still writing to it (its last stale-writer
+/// sweep killed them, and they would have come back): nothing cuts them any more, and they get
+/// `READONLY` until they resolve the name again, so they are counted
+/// (`polestar_old_primary_stale_clients_total`), logged and recorded as an event.
+pub fn stale_left(
+    events: &EventLog,
+    master: &str,
+    node: SocketAddr,
+    found: usize,
+    window: Duration,
+) {
+    if found == 0 {
+        return;
+    }
+    metrics::counter!(m::OLD_PRIMARY_STALE_CLIENTS, "master" => master.to_string())
+        .increment(found as u64);
+    let window_ms = window.as_millis() as u64;
+    tracing::warn!(
+        master, %node, clients = found, window_ms,
+        "clients still write to the old primary as drain.window ends: their DNS cache outlives the window, or they pin the address"
+    );
+    let data = json!({ "node": node, "clients": found, "window_ms": window_ms });
+    events.push("stale_clients_left", Some(master), data);
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::clients::parse_list;
@@ -277,5 +302,23 @@ mod tests {
         assert_eq!(v["reason"], "flip");
         assert_eq!(v["node"], "127.0.0.1:6379");
         assert!(v.get("interrupted").is_none());
+    }
+
+    #[test]
+    fn stale_clients_left_at_the_window_end_are_an_event_and_none_is_nothing() {
+        let events = EventLog::new();
+        let node: SocketAddr = "10.0.0.1:6379".parse().expect("an address");
+        stale_left(&events, "m", node, 0, Duration::from_secs(60));
+        assert!(events.since(None).is_empty(), "no stale client, no event");
+        stale_left(&events, "m", node, 3, Duration::from_secs(60));
+        let got = events.since(None);
+        assert_eq!(got.len(), 1, "{got:?}");
+        let shown = serde_json::to_value(&got[0]).expect("an event serializes");
+        assert_eq!(shown["kind"], "stale_clients_left", "{shown}");
+        assert_eq!(
+            (shown["clients"].as_u64(), shown["window_ms"].as_u64()),
+            (Some(3), Some(60_000))
+        );
+        assert_eq!(shown["node"], "10.0.0.1:6379", "{shown}");
     }
 }

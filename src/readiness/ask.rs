@@ -141,10 +141,7 @@ async fn ask_master(
     };
     if let Some(records) = heard {
         let ckquorum = command(&mut conn, &ask("CKQUORUM")).await;
-        let Records { master, replicas } = records.unwrap_or_else(|| {
-            let not = || "SENTINEL MASTERS does not list this master".to_string();
-            Records { master: Err(not()), replicas: Err(not()) }
-        });
+        let Records { master, replicas } = Records::or_unmonitored(records);
         let ckquorum = refused_as_text(ckquorum)?.and_then(|v| parse::ckquorum(&v));
         return Ok(SentinelAnswer { tilt, ckquorum, master, replicas });
     }
