@@ -8,7 +8,7 @@
 #   bench/sentinel-api-crowd.sh                 20,000 subscribers
 #   SUBSCRIBERS=2000 bench/sentinel-api-crowd.sh
 #
-# The client is examples/crowd.rs, built in release (a task per connection on tokio's
+# The client is examples/crowd/, built in release (a task per connection on tokio's
 # epoll runtime), so that it is not the bottleneck. Loopback only: sources 127.0.20.1...,
 # 200 each (the per-address cap is 256); bounded: 240 s of setup, 30 s to hear the switch.
 # The count is clamped to RLIMIT_NOFILE's hard limit (see the output's note).

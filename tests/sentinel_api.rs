@@ -731,6 +731,7 @@ async fn slow_subscribers_are_disconnected_not_buffered() {
         password: tokio::sync::watch::channel(None).1,
         max_connections: 100,
         idle_timeout: Duration::from_secs(60),
+        input_budget: polestar::sentinel_api::INPUT_BUDGET,
         events: Arc::new(polestar::events::EventLog::new()),
     };
     let stop = tokio_util::sync::CancellationToken::new();
@@ -862,12 +863,13 @@ async fn hostile_input_is_a_protocol_error_and_the_endpoint_keeps_serving() {
         password: tokio::sync::watch::channel(None).1,
         max_connections: 16,
         idle_timeout: Duration::from_secs(60),
+        input_budget: polestar::sentinel_api::INPUT_BUDGET,
         events: Arc::new(polestar::events::EventLog::new()),
     };
     let stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(polestar::sentinel_api::serve(listeners, api, stop.clone()));
     let huge_inline = "A".repeat(70 * 1024);
-    let unfinished = format!("*1\r\n$60000\r\n{}", "x".repeat(1000));
+    let unfinished = format!("*1\r\n$6000\r\n{}", "x".repeat(1000));
     let cases = [
         ("*2\r\n+PING\r\n".to_string(), "Protocol error: expected '$', got '+'"),
         ("*99999999\r\n".to_string(), "Protocol error: invalid multibulk length"),
