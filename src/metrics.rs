@@ -116,7 +116,7 @@ fn describe() {
     describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status code");
     describe_counter!(
         HTTP_CONNECTIONS_REFUSED,
-        "HTTP connections refused, by reason (per_client: its share held; connections_full: no token while every anonymous slot is taken)"
+        "HTTP connections refused, by reason (per_client: its share held; connections_full: no token while every anonymous slot is taken; probation_evicted: silent on probation past its grace while the pool was full)"
     );
     describe_gauge!(SENTINEL_API_CONNECTIONS, "Open connections to the Sentinel API endpoint");
     describe_counter!(

@@ -415,3 +415,59 @@ async fn anonymous_connections_cannot_lock_out_token_holders() {
     assert_eq!(stream.status(), StatusCode::OK);
     drop(held);
 }
+
+/// Issue 26, part two, item 5: the probation pool (scaled down to 8) kept full by silent
+/// connections from many addresses, each reconnecting the moment it is closed, with as many
+/// again waiting in the listen backlog (the ratio of the defaults: 1,024 on probation, a
+/// backlog of 1,024). A token holder's request is served within about twice the probation
+/// grace; it waited twice PROBATION_WAIT (4 s) before.
+#[tokio::test]
+async fn a_token_holder_gets_in_while_silent_connections_keep_probation_full() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let caps = http::Caps {
+        anonymous: 8,
+        per_client: 64,
+        probation: 8,
+        probation_per_client: 4,
+        token: 8,
+    };
+    let server = start_with(caps).await;
+    let mut held = Vec::new();
+    for i in 0..8 {
+        held.push(hold(server.addr, i, "/v1/masters/mymaster?wait=60s").await);
+    }
+    // 16 silent clients over 4 addresses: 8 on probation, 8 in the backlog.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut crowd = Vec::new();
+    for i in 0..16u8 {
+        let (addr, stop) = (server.addr, stop.clone());
+        crowd.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+                socket.bind(([127, 0, 29, 1 + i % 4], 0).into()).expect("bind a loopback address");
+                let Ok(mut s) = socket.connect(addr).await else { continue };
+                let mut buf = [0u8; 256];
+                // Silent until closed (or 30 s), then again.
+                let _ = tokio::time::timeout(Duration::from_secs(30), s.read(&mut buf)).await;
+            }
+        }));
+    }
+    // The crowd is in: probation and the backlog are full.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let url = format!("{}/v1/masters/mymaster", server.url);
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("ok");
+    let started = Instant::now();
+    let response = client.get(&url).bearer_auth(AGENT_TOKEN).send().await;
+    let waited = started.elapsed();
+    let response = response.unwrap_or_else(|e| panic!("the agent was locked out: {e}"));
+    assert_eq!(response.status(), StatusCode::OK);
+    eprintln!("a token holder behind a full probation pool and backlog: {waited:?}");
+    let bound = http::PROBATION_GRACE * 2 + Duration::from_millis(800);
+    assert!(waited < bound, "the token holder waited {waited:?} (bound {bound:?})");
+    assert!(bound < http::PROBATION_WAIT * 2, "the bound tells the new code from the old");
+    stop.store(true, Ordering::Relaxed);
+    for task in crowd {
+        task.abort();
+    }
+    drop(held);
+}

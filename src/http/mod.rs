@@ -47,7 +47,7 @@ use crate::events::EventLog;
 use crate::metrics::HTTP_REQUESTS;
 use crate::topology::{Master, Snapshot, TopologyReader};
 
-pub use admission::Caps;
+pub use admission::{Caps, PROBATION_GRACE, PROBATION_WAIT};
 pub use error::ApiError;
 
 /// Request bodies are tiny (`{"node":"ip:port"}` at most); anything larger is refused.
@@ -180,15 +180,27 @@ async fn serve_one<S>(
 {
     let timeout = if probation.is_some() { admission::PROBATION_WAIT } else { HEADER_READ_TIMEOUT };
     // Rebuilding the routes' layers costs a few microseconds: only on probation.
-    let app = match probation {
-        Some(p) => app.layer(axum::Extension(p)),
+    let app = match &probation {
+        Some(p) => app.layer(axum::Extension(p.clone())),
         None => app,
     };
     let service = TowerToHyperService::new(app);
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(timeout);
     // A client that goes away is not an error of the server.
-    let _ = watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await;
+    let served = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
+    match probation {
+        None => {
+            let _ = served.await;
+        }
+        // Closed when it must give way to a newer connection on probation.
+        Some(p) => {
+            tokio::select! {
+                _ = served => {}
+                () = p.evicted() => {}
+            }
+        }
+    }
 }
 
 /// The TLS acceptor for `http.tls` as configured now, rebuilt when a reload changes it.
