@@ -687,6 +687,8 @@ async fn a_flood_of_subscribers_stays_within_the_cap_and_costs_bounded_memory() 
         Ok(())
     })
     .await;
+    // Issue 26, part two, item 4: the refusals at the cap were counted and never logged.
+    assert!(env.ps.logged("every connection is taken (sentinel_api.max_connections)"), "logged");
 }
 
 /// In-process (the topology written by the test, so thousands of messages go out in a second):

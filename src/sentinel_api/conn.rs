@@ -27,7 +27,7 @@ use crate::config::{HostPort, Secret};
 use crate::metrics as m;
 use crate::topology::TopologyReader;
 
-use super::budget::{Budget, Reservation};
+use super::budget::{Budget, FREE_INPUT, Reservation};
 use super::commands::{self, Context, ServerInfo, Session};
 use super::glob;
 use super::limit::{self, Limit};
@@ -190,6 +190,9 @@ impl<'a> Connection<'a> {
                 }
             };
             let pending = self.parser.held() + self.input.len();
+            if pending == 0 && self.input.capacity() > FREE_INPUT {
+                self.input = Vec::new(); // nor what a large request needed
+            }
             let now = tokio::time::Instant::now();
             let completed = self.requests > taken;
             self.request_deadline =
@@ -216,6 +219,10 @@ impl<'a> Connection<'a> {
                 Wake::Read(Ok(n)) => {
                     self.input.extend_from_slice(&chunk[..n]);
                     chunk.clear();
+                    if n > FREE_INPUT {
+                        // Pages a large read touched are not kept for the connection's life.
+                        chunk = Vec::with_capacity(READ_CHUNK);
+                    }
                 }
                 Wake::Message(Ok(message)) => {
                     self.deliver(&message);
@@ -374,6 +381,14 @@ impl<'a> Connection<'a> {
         Ok(())
     }
 
+    /// Empties the output once written, keeping at most [`MAX_OUTPUT`] of capacity.
+    fn written(&mut self) {
+        self.output.clear();
+        if self.output.capacity() > MAX_OUTPUT {
+            self.output = Vec::new();
+        }
+    }
+
     async fn flush(&mut self) -> Result<(), End> {
         if self.output.is_empty() {
             return Ok(());
@@ -382,7 +397,7 @@ impl<'a> Connection<'a> {
         // flip, 20,000 of them would each arm and cancel one).
         match self.stream.try_write(&self.output) {
             Ok(n) if n == self.output.len() => {
-                self.output.clear();
+                self.written();
                 return Ok(());
             }
             Ok(n) => {
@@ -394,7 +409,7 @@ impl<'a> Connection<'a> {
         let write = self.stream.write_all(&self.output);
         match tokio::time::timeout(WRITE_TIMEOUT, write).await {
             Ok(Ok(())) => {
-                self.output.clear();
+                self.written();
                 Ok(())
             }
             Ok(Err(_)) => Err(End::Closed),
