@@ -471,3 +471,67 @@ async fn a_token_holder_gets_in_while_silent_connections_keep_probation_full() {
     }
     drop(held);
 }
+
+/// Reads one HTTP/1.1 response (head and a `content-length` body) from `stream`; its status.
+async fn read_response(stream: &mut TcpStream) -> std::io::Result<u16> {
+    let (mut buf, mut chunk) = (Vec::new(), [0u8; 4096]);
+    let head = loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let text = String::from_utf8_lossy(&buf[..head]).to_ascii_lowercase();
+    let length = text
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:").and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0usize);
+    while buf.len() < head + length {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Ok(text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0))
+}
+
+/// Found with `bench/agents-crowd.sh` (2,080 reconnects of 9,800 agents): a token holder's
+/// connection admitted from probation kept the probation wait (2 s) as its header timeout,
+/// so its kept-alive connection was closed after 2 s idle and the agent reconnected at every
+/// read. Admitted, it now stays open between requests like any other; a silent connection on
+/// probation is still closed after the probation wait.
+#[tokio::test]
+async fn a_token_holder_admitted_from_probation_keeps_its_connection_between_requests() {
+    let caps = http::Caps {
+        anonymous: 1,
+        per_client: 16,
+        probation: 4,
+        probation_per_client: 4,
+        token: 4,
+    };
+    let server = start_with(caps).await;
+    let _anonymous = hold(server.addr, 0, "/v1/masters/mymaster?wait=60s").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut silent = TcpStream::connect(server.addr).await.expect("connect");
+    let opened = Instant::now();
+    let mut agent = TcpStream::connect(server.addr).await.expect("connect");
+    let request = format!(
+        "GET /v1/masters/mymaster HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {AGENT_TOKEN}\r\n\r\n"
+    );
+    for round in 0..2 {
+        agent.write_all(request.as_bytes()).await.expect("send");
+        let status = read_response(&mut agent).await;
+        assert_eq!(status.ok(), Some(200), "request {round} on the kept-alive connection");
+        tokio::time::sleep(http::PROBATION_WAIT + Duration::from_millis(1000)).await;
+    }
+    let mut byte = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut byte)).await;
+    assert!(matches!(closed, Ok(Ok(0) | Err(_))), "the silent one was closed: {closed:?}");
+    let waited = opened.elapsed();
+    assert!(waited >= http::PROBATION_WAIT, "closed after {waited:?}");
+}

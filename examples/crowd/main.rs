@@ -419,6 +419,7 @@ async fn sentinel_crowd(want: usize, hard: u64) -> anyhow::Result<()> {
         master: lab.master_name().to_string(),
     })?;
     let nice = renice_crowd(prober.tid);
+    let polestar_nice = renice_polestar(daemon.pid());
     tokio::time::sleep(PROBE_BASELINE).await;
     let heard = hear_failover(&lab, &daemon, http, &mut rx, count).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -432,7 +433,8 @@ async fn sentinel_crowd(want: usize, hard: u64) -> anyhow::Result<()> {
     print_rss("subscriber", before, attached, count, &heard);
     println!(
         "  heard +switch-master: {} of {count} (other first message: {other}; arrival is the \
-         kernel's receive stamp, missing for {}; this client's threads at nice {nice})",
+         kernel's receive stamp, missing for {}; this client's threads at nice {nice}, \
+         polestar's at {polestar_nice})",
         arrivals.len(),
         unstamped.load(std::sync::atomic::Ordering::Relaxed)
     );
@@ -462,26 +464,69 @@ async fn dns_label(http: SocketAddr, master: &str) -> anyhow::Result<String> {
     view["dns_name"].as_str().map(str::to_string).with_context(|| format!("no dns_name: {view}"))
 }
 
-/// Lowers every thread of this process but `keep` (the probes) to nice `CROWD_NICE` (default
-/// 10), so that while polestar fans out its threads take the CPU first; the subscribers'
-/// arrivals are the kernel's stamps, which this does not move. Returns the niceness.
+/// Lowers every thread of this process but `keep` (the probes), and of the lab's Redis and
+/// Sentinel processes, to nice `CROWD_NICE` (default 10), so that while polestar fans out its
+/// threads take the CPU first: in a deployment the clients and the data nodes are other
+/// hosts (measured: without it, redis-server resyncing after the failover preempted the
+/// fan-out more than anything else). The subscribers' arrivals are the kernel's stamps,
+/// which this does not move. Returns the niceness.
 fn renice_crowd(keep: i32) -> i32 {
     let nice = std::env::var("CROWD_NICE").ok().and_then(|n| n.parse().ok()).unwrap_or(10);
-    let tasks = std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten();
-    let tids: Vec<String> = tasks
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|t| t.parse::<i32>().ok() != Some(keep))
-        .collect();
-    let status = Command::new("renice")
-        .args(["-n", &nice.to_string(), "-p"])
-        .args(&tids)
-        .stdout(Stdio::null())
-        .status();
-    if status.map_or(true, |s| !s.success()) {
+    let mut tids = threads("self");
+    tids.retain(|t| t.parse::<i32>().ok() != Some(keep));
+    for lab in lab_processes() {
+        tids.extend(threads(&lab));
+    }
+    if !renice(nice, &tids) {
         println!("note: renice failed; the crowd runs at its parent's priority");
         return 0;
     }
     nice
+}
+
+/// With `POLESTAR_NICE=N` (root: N may be negative), sets every thread of polestar to nice N,
+/// as if it had a host of its own on a machine shared with other work; 0 otherwise.
+fn renice_polestar(pid: u32) -> i32 {
+    let Some(nice) = std::env::var("POLESTAR_NICE").ok().and_then(|n| n.parse::<i32>().ok()) else {
+        return 0;
+    };
+    if !renice(nice, &threads(&pid.to_string())) {
+        println!("note: renice of polestar failed");
+        return 0;
+    }
+    nice
+}
+
+/// The thread ids of process `pid` ("self" for this one).
+fn threads(pid: &str) -> Vec<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+    tasks.filter_map(|e| e.file_name().into_string().ok()).collect()
+}
+
+/// The lab's redis-server and redis-sentinel (or Valkey's) processes: this one's children.
+fn lab_processes() -> Vec<String> {
+    let me = std::process::id().to_string();
+    let procs = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    let pids = procs.filter_map(|e| e.file_name().into_string().ok());
+    pids.filter(|pid| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let Some((name, rest)) = stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") "))
+        else {
+            return false;
+        };
+        let parent = rest.split_whitespace().nth(1);
+        parent == Some(me.as_str()) && (name.starts_with("redis-") || name.starts_with("valkey-"))
+    })
+    .collect()
+}
+
+fn renice(nice: i32, tids: &[String]) -> bool {
+    let status = Command::new("renice")
+        .args(["-n", &nice.to_string(), "-p"])
+        .args(tids)
+        .stdout(Stdio::null())
+        .status();
+    status.is_ok_and(|s| s.success())
 }
 
 async fn hold(api: SocketAddr, want: usize, hard: u64) -> anyhow::Result<()> {

@@ -249,7 +249,7 @@ impl Probation {
 
     /// Makes a connection still waiting for its first request give way: its slots are free at
     /// once and its connection closes. Whether it was still waiting.
-    fn evict(&self) -> bool {
+    pub(super) fn evict(&self) -> bool {
         let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if !matches!(*state, State::Waiting(_)) {
             return false;
