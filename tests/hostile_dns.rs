@@ -257,7 +257,7 @@ async fn a_reconnect_storm_from_one_subnet_is_answered_in_full_with_the_default_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconnect_storm_behind_one_nat_address_is_answered_in_full_over_tcp_too() {
     let totals = storm(1).await;
-    assert!(totals.get(&StubOutcome::Truncated).is_some(), "the storm reached TCP: {totals:?}");
+    assert!(totals.contains_key(&StubOutcome::Truncated), "the storm reached TCP: {totals:?}");
     assert_eq!(totals.get(&StubOutcome::Unanswered), None, "queries left unanswered: {totals:?}");
     assert_eq!(totals.get(&StubOutcome::ClosedOverTcp), None, "TCP retries closed: {totals:?}");
 }
