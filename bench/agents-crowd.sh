@@ -10,7 +10,7 @@
 #   bench/agents-crowd.sh               10,000 agents
 #   AGENTS=2000 bench/agents-crowd.sh
 #
-# The client is examples/crowd.rs in release. Loopback only: sources 127.0.20.1..., 100
+# The client is examples/crowd/ in release. Loopback only: sources 127.0.20.1..., 100
 # agents (200 connections) each (the per-address cap is 512); bounded: 240 s of setup, 30 s
 # to have the new primary. Two descriptors per agent in both processes: the count is clamped
 # to RLIMIT_NOFILE's hard limit (see the output's note).

@@ -11,7 +11,7 @@
 #   SUBSCRIBERS=20000 bench/dns.sh      also: polestar serves its Sentinel endpoint (its own
 #                                       runtime, as the daemon) and, after the rounds above,
 #                                       ROUNDS more of both servers run with SUBSCRIBERS
-#                                       subscribers attached to it (examples/crowd.rs `hold`,
+#                                       subscribers attached to it (examples/crowd/ `hold`,
 #                                       sources 127.0.20.1...); prints polestar's QPS with them
 #                                       over without, and over knotd. Clamped to what
 #                                       RLIMIT_NOFILE's hard limit lets one process hold.

@@ -54,6 +54,7 @@ async fn main() -> anyhow::Result<()> {
             password,
             max_connections: 30_000,
             idle_timeout: Duration::from_secs(3600),
+            input_budget: polestar::sentinel_api::INPUT_BUDGET,
             events: Arc::new(polestar::events::EventLog::new()),
         };
         let stop = shutdown.clone();

@@ -141,6 +141,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             password: reload::project(&live, |c| c.sentinel_api.as_ref()?.password.clone()),
             max_connections: s.max_connections,
             idle_timeout: s.idle_timeout,
+            input_budget: crate::sentinel_api::INPUT_BUDGET,
             events: events.clone(),
         };
         let stop = shutdown.clone();

@@ -2,14 +2,16 @@
 //! raised to the hard limit at start so that the caps of the listeners (16,384 HTTP
 //! connections, about a thousand DNS TCP connections per listener, the Sentinel and node
 //! connections) are what bounds polestar, not a soft limit of 1,024 that a shell or an init
-//! system left behind; and the per-client shares of connections that the HTTP and DNS
-//! servers keep.
+//! system left behind; and the per-client shares of connections that the HTTP, DNS and
+//! Sentinel-endpoint servers keep (and that a DNS TCP connection may wait its turn for).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
+use tokio::sync::Notify;
 
 /// Raises `RLIMIT_NOFILE`'s soft limit to its hard limit; returns the limit now in force.
 /// A failure is logged and the start goes on with the limit there was.
@@ -40,8 +42,17 @@ pub fn raise_open_files() -> u64 {
 /// the HTTP and DNS TCP servers keep one host from holding every connection.
 #[derive(Clone)]
 pub struct Clients {
-    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    open: Arc<Mutex<HashMap<IpAddr, Client>>>,
     per_client: usize,
+}
+
+/// One client's connections, and those waiting for one of them to end.
+#[derive(Default)]
+struct Client {
+    open: usize,
+    waiting: usize,
+    /// Woken once per connection that ends while some wait ([`Clients::admit_within`]).
+    freed: Arc<Notify>,
 }
 
 impl Clients {
@@ -52,23 +63,80 @@ impl Clients {
     /// A share of the connections for a new one from `ip`, or `None` when it holds its cap.
     pub fn admit(&self, ip: IpAddr) -> Option<ClientShare> {
         let key = client_key(ip);
-        let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let count = open.entry(key).or_default();
-        if *count >= self.per_client {
+        let mut open = self.lock();
+        let client = open.entry(key).or_default();
+        if client.open >= self.per_client {
+            if client.open == 0 && client.waiting == 0 {
+                open.remove(&key); // a cap of 0 leaves no entry behind
+            }
             return None;
         }
-        *count += 1;
+        client.open += 1;
         Some(ClientShare { clients: self.clone(), key })
     }
 
-    fn release(&self, key: IpAddr) {
-        let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(count) = open.get_mut(&key) {
-            *count -= 1;
-            if *count == 0 {
+    /// [`Self::admit`], or, when `ip` holds its cap, the share of the first of its connections
+    /// to end within `wait` (in the order they began to wait); `None` past `wait`. For a
+    /// client whose connections are short (a fleet behind one NAT address asking over TCP at
+    /// once): each waits its turn instead of being closed.
+    pub async fn admit_within(&self, ip: IpAddr, wait: Duration) -> Option<ClientShare> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let key = client_key(ip);
+        loop {
+            let freed = {
+                let mut open = self.lock();
+                let client = open.entry(key).or_default();
+                if client.open < self.per_client {
+                    client.open += 1;
+                    return Some(ClientShare { clients: self.clone(), key });
+                }
+                client.waiting += 1;
+                client.freed.clone()
+            };
+            let notified = freed.notified();
+            tokio::pin!(notified);
+            // Registered before the count can change again: a connection that ends from now
+            // on wakes this waiter or a later one, never nobody.
+            notified.as_mut().enable();
+            let woken = self.recheck(key);
+            let woken = woken || tokio::time::timeout_at(deadline, notified).await.is_ok();
+            self.stop_waiting(key);
+            if !woken {
+                return None;
+            }
+        }
+    }
+
+    /// Whether a share came free between counting this waiter and registering it.
+    fn recheck(&self, key: IpAddr) -> bool {
+        self.lock().get(&key).is_some_and(|c| c.open < self.per_client)
+    }
+
+    fn stop_waiting(&self, key: IpAddr) {
+        let mut open = self.lock();
+        if let Some(client) = open.get_mut(&key) {
+            client.waiting -= 1;
+            if client.open == 0 && client.waiting == 0 {
                 open.remove(&key);
             }
         }
+    }
+
+    fn release(&self, key: IpAddr) {
+        let mut open = self.lock();
+        if let Some(client) = open.get_mut(&key) {
+            client.open -= 1;
+            if client.waiting > 0 {
+                client.freed.notify_one();
+            } else if client.open == 0 {
+                open.remove(&key);
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Client>> {
+        // Only counts are behind the lock: a panic cannot leave them inconsistent.
+        self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -115,6 +183,43 @@ mod tests {
         drop(held);
         assert!(clients.admit(ip).is_some());
         assert!(clients.open.lock().expect("valid").len() <= 1, "empty entries are removed");
+    }
+
+    #[tokio::test]
+    async fn a_connection_past_its_share_gets_the_next_one_that_ends_or_gives_up() {
+        let clients = Clients::new(1);
+        let ip: IpAddr = [10, 0, 0, 1].into();
+        let held = clients.admit(ip).expect("free");
+        let waiting = {
+            let clients = clients.clone();
+            tokio::spawn(async move { clients.admit_within(ip, Duration::from_secs(30)).await })
+        };
+        tokio::task::yield_now().await;
+        drop(held);
+        let share = waiting.await.expect("no panic").expect("the freed share");
+        let late = clients.admit_within(ip, Duration::from_millis(50)).await;
+        assert!(late.is_none(), "nothing ends within the wait");
+        drop(share);
+        assert!(clients.open.lock().expect("valid").is_empty(), "nothing left behind");
+    }
+
+    /// A fleet behind one address: 300 connections, 8 at a time, each short. Every one is
+    /// served in turn, none waits out its time (no wakeup is lost between two that end).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_short_connections_past_the_share_are_all_served_in_turn() {
+        let clients = Clients::new(8);
+        let ip: IpAddr = [10, 0, 0, 1].into();
+        let tasks = (0..300).map(|_| {
+            let clients = clients.clone();
+            tokio::spawn(async move {
+                let share = clients.admit_within(ip, Duration::from_secs(20)).await;
+                tokio::task::yield_now().await;
+                share.is_some()
+            })
+        });
+        let served = futures::future::join_all(tasks.collect::<Vec<_>>()).await;
+        assert!(served.into_iter().all(|s| s.expect("no panic")), "a connection waited in vain");
+        assert!(clients.open.lock().expect("valid").is_empty());
     }
 
     #[test]

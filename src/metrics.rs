@@ -15,6 +15,7 @@ pub const DRAIN_KILLED: &str = "polestar_drain_killed_total";
 pub const DNS_QUERIES: &str = "polestar_dns_queries_total";
 pub const DNS_RATE_LIMITED: &str = "polestar_dns_rate_limited_total";
 pub const DNS_RATE_LIMIT_EVICTIONS: &str = "polestar_dns_rate_limit_evictions_total";
+pub const DNS_TCP_REFUSED: &str = "polestar_dns_tcp_refused_total";
 pub const HTTP_REQUESTS: &str = "polestar_http_requests_total";
 pub const HTTP_CONNECTIONS_REFUSED: &str = "polestar_http_connections_refused_total";
 pub const SENTINEL_API_CONNECTIONS: &str = "polestar_sentinel_api_connections";
@@ -131,10 +132,14 @@ fn describe() {
         DNS_RATE_LIMIT_EVICTIONS,
         "Rate-limit keys forgotten because the table was full (their clients answered as new)"
     );
+    describe_counter!(
+        DNS_TCP_REFUSED,
+        "DNS TCP connections closed unserved, by reason (per_client: its address's share held and its turn did not come; full: every slot taken)"
+    );
     describe_counter!(HTTP_REQUESTS, "HTTP requests, by route and status code");
     describe_counter!(
         HTTP_CONNECTIONS_REFUSED,
-        "HTTP connections refused, by reason (per_client: its share held; connections_full: no token while every anonymous slot is taken)"
+        "HTTP connections refused, by reason (per_client: its share held; connections_full: no token while every anonymous slot is taken; probation_evicted: silent on probation past its grace while the pool was full)"
     );
     describe_gauge!(SENTINEL_API_CONNECTIONS, "Open connections to the Sentinel API endpoint");
     describe_counter!(
@@ -165,6 +170,6 @@ fn describe() {
     describe_gauge!(REPLICA_LAG, Unit::Bytes, "Bytes of replication stream the replica is behind");
     describe_counter!(
         SENTINEL_API_LIMITED,
-        "Sentinel API limits hit, by limit (subscriptions: a subscription refused; per_client: a connection past its address's share)"
+        "Sentinel API limits hit, by limit (max_connections, per_client, subscriptions, unauthenticated_input, request_size, input_budget, request_timeout, auth_timeout, idle_timeout, slow_subscriber, write_timeout)"
     );
 }

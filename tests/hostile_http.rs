@@ -416,3 +416,123 @@ async fn anonymous_connections_cannot_lock_out_token_holders() {
     assert_eq!(stream.status(), StatusCode::OK);
     drop(held);
 }
+
+/// Issue 26, part two, item 5: the probation pool (scaled down to 8) kept full by silent
+/// connections from many addresses, each reconnecting the moment it is closed, with as many
+/// again waiting in the listen backlog (the ratio of the defaults: 1,024 on probation, a
+/// backlog of 1,024). A token holder's request is served within about twice the probation
+/// grace; it waited twice PROBATION_WAIT (4 s) before.
+#[tokio::test]
+async fn a_token_holder_gets_in_while_silent_connections_keep_probation_full() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let caps = http::Caps {
+        anonymous: 8,
+        per_client: 64,
+        probation: 8,
+        probation_per_client: 4,
+        token: 8,
+    };
+    let server = start_with(caps).await;
+    let mut held = Vec::new();
+    for i in 0..8 {
+        held.push(hold(server.addr, i, "/v1/masters/mymaster?wait=60s").await);
+    }
+    // 16 silent clients over 4 addresses: 8 on probation, 8 in the backlog.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut crowd = Vec::new();
+    for i in 0..16u8 {
+        let (addr, stop) = (server.addr, stop.clone());
+        crowd.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+                socket.bind(([127, 0, 29, 1 + i % 4], 0).into()).expect("bind a loopback address");
+                let Ok(mut s) = socket.connect(addr).await else { continue };
+                let mut buf = [0u8; 256];
+                // Silent until closed (or 30 s), then again.
+                let _ = tokio::time::timeout(Duration::from_secs(30), s.read(&mut buf)).await;
+            }
+        }));
+    }
+    // The crowd is in: probation and the backlog are full.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let url = format!("{}/v1/masters/mymaster", server.url);
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("ok");
+    let started = Instant::now();
+    let response = client.get(&url).bearer_auth(AGENT_TOKEN).send().await;
+    let waited = started.elapsed();
+    let response = response.unwrap_or_else(|e| panic!("the agent was locked out: {e}"));
+    assert_eq!(response.status(), StatusCode::OK);
+    eprintln!("a token holder behind a full probation pool and backlog: {waited:?}");
+    let bound = http::PROBATION_GRACE * 2 + Duration::from_millis(800);
+    assert!(waited < bound, "the token holder waited {waited:?} (bound {bound:?})");
+    assert!(bound < http::PROBATION_WAIT * 2, "the bound tells the new code from the old");
+    stop.store(true, Ordering::Relaxed);
+    for task in crowd {
+        task.abort();
+    }
+    drop(held);
+}
+
+/// Reads one HTTP/1.1 response (head and a `content-length` body) from `stream`; its status.
+async fn read_response(stream: &mut TcpStream) -> std::io::Result<u16> {
+    let (mut buf, mut chunk) = (Vec::new(), [0u8; 4096]);
+    let head = loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let text = String::from_utf8_lossy(&buf[..head]).to_ascii_lowercase();
+    let length = text
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:").and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0usize);
+    while buf.len() < head + length {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Ok(text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0))
+}
+
+/// Found with `bench/agents-crowd.sh` (2,080 reconnects of 9,800 agents): a token holder's
+/// connection admitted from probation kept the probation wait (2 s) as its header timeout,
+/// so its kept-alive connection was closed after 2 s idle and the agent reconnected at every
+/// read. Admitted, it now stays open between requests like any other; a silent connection on
+/// probation is still closed after the probation wait.
+#[tokio::test]
+async fn a_token_holder_admitted_from_probation_keeps_its_connection_between_requests() {
+    let caps = http::Caps {
+        anonymous: 1,
+        per_client: 16,
+        probation: 4,
+        probation_per_client: 4,
+        token: 4,
+    };
+    let server = start_with(caps).await;
+    let _anonymous = hold(server.addr, 0, "/v1/masters/mymaster?wait=60s").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut silent = TcpStream::connect(server.addr).await.expect("connect");
+    let opened = Instant::now();
+    let mut agent = TcpStream::connect(server.addr).await.expect("connect");
+    let request = format!(
+        "GET /v1/masters/mymaster HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {AGENT_TOKEN}\r\n\r\n"
+    );
+    for round in 0..2 {
+        agent.write_all(request.as_bytes()).await.expect("send");
+        let status = read_response(&mut agent).await;
+        assert_eq!(status.ok(), Some(200), "request {round} on the kept-alive connection");
+        tokio::time::sleep(http::PROBATION_WAIT + Duration::from_millis(1000)).await;
+    }
+    let mut byte = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut byte)).await;
+    assert!(matches!(closed, Ok(Ok(0) | Err(_))), "the silent one was closed: {closed:?}");
+    let waited = opened.elapsed();
+    assert!(waited >= http::PROBATION_WAIT, "closed after {waited:?}");
+}

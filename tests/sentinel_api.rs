@@ -687,6 +687,8 @@ async fn a_flood_of_subscribers_stays_within_the_cap_and_costs_bounded_memory() 
         Ok(())
     })
     .await;
+    // Issue 26, part two, item 4: the refusals at the cap were counted and never logged.
+    assert!(env.ps.logged("every connection is taken (sentinel_api.max_connections)"), "logged");
 }
 
 /// In-process (the topology written by the test, so thousands of messages go out in a second):
@@ -732,6 +734,7 @@ async fn slow_subscribers_are_disconnected_not_buffered() {
         password: tokio::sync::watch::channel(None).1,
         max_connections: 100,
         idle_timeout: Duration::from_secs(60),
+        input_budget: polestar::sentinel_api::INPUT_BUDGET,
         events: Arc::new(polestar::events::EventLog::new()),
     };
     let stop = tokio_util::sync::CancellationToken::new();
@@ -863,12 +866,13 @@ async fn hostile_input_is_a_protocol_error_and_the_endpoint_keeps_serving() {
         password: tokio::sync::watch::channel(None).1,
         max_connections: 16,
         idle_timeout: Duration::from_secs(60),
+        input_budget: polestar::sentinel_api::INPUT_BUDGET,
         events: Arc::new(polestar::events::EventLog::new()),
     };
     let stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(polestar::sentinel_api::serve(listeners, api, stop.clone()));
     let huge_inline = "A".repeat(70 * 1024);
-    let unfinished = format!("*1\r\n$60000\r\n{}", "x".repeat(1000));
+    let unfinished = format!("*1\r\n$6000\r\n{}", "x".repeat(1000));
     let cases = [
         ("*2\r\n+PING\r\n".to_string(), "Protocol error: expected '$', got '+'"),
         ("*99999999\r\n".to_string(), "Protocol error: invalid multibulk length"),

@@ -10,8 +10,12 @@ use super::{HostPort, SentinelApi, duration, parse_addr, secret_file};
 
 /// Connections the endpoint serves at once when `max_connections` is not given.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
-/// How long a client that subscribes to nothing may stay silent, by default.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a client that subscribes to nothing may stay silent, by default. Sentinel itself
+/// closes no idle client (`timeout 0`), but the clients that keep a connection to it between
+/// questions (redis-py's and go-redis's pools) check it before reuse and reconnect, as they
+/// do against any Redis with a `timeout`; the others ask and close, or subscribe (and a
+/// subscriber is never idle-closed). A minute frees what they leave behind.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Above this a listener would outgrow any sensible file-descriptor budget.
 const MAX_MAX_CONNECTIONS: usize = 1_000_000;
 

@@ -12,7 +12,10 @@
 //! The kinds: an answer with records (or SERVFAIL) is keyed on its name and type, NODATA on
 //! its name, NXDOMAIN on the zone and REFUSED (and the other errors) on the prefix alone, so
 //! that random names or types cannot escape the limit while a resolver that asks for many
-//! masters' names is not limited. Each UDP socket's task keeps its own table (no lock on the
+//! masters' names is not limited. polestar serves one zone, so "per zone" and "per client
+//! prefix" are the same key for NXDOMAIN; a REFUSED name is outside the zone, with no zone of
+//! ours to name, and shares its prefix's one key for errors whatever the name, as BIND's
+//! `errors-per-second` does. Each UDP socket's task keeps its own table (no lock on the
 //! query path); its size is bounded, and when it is full the oldest key is forgotten to make
 //! room: a full table answers more, never less, so it cannot punish new honest clients.
 

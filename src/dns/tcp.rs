@@ -5,9 +5,15 @@
 //! connections and retries a failed `accept` at once: with the file descriptors exhausted by
 //! a flood of idle connections it spun a core until they timed out. Here:
 //!
-//! - at most [`MAX_CONNECTIONS`] are served at once, [`CONNECTIONS_PER_CLIENT`] per client
-//!   (past that a new connection is closed), and [`TRANSFER_CONNECTIONS`] more are kept for
-//!   the `dns.transfer_allow` addresses, so that secondaries can always AXFR;
+//! - at most [`MAX_CONNECTIONS`] are served at once, [`CONNECTIONS_PER_CLIENT`] per client,
+//!   and [`TRANSFER_CONNECTIONS`] more are kept for the `dns.transfer_allow` addresses, so
+//!   that secondaries can always AXFR;
+//! - a connection past its client's share waits up to [`SLOT_WAIT`] for one of that client's
+//!   connections to end ([`QUEUED_PER_CLIENT`] of them at once, [`QUEUED`] in all) rather
+//!   than being closed: a fleet behind one NAT address whose truncated answers all come back
+//!   over TCP at once (a reconnect storm past `dns.rate_limit`) is answered in turn, since
+//!   each of its connections lasts one query; a host that holds its connections open gains
+//!   nothing by it (its queued ones are closed after [`SLOT_WAIT`]);
 //! - a connection closes when idle for [`IDLE_TIMEOUT`], when a message once begun does not
 //!   arrive whole within [`MESSAGE_TIMEOUT`], or when it does not take its answer within
 //!   [`IDLE_TIMEOUT`];
@@ -15,7 +21,9 @@
 //!   new one (RFC 7766 section 6.2.3: under pressure, close idle connections), which waits
 //!   up to [`SLOT_WAIT`] for a slot: clients that hold connections open by sending a query
 //!   now and then cannot lock out new ones;
-//! - an `accept` error pauses the loop.
+//! - an `accept` error pauses the loop;
+//! - every connection closed unserved is counted (`polestar_dns_tcp_refused_total{reason}`)
+//!   and logged once per interval.
 
 use std::future::Future;
 use std::io;
@@ -38,6 +46,8 @@ use tokio::task::JoinSet;
 
 use super::handler::{self, Service};
 use super::zone::Zone;
+use crate::limits::{ClientShare, Clients};
+use crate::log_every::LogEvery;
 
 /// A client that sends nothing (or reads no answer) for this long is disconnected.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -54,6 +64,11 @@ pub const SLOT_WAIT: Duration = Duration::from_secs(3);
 /// New connections waiting so at once, and per client; past that a new one is closed.
 const WAITING: usize = 256;
 const WAITING_PER_CLIENT: usize = 1;
+/// Connections waiting for their client's share at once, in all and per client; past that a
+/// new one is closed. A storm of 500 stubs behind one address sends about 400 (the answers
+/// past the rate limit).
+pub const QUEUED: usize = 1024;
+pub const QUEUED_PER_CLIENT: usize = 512;
 /// A connection that has not yet sent a first message is not shed this soon after it came.
 const FIRST_MESSAGE_GRACE: Duration = Duration::from_millis(500);
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
@@ -63,8 +78,10 @@ struct Slots {
     shared: Arc<Semaphore>,
     transfer: Arc<Semaphore>,
     waiting: Arc<Semaphore>,
-    clients: crate::limits::Clients,
-    waiting_clients: crate::limits::Clients,
+    clients: Clients,
+    waiting_clients: Clients,
+    queued: Arc<Semaphore>,
+    queued_clients: Clients,
     /// Bumped when every shared slot is taken; the idle connections of the shared pool hold
     /// receivers and close on a bump.
     shed: watch::Sender<u64>,
@@ -73,9 +90,44 @@ struct Slots {
 /// What a connection holds while it is served; dropping it frees its slots.
 struct Held {
     _slot: OwnedSemaphorePermit,
-    _client: crate::limits::ClientShare,
+    _client: ClientShare,
     /// `None` for a secondary's reserved slot, which is never shed.
     shed: Option<watch::Receiver<u64>>,
+}
+
+/// Why a connection was closed unserved (the `reason` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refused {
+    /// Past its client's share, with too many of that client's (or of all) already queued, or
+    /// none of its client's connections ended within [`SLOT_WAIT`].
+    PerClient,
+    /// Every slot taken, with too many waiting already, or none freed within [`SLOT_WAIT`].
+    Full,
+}
+
+impl Refused {
+    const ALL: [Refused; 2] = [Refused::PerClient, Refused::Full];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Refused::PerClient => "per_client",
+            Refused::Full => "full",
+        }
+    }
+}
+
+/// Counts one connection closed unserved and logs it once per interval.
+fn refused(reason: Refused) {
+    static PER_CLIENT: LogEvery = LogEvery::new();
+    static FULL: LogEvery = LogEvery::new();
+    metrics::counter!(crate::metrics::DNS_TCP_REFUSED, "reason" => reason.as_str()).increment(1);
+    let (every, what) = match reason {
+        Refused::PerClient => (&PER_CLIENT, "a DNS TCP client past its share of connections"),
+        Refused::Full => (&FULL, "every DNS TCP connection taken"),
+    };
+    if let Some(hits) = every.hit(std::time::Instant::now()) {
+        tracing::warn!(reason = reason.as_str(), hits, "{what}: a new connection closed unserved");
+    }
 }
 
 /// Serves one listener until the task is dropped (which drops every connection with it).
@@ -84,14 +136,20 @@ pub async fn serve_listener(
     service: Arc<Service>,
     zone: watch::Receiver<Arc<Zone>>,
 ) {
-    let slots = Slots {
+    for reason in Refused::ALL {
+        metrics::counter!(crate::metrics::DNS_TCP_REFUSED, "reason" => reason.as_str())
+            .increment(0);
+    }
+    let slots = Arc::new(Slots {
         shared: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
         transfer: Arc::new(Semaphore::new(TRANSFER_CONNECTIONS)),
         waiting: Arc::new(Semaphore::new(WAITING)),
-        clients: crate::limits::Clients::new(CONNECTIONS_PER_CLIENT),
-        waiting_clients: crate::limits::Clients::new(WAITING_PER_CLIENT),
+        clients: Clients::new(CONNECTIONS_PER_CLIENT),
+        waiting_clients: Clients::new(WAITING_PER_CLIENT),
+        queued: Arc::new(Semaphore::new(QUEUED)),
+        queued_clients: Clients::new(QUEUED_PER_CLIENT),
         shed: watch::channel(0).0,
-    };
+    });
     let mut connections = JoinSet::new();
     loop {
         match listener.accept().await {
@@ -113,46 +171,88 @@ pub async fn serve_listener(
     }
 }
 
+/// A connection's share of its client's connections: now, or once one of them ends.
+enum Share {
+    Now(ClientShare),
+    /// Queued (holding its places in the queue) for one of its client's to end.
+    Queued(OwnedSemaphorePermit, ClientShare),
+}
+
 /// The slot a new connection from `src` is to be served in, or `None` (the connection is
-/// closed) when its client holds its share or too many wait. The future waits for a shared
-/// slot when every one is taken, after asking the idle connections to close.
+/// closed, counted and logged) when too many wait already. The future waits for its client's
+/// share when the client holds it, then for a shared slot when every one is taken (after
+/// asking the idle connections to close); it is `None` when either wait runs out.
 fn admit(
-    slots: &Slots,
+    slots: &Arc<Slots>,
     service: &Service,
     src: SocketAddr,
 ) -> Option<impl Future<Output = Option<Held>> + Send + 'static> {
-    let client = slots.clients.admit(src.ip())?;
-    if service.transfer_allowed(src.ip())
-        && let Ok(slot) = slots.transfer.clone().try_acquire_owned()
-    {
-        let held = Held { _slot: slot, _client: client, shed: None };
-        return Some(futures::future::Either::Left(std::future::ready(Some(held))));
-    }
-    let shed = slots.shed.subscribe();
-    let shared = slots.shared.clone();
-    let ready = shared.clone().try_acquire_owned().ok();
-    let waiting = match ready {
-        Some(_) => None,
+    let ip = src.ip();
+    let share = match slots.clients.admit(ip) {
+        Some(share) => Share::Now(share),
         None => {
-            let share = slots.waiting_clients.admit(src.ip())?;
-            let waiting = slots.waiting.clone().try_acquire_owned().ok()?;
-            slots.shed.send_modify(|generation| *generation += 1);
-            Some((waiting, share))
+            let place = slots.queued_clients.admit(ip);
+            let queued = place.zip(slots.queued.clone().try_acquire_owned().ok());
+            let Some((place, queued)) = queued else {
+                refused(Refused::PerClient);
+                return None;
+            };
+            Share::Queued(queued, place)
         }
     };
-    Some(futures::future::Either::Right(async move {
-        let slot = match ready {
-            Some(slot) => slot,
-            None => {
-                let slot = tokio::time::timeout(SLOT_WAIT, shared.acquire_owned()).await;
-                drop(waiting);
-                slot.ok()?.ok()?
+    let transfer = service.transfer_allowed(ip);
+    let slots = slots.clone();
+    Some(async move {
+        let client = match share {
+            Share::Now(share) => share,
+            Share::Queued(_queued, _place) => {
+                let share = slots.clients.admit_within(ip, SLOT_WAIT).await;
+                share.or_else(|| {
+                    refused(Refused::PerClient);
+                    None
+                })?
             }
         };
-        let mut shed = shed;
-        shed.mark_unchanged(); // only pressure from now on concerns it
-        Some(Held { _slot: slot, _client: client, shed: Some(shed) })
-    }))
+        slot(&slots, transfer, ip, client).await
+    })
+}
+
+/// The slot for a connection that has its client's share: a secondary's reserved one, a free
+/// shared one, or the first shared one freed within [`SLOT_WAIT`] after the idle connections
+/// were asked to close.
+async fn slot(
+    slots: &Slots,
+    transfer: bool,
+    ip: std::net::IpAddr,
+    client: ClientShare,
+) -> Option<Held> {
+    if transfer && let Ok(slot) = slots.transfer.clone().try_acquire_owned() {
+        return Some(Held { _slot: slot, _client: client, shed: None });
+    }
+    let mut shed = slots.shed.subscribe();
+    let slot = match slots.shared.clone().try_acquire_owned() {
+        Ok(slot) => slot,
+        Err(_) => {
+            let share = slots.waiting_clients.admit(ip);
+            let waiting = share.zip(slots.waiting.clone().try_acquire_owned().ok());
+            if waiting.is_none() {
+                refused(Refused::Full);
+                return None;
+            }
+            slots.shed.send_modify(|generation| *generation += 1);
+            let slot = tokio::time::timeout(SLOT_WAIT, slots.shared.clone().acquire_owned()).await;
+            drop(waiting);
+            match slot {
+                Ok(Ok(slot)) => slot,
+                _ => {
+                    refused(Refused::Full);
+                    return None;
+                }
+            }
+        }
+    };
+    shed.mark_unchanged(); // only pressure from now on concerns it
+    Some(Held { _slot: slot, _client: client, shed: Some(shed) })
 }
 
 async fn serve_connection(

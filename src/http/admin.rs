@@ -19,6 +19,7 @@ use super::view::MasterView;
 use super::wait::{self, Waited};
 use super::{ApiError, BODY_LIMIT, BODY_READ_TIMEOUT, Shared};
 use crate::config::duration;
+use crate::log_every::LogEvery;
 
 #[derive(Deserialize)]
 pub struct FailoverQuery {
@@ -95,11 +96,21 @@ pub async fn drain(
 /// The whole body, within [`BODY_LIMIT`] bytes and [`BODY_READ_TIMEOUT`] (408 past it).
 async fn read_body(body: Body) -> Result<Bytes, ApiError> {
     let read = axum::body::to_bytes(body, BODY_LIMIT);
+    static TOO_LARGE: LogEvery = LogEvery::new();
+    static TOO_SLOW: LogEvery = LogEvery::new();
     match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
         Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(_)) => Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "the body is too large")),
+        Ok(Err(_)) => {
+            if let Some(hits) = TOO_LARGE.hit(std::time::Instant::now()) {
+                tracing::warn!(hits, "HTTP: a body past {BODY_LIMIT} bytes answered 413");
+            }
+            Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "the body is too large"))
+        }
         Err(_) => {
             let waited = duration::format(BODY_READ_TIMEOUT);
+            if let Some(hits) = TOO_SLOW.hit(std::time::Instant::now()) {
+                tracing::warn!(hits, "HTTP: a body not whole within {waited} answered 408");
+            }
             Err(ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
                 format!("no whole body within {waited}"),

@@ -11,19 +11,28 @@
 //!   present the agent or the admin token in its first request within [`PROBATION_WAIT`].
 //!   Then it moves to the token holders' slots ([`Caps::token`]), which no anonymous
 //!   connection ever takes; without a token it is answered 503 and closed;
-//! - when every pool is full, new connections wait in the listen backlog.
+//! - when the probation pool is full too, new connections wait in the listen backlog, and
+//!   the connection that has waited longest on probation gives way to the next one once it
+//!   has had [`PROBATION_GRACE`] to show its token (an honest client sends its request right
+//!   after connecting). So a crowd that keeps the pool full of silent connections delays a
+//!   token holder by the grace once per pool of them ahead of it in the backlog: with the
+//!   default pool and the listen backlog (1,024 each), at most about twice the grace (it was
+//!   twice [`PROBATION_WAIT`]). A crowd that also overflows the kernel's backlog makes the
+//!   holder's SYN wait for a retransmission (1 s, then 3 s): that is the kernel's queue, not
+//!   polestar's.
 //!
 //! Every refusal is counted in `polestar_http_connections_refused_total{reason}` and logged
 //! once per interval.
 
-use std::sync::{Arc, Mutex};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use axum::extract::{self, Request};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::auth::{self, Caller};
 use super::{ApiError, Shared, slots};
@@ -33,6 +42,8 @@ use crate::metrics::HTTP_CONNECTIONS_REFUSED;
 
 /// A connection on probation has this long to send its first request's headers.
 pub const PROBATION_WAIT: Duration = Duration::from_secs(2);
+/// A connection on probation is not made to give way to a newer one before this.
+pub const PROBATION_GRACE: Duration = Duration::from_secs(1);
 
 /// The connection caps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +81,10 @@ pub struct Connections {
     token: Arc<Semaphore>,
     clients: Clients,
     probation_clients: Clients,
+    /// The connections on probation, oldest first (some already admitted, refused or gone):
+    /// the first to give way when the pool is full.
+    on_probation: Mutex<VecDeque<Weak<Probation>>>,
+    probation_cap: usize,
 }
 
 /// A connection's place, given back when it is dropped.
@@ -94,18 +109,65 @@ impl Connections {
             token: Arc::new(Semaphore::new(caps.token)),
             clients: Clients::new(caps.per_client),
             probation_clients: Clients::new(caps.probation_per_client),
+            on_probation: Mutex::new(VecDeque::new()),
+            probation_cap: caps.probation,
         }
     }
 
-    /// Waits for a free slot of any pool (an anonymous one first); closed only at shutdown.
+    /// Waits for a free slot of any pool (an anonymous one first), making the oldest
+    /// connection on probation give way once it is past its grace; `None` only at shutdown.
     async fn reserve(&self) -> Option<Reserved> {
-        tokio::select! {
-            biased;
-            open = self.anonymous.clone().acquire_owned() => open.ok().map(Reserved::Open),
-            probation = self.probation.clone().acquire_owned() => {
-                probation.ok().map(Reserved::Probation)
+        loop {
+            tokio::select! {
+                biased;
+                open = self.anonymous.clone().acquire_owned() => {
+                    return open.ok().map(Reserved::Open);
+                }
+                probation = self.probation.clone().acquire_owned() => {
+                    return probation.ok().map(Reserved::Probation);
+                }
+                () = self.evict_oldest() => {}
             }
         }
+    }
+
+    /// Once the oldest connection still waiting on probation is [`PROBATION_GRACE`] old, makes
+    /// it give way (its slot is free at once); pending while there is none.
+    async fn evict_oldest(&self) {
+        let Some(oldest) = self.oldest_waiting() else {
+            return std::future::pending().await;
+        };
+        tokio::time::sleep_until((oldest.since + PROBATION_GRACE).into()).await;
+        if oldest.evict() {
+            refused(
+                "probation_evicted",
+                "HTTP connections all taken: the oldest silent connection on probation made room",
+            );
+        }
+    }
+
+    /// The oldest connection on probation still waiting for its first request.
+    fn oldest_waiting(&self) -> Option<Arc<Probation>> {
+        let mut queue = self.on_probation.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while let Some(front) = queue.front() {
+            match front.upgrade() {
+                Some(p) if p.is_waiting() => return Some(p),
+                _ => {
+                    queue.pop_front();
+                }
+            }
+        }
+        None
+    }
+
+    /// Puts a new connection on probation at the back of the queue (forgetting, now and then,
+    /// the ones no longer waiting).
+    fn enqueue(&self, probation: &Arc<Probation>) {
+        let mut queue = self.on_probation.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if queue.len() >= 2 * self.probation_cap.max(1) {
+            queue.retain(|p| p.upgrade().is_some_and(|p| p.is_waiting()));
+        }
+        queue.push_back(Arc::downgrade(probation));
     }
 
     /// A place for the connection from `ip`, or `None` when that client holds its share.
@@ -122,16 +184,20 @@ impl Connections {
                     return None;
                 };
                 let waiting = Waiting { _slot: slot, _share: share, client };
-                let probation = Probation {
+                let probation = Arc::new(Probation {
                     state: Mutex::new(State::Waiting(waiting)),
                     token: self.token.clone(),
-                };
-                Some(Admission::Probation(Arc::new(probation)))
+                    since: Instant::now(),
+                    evicted: Notify::new(),
+                });
+                self.enqueue(&probation);
+                Some(Admission::Probation(probation))
             }
         }
     }
 
-    /// The next slot and the connection it is for: waits for a slot first, then accepts, so
+    /// The next slot and the connection it is for: waits for a slot first (making the
+    /// oldest connection on probation give way once it is past its grace), then accepts, so
     /// past every pool new clients wait in the listen backlog. `None` when `reserve` is.
     pub async fn accept<S, F, Fut>(&self, accept: F) -> Option<(S, Admission)>
     where
@@ -153,6 +219,10 @@ pub struct Probation {
     state: Mutex<State>,
     /// The token holders' slots, one of which it moves to.
     token: Arc<Semaphore>,
+    /// When it was accepted.
+    since: Instant,
+    /// Told when it must give way (its connection closes).
+    evicted: Notify,
 }
 
 enum State {
@@ -172,6 +242,28 @@ struct Waiting {
 }
 
 impl Probation {
+    fn is_waiting(&self) -> bool {
+        let state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        matches!(*state, State::Waiting(_))
+    }
+
+    /// Makes a connection still waiting for its first request give way: its slots are free at
+    /// once and its connection closes. Whether it was still waiting.
+    pub(super) fn evict(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !matches!(*state, State::Waiting(_)) {
+            return false;
+        }
+        *state = State::Refused;
+        self.evicted.notify_one();
+        true
+    }
+
+    /// Until the connection is made to give way (see [`Self::evict`]).
+    pub async fn evicted(&self) {
+        self.evicted.notified().await;
+    }
+
     /// Whether a request of `caller` may be served on this connection: always once it has
     /// moved to a token holder's slot; for the first request, when it is a token holder's
     /// and a slot is free (the probation slot is then given back).
@@ -217,8 +309,13 @@ pub(super) async fn gate(
 fn refused(reason: &'static str, what: &'static str) {
     static PER_CLIENT: LogEvery = LogEvery::new();
     static FULL: LogEvery = LogEvery::new();
+    static EVICTED: LogEvery = LogEvery::new();
     metrics::counter!(HTTP_CONNECTIONS_REFUSED, "reason" => reason).increment(1);
-    let every = if reason == "per_client" { &PER_CLIENT } else { &FULL };
+    let every = match reason {
+        "per_client" => &PER_CLIENT,
+        "probation_evicted" => &EVICTED,
+        _ => &FULL,
+    };
     if let Some(n) = every.hit(Instant::now()) {
         tracing::warn!(refused = n, "{what}");
     }
@@ -236,7 +333,12 @@ mod tests {
             _share: clients.admit(ip).expect("free"),
             client: clients.admit(ip).expect("free"),
         };
-        Probation { state: Mutex::new(State::Waiting(waiting)), token: token.clone() }
+        Probation {
+            state: Mutex::new(State::Waiting(waiting)),
+            token: token.clone(),
+            since: Instant::now(),
+            evicted: Notify::new(),
+        }
     }
 
     #[test]

@@ -47,7 +47,7 @@ use crate::events::EventLog;
 use crate::metrics::HTTP_REQUESTS;
 use crate::topology::{Master, Snapshot, TopologyReader};
 
-pub use admission::Caps;
+pub use admission::{Caps, PROBATION_GRACE, PROBATION_WAIT};
 pub use error::ApiError;
 
 /// Request bodies are tiny (`{"node":"ip:port"}` at most); anything larger is refused.
@@ -178,17 +178,38 @@ async fn serve_one<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let timeout = if probation.is_some() { admission::PROBATION_WAIT } else { HEADER_READ_TIMEOUT };
     // Rebuilding the routes' layers costs a few microseconds: only on probation.
-    let app = match probation {
-        Some(p) => app.layer(axum::Extension(p)),
+    let app = match &probation {
+        Some(p) => app.layer(axum::Extension(p.clone())),
         None => app,
     };
     let service = TowerToHyperService::new(app);
     let mut builder = http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(timeout);
+    builder.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
     // A client that goes away is not an error of the server.
-    let _ = watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await;
+    let served = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
+    let Some(p) = probation else {
+        let _ = served.await;
+        return;
+    };
+    // On probation: closed when it must give way to a newer one, or when it has not shown a
+    // token within PROBATION_WAIT. Admitted, it is served as any other (a token holder's
+    // kept-alive connection was closed after 2 s idle when the probation wait was its header
+    // timeout: agents that came on probation reconnected at every read).
+    tokio::pin!(served);
+    tokio::select! {
+        _ = &mut served => return,
+        () = p.evicted() => return,
+        () = tokio::time::sleep(admission::PROBATION_WAIT) => {
+            if p.evict() {
+                return;
+            }
+        }
+    }
+    tokio::select! {
+        _ = served => {}
+        () = p.evicted() => {}
+    }
 }
 
 /// The TLS acceptor for `http.tls` as configured now, rebuilt when a reload changes it.

@@ -54,7 +54,25 @@ impl Waiters {
             Caller::Admin => (&self.admin, "admin requests held open"),
         };
         let permit = pool.clone().try_acquire_owned();
-        permit.map_err(|_| ApiError::unavailable(format!("too many {whose} open")))
+        permit.map_err(|_| {
+            full(caller, whose);
+            ApiError::unavailable(format!("too many {whose} open"))
+        })
+    }
+}
+
+/// Logs, once per interval per class of caller, that its pool is full (each refusal is
+/// counted as a 503 in `polestar_http_requests_total`).
+fn full(caller: Caller, whose: &str) {
+    static EVERY: [crate::log_every::LogEvery; 3] =
+        [const { crate::log_every::LogEvery::new() }; 3];
+    let i = match caller {
+        Caller::Anonymous => 0,
+        Caller::Agent => 1,
+        Caller::Admin => 2,
+    };
+    if let Some(hits) = EVERY[i].hit(std::time::Instant::now()) {
+        tracing::warn!(hits, "HTTP: too many {whose} open: a request answered 503");
     }
 }
 

@@ -343,7 +343,7 @@ fn subscribe(kind: &str, args: &[Vec<u8>], session: &mut Session) -> Vec<Reply> 
     for target in args {
         let known = session.channels.contains(target) || session.patterns.contains(target);
         if let Some(refused) = (!known).then(|| over_limit(kind, target, session)).flatten() {
-            limited("subscriptions");
+            super::limit::hit(super::limit::Limit::Subscriptions);
             out.push(Reply::error(refused));
             break;
         }
@@ -372,16 +372,6 @@ fn over_limit(kind: &str, target: &[u8], session: &Session) -> Option<String> {
         ))
     } else {
         None
-    }
-}
-
-/// Counts one limit hit (`polestar_sentinel_api_limited_total{limit}`), logged once per
-/// interval.
-pub fn limited(limit: &'static str) {
-    static EVERY: crate::log_every::LogEvery = crate::log_every::LogEvery::new();
-    metrics::counter!(crate::metrics::SENTINEL_API_LIMITED, "limit" => limit).increment(1);
-    if let Some(n) = EVERY.hit(std::time::Instant::now()) {
-        tracing::warn!(limit, hits = n, "Sentinel API client hit a limit");
     }
 }
 

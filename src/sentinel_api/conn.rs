@@ -1,14 +1,19 @@
 //! One client connection: bytes in, requests parsed, answered from the published state,
 //! replies and pub/sub messages out.
 //!
-//! Bounded in every direction: a request larger than [`MAX_REQUEST`] is a protocol error; at
-//! most [`MAX_OUTPUT`] of replies is built before it is written; a write that the client does
-//! not take within [`WRITE_TIMEOUT`] closes the connection; a subscriber that falls a whole
-//! broadcast channel behind is closed (never buffered for); a client that subscribes to
-//! nothing and says nothing for `idle_timeout` is closed. While a password is set and not yet
-//! given, a request is held to [`resp::UNAUTHENTICATED`] (a few KiB) and the connection has
-//! [`AUTH_TIMEOUT`] from its start to authenticate.
+//! Bounded in every direction: a request larger than [`MAX_REQUEST`] is a protocol error, and
+//! one begun must be complete within [`REQUEST_TIMEOUT`]; past [`super::FREE_INPUT`] an
+//! incomplete request draws on an input budget shared by every connection
+//! ([`super::INPUT_BUDGET`]); at most [`MAX_OUTPUT`] of replies is built before it is
+//! written; a write that the client does not take within [`WRITE_TIMEOUT`] closes the
+//! connection; a subscriber that falls a whole broadcast channel behind is closed (never
+//! buffered for); a client that subscribes to nothing and says nothing for `idle_timeout` is
+//! closed (a subscriber never is: Sentinel closes none, and its clients do not ping). While a
+//! password is set and not yet given, a request is held to [`resp::UNAUTHENTICATED`] (a few
+//! KiB) and the connection has [`AUTH_TIMEOUT`] from its start to authenticate. Every limit
+//! hit is counted and logged once per interval ([`limit`]).
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -16,15 +21,17 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{broadcast, watch};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::config::{HostPort, Secret};
 use crate::metrics as m;
 use crate::topology::TopologyReader;
 
+use super::budget::{Budget, FREE_INPUT, Reservation};
 use super::commands::{self, Context, ServerInfo, Session};
 use super::glob;
-use super::publish::Message;
+use super::limit::{self, Limit};
+use super::publish::Outgoing;
 use super::resp::{self, LIMITS, Parser, Reply, UNAUTHENTICATED};
 
 /// One request's bytes, however it is split.
@@ -32,8 +39,10 @@ pub const MAX_REQUEST: usize = LIMITS.max_request;
 /// How long a connection may take to authenticate when a password is set: an honest client
 /// sends `AUTH` (or `HELLO ... AUTH`) as its first request.
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request begun must be whole within this (an honest client sends one in a single write).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Replies built before they are written; the rest of a pipeline waits in the input.
-const MAX_OUTPUT: usize = 256 * 1024;
+pub const MAX_OUTPUT: usize = 16 * 1024;
 /// How long a client may leave a write of ours untaken before it is disconnected.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 const READ_CHUNK: usize = 16 * 1024;
@@ -47,13 +56,15 @@ pub struct Shared {
     /// `sentinel_api.password_file` as currently configured.
     pub password: watch::Receiver<Option<Secret>>,
     /// Subscribers take a receiver; the publisher task holds this sender's clones' origin.
-    pub messages: broadcast::Sender<Arc<Message>>,
+    pub messages: broadcast::Sender<Arc<Outgoing>>,
     pub idle_timeout: Duration,
     pub run_id: String,
     pub port: u16,
     pub started: Instant,
     pub clients: AtomicUsize,
     pub next_id: AtomicU64,
+    /// What all connections' incomplete requests may hold past their free part.
+    pub budget: Budget,
 }
 
 /// Why a connection ended, for the metric.
@@ -64,6 +75,8 @@ enum End {
     Idle,
     AuthTimeout,
     Protocol,
+    RequestTimeout,
+    InputBudget,
     SlowSubscriber,
     SlowReader,
     Shutdown,
@@ -77,9 +90,24 @@ impl End {
             End::Idle => "idle",
             End::AuthTimeout => "auth_timeout",
             End::Protocol => "protocol_error",
+            End::RequestTimeout => "request_timeout",
+            End::InputBudget => "input_budget",
             End::SlowSubscriber => "slow_subscriber",
             End::SlowReader => "write_timeout",
             End::Shutdown => "shutdown",
+        }
+    }
+
+    /// The limit that ended the connection, if one did (a protocol error counts its own).
+    fn limit(self) -> Option<Limit> {
+        match self {
+            End::Idle => Some(Limit::IdleTimeout),
+            End::AuthTimeout => Some(Limit::AuthTimeout),
+            End::RequestTimeout => Some(Limit::RequestTimeout),
+            End::InputBudget => Some(Limit::InputBudget),
+            End::SlowSubscriber => Some(Limit::SlowSubscriber),
+            End::SlowReader => Some(Limit::WriteTimeout),
+            End::Closed | End::Quit | End::Protocol | End::Shutdown => None,
         }
     }
 }
@@ -91,6 +119,9 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>, shutdown: Cancellatio
     let end = Connection::new(stream, &shared).run(&shutdown).await;
     metrics::gauge!(m::SENTINEL_API_CONNECTIONS).decrement(1.0);
     metrics::counter!(m::SENTINEL_API_DISCONNECTS, "reason" => end.as_str()).increment(1);
+    if let Some(hit) = end.limit() {
+        limit::hit(hit);
+    }
     shared.clients.fetch_sub(1, Ordering::Relaxed);
 }
 
@@ -107,13 +138,19 @@ struct Connection<'a> {
     matched: Vec<(&'static str, Vec<Vec<u8>>)>,
     /// When a connection that has not authenticated is closed.
     auth_deadline: tokio::time::Instant,
+    /// When the request being received must be whole; `None` while none is.
+    request_deadline: Option<tokio::time::Instant>,
+    /// Requests taken so far (to tell when one completed).
+    requests: u64,
+    /// Its draw on the shared input budget.
+    reservation: Reservation<'a>,
     /// Held while the session subscribes to anything; `None` otherwise.
-    messages: Option<broadcast::Receiver<Arc<Message>>>,
+    messages: Option<broadcast::Receiver<Arc<Outgoing>>>,
 }
 
 enum Wake {
     Read(std::io::Result<usize>),
-    Message(Result<Arc<Message>, broadcast::error::RecvError>),
+    Message(Result<Arc<Outgoing>, broadcast::error::RecvError>),
     End(End),
 }
 
@@ -130,6 +167,9 @@ impl<'a> Connection<'a> {
             output: Vec::new(),
             matched: Vec::new(),
             auth_deadline: tokio::time::Instant::now() + AUTH_TIMEOUT,
+            request_deadline: None,
+            requests: 0,
+            reservation: Reservation::new(&shared.budget),
             messages: None,
         }
     }
@@ -137,16 +177,32 @@ impl<'a> Connection<'a> {
     async fn run(mut self, shutdown: &CancellationToken) -> End {
         // Only the bytes a read fills are touched: an idle subscriber costs a page, not 16 KiB.
         let mut chunk = Vec::with_capacity(READ_CHUNK);
+        // Registered with the token once, not at every wake (at a flip, every subscriber wakes).
+        let cancelled = shutdown.cancelled();
+        tokio::pin!(cancelled);
         loop {
+            let taken = self.requests;
             let more = match self.answer_pending() {
                 Ok(more) => more,
                 Err(e) => {
                     let reply = Reply::error(protocol_error(&e, self.session.authenticated));
-                    reply.encode(self.session.proto, &mut self.output);
-                    let _ = self.flush().await;
-                    return End::Protocol;
+                    return self.close_with(reply, End::Protocol).await;
                 }
             };
+            let pending = self.parser.held() + self.input.len();
+            if pending == 0 && self.input.capacity() > FREE_INPUT {
+                self.input = Vec::new(); // nor what a large request needed
+            }
+            let now = tokio::time::Instant::now();
+            let completed = self.requests > taken;
+            self.request_deadline =
+                request_deadline(self.request_deadline, pending, completed, now);
+            if !self.reservation.hold(pending) {
+                let reply = Reply::error(
+                    "ERR Protocol error: the input of all clients is at its limit, try again",
+                );
+                return self.close_with(reply, End::InputBudget).await;
+            }
             if let Err(end) = self.flush().await {
                 return end;
             }
@@ -157,12 +213,16 @@ impl<'a> Connection<'a> {
             if more {
                 continue;
             }
-            let wake = self.wait(&mut chunk, shutdown).await;
+            let wake = self.wait(&mut chunk, cancelled.as_mut()).await;
             match wake {
                 Wake::Read(Ok(0) | Err(_)) => return End::Closed,
                 Wake::Read(Ok(n)) => {
                     self.input.extend_from_slice(&chunk[..n]);
                     chunk.clear();
+                    if n > FREE_INPUT {
+                        // Pages a large read touched are not kept for the connection's life.
+                        chunk = Vec::with_capacity(READ_CHUNK);
+                    }
                 }
                 Wake::Message(Ok(message)) => {
                     self.deliver(&message);
@@ -181,23 +241,31 @@ impl<'a> Connection<'a> {
 
     /// Says why when a limit ends the connection.
     async fn end(&mut self, end: End) -> End {
-        match end {
-            End::Idle => commands::limited("idle_timeout"),
-            End::AuthTimeout => {
-                commands::limited("auth_timeout");
-                let reply = Reply::error("ERR authentication timeout, closing the connection");
-                reply.encode(self.session.proto, &mut self.output);
-                let _ = self.flush().await;
-            }
-            _ => {}
-        }
+        let why = match end {
+            End::AuthTimeout => "ERR authentication timeout, closing the connection",
+            End::RequestTimeout => "ERR request not complete in time, closing the connection",
+            _ => return end,
+        };
+        self.close_with(Reply::error(why), end).await
+    }
+
+    /// Writes `reply` (as far as the client takes it) and ends with `end`.
+    async fn close_with(&mut self, reply: Reply, end: End) -> End {
+        reply.encode(self.session.proto, &mut self.output);
+        let _ = self.flush().await;
         end
     }
 
-    async fn wait(&mut self, chunk: &mut Vec<u8>, shutdown: &CancellationToken) -> Wake {
+    async fn wait(
+        &mut self,
+        chunk: &mut Vec<u8>,
+        cancelled: Pin<&mut WaitForCancellationFuture<'_>>,
+    ) -> Wake {
         let idle = self.session.subscriptions() == 0;
         let timeout = self.shared.idle_timeout;
         let (unauthenticated, auth_deadline) = (!self.session.authenticated, self.auth_deadline);
+        let partial = self.request_deadline.is_some();
+        let request_deadline = self.request_deadline.unwrap_or(auth_deadline);
         let Self { stream, messages, .. } = self;
         let messages = async {
             match messages.as_mut() {
@@ -212,7 +280,10 @@ impl<'a> Connection<'a> {
             () = tokio::time::sleep_until(auth_deadline), if unauthenticated => {
                 Wake::End(End::AuthTimeout)
             }
-            () = shutdown.cancelled() => Wake::End(End::Shutdown),
+            () = tokio::time::sleep_until(request_deadline), if partial => {
+                Wake::End(End::RequestTimeout)
+            }
+            () = cancelled => Wake::End(End::Shutdown),
         }
     }
 
@@ -248,6 +319,7 @@ impl<'a> Connection<'a> {
             match self.parser.next(&self.input[used..], limits) {
                 Ok((n, Some(request))) => {
                     used += n;
+                    self.requests += 1;
                     if request.is_empty() {
                         continue;
                     }
@@ -281,23 +353,17 @@ impl<'a> Connection<'a> {
         }
     }
 
-    /// Encodes `message` for every channel and pattern of the session it matches.
-    fn deliver(&mut self, message: &Message) {
-        let channel = message.channel.as_bytes();
-        let payload = || Reply::bulk(&message.payload);
-        if self.session.channels.contains(channel) {
-            let push = Reply::Push(vec![Reply::bulk("message"), Reply::bulk(channel), payload()]);
-            push.encode(self.session.proto, &mut self.output);
+    /// Adds `message` (encoded once for everyone) for every channel and pattern of the session
+    /// it matches.
+    fn deliver(&mut self, message: &Outgoing) {
+        let channel = message.message.channel;
+        let proto = self.session.proto;
+        if self.session.channels.contains(channel.as_bytes()) {
+            self.output.extend_from_slice(message.to_channel(proto));
         }
         let Self { matched, session, output, .. } = self;
-        for pattern in patterns_of(matched, session, message.channel) {
-            let push = Reply::Push(vec![
-                Reply::bulk("pmessage"),
-                Reply::Bulk(pattern.clone()),
-                Reply::bulk(channel),
-                payload(),
-            ]);
-            push.encode(session.proto, output);
+        for pattern in patterns_of(matched, session, channel) {
+            message.to_pattern(proto, pattern, output);
         }
     }
 
@@ -315,6 +381,14 @@ impl<'a> Connection<'a> {
         Ok(())
     }
 
+    /// Empties the output once written, keeping at most [`MAX_OUTPUT`] of capacity.
+    fn written(&mut self) {
+        self.output.clear();
+        if self.output.capacity() > MAX_OUTPUT {
+            self.output = Vec::new();
+        }
+    }
+
     async fn flush(&mut self) -> Result<(), End> {
         if self.output.is_empty() {
             return Ok(());
@@ -323,7 +397,7 @@ impl<'a> Connection<'a> {
         // flip, 20,000 of them would each arm and cancel one).
         match self.stream.try_write(&self.output) {
             Ok(n) if n == self.output.len() => {
-                self.output.clear();
+                self.written();
                 return Ok(());
             }
             Ok(n) => {
@@ -335,7 +409,7 @@ impl<'a> Connection<'a> {
         let write = self.stream.write_all(&self.output);
         match tokio::time::timeout(WRITE_TIMEOUT, write).await {
             Ok(Ok(())) => {
-                self.output.clear();
+                self.written();
                 Ok(())
             }
             Ok(Err(_)) => Err(End::Closed),
@@ -362,20 +436,60 @@ fn patterns_of<'m>(
     &matched[at].1
 }
 
+/// When the request being received must be whole: never while none is pending; counted from
+/// when it began (after the last complete request, or at the read that started it).
+fn request_deadline(
+    current: Option<tokio::time::Instant>,
+    pending: usize,
+    completed: bool,
+    now: tokio::time::Instant,
+) -> Option<tokio::time::Instant> {
+    match (pending, completed, current) {
+        (0, _, _) => None,
+        (_, false, Some(deadline)) => Some(deadline),
+        _ => Some(now + REQUEST_TIMEOUT),
+    }
+}
+
 /// The `-ERR` line of a protocol error, in Redis's words; a limit also counts and logs.
 fn protocol_error(e: &resp::ProtocolError, authenticated: bool) -> String {
     if !e.is_limit() {
         return format!("ERR Protocol error: {e}");
     }
     if authenticated {
-        commands::limited("request_size");
+        limit::hit(Limit::RequestSize);
         return format!("ERR Protocol error: {e}");
     }
-    commands::limited("unauthenticated_input");
+    limit::hit(Limit::UnauthenticatedInput);
     let what = match e {
         resp::ProtocolError::MultibulkLength => "multibulk length".to_string(),
         resp::ProtocolError::BulkLength => "bulk length".to_string(),
         other => other.to_string(),
     };
     format!("ERR Protocol error: unauthenticated {what}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_has_its_time_from_when_it_began() {
+        let t0 = tokio::time::Instant::now();
+        let later = t0 + Duration::from_secs(3);
+        let begun = Some(t0 + REQUEST_TIMEOUT);
+        // (current, pending bytes, a request completed in this pass, now) -> deadline
+        let table = [
+            (None, 0, false, t0, None),
+            (None, 5, false, t0, begun),
+            (begun, 9, false, later, begun),
+            (begun, 9, true, later, Some(later + REQUEST_TIMEOUT)),
+            (begun, 0, true, later, None),
+            (begun, 0, false, later, None),
+        ];
+        for (current, pending, completed, now, expect) in table {
+            let got = request_deadline(current, pending, completed, now);
+            assert_eq!(got, expect, "{current:?} {pending} {completed}");
+        }
+    }
 }

@@ -18,9 +18,11 @@
 //! broadcast and writes them; on their own threads they take their share of the CPU from the
 //! kernel's scheduler, instead of queueing ahead of DNS and HTTP tasks on the daemon's workers.
 
+mod budget;
 pub mod commands;
 mod conn;
 pub mod glob;
+pub mod limit;
 pub mod publish;
 pub mod resp;
 pub mod view;
@@ -41,8 +43,10 @@ use crate::events::EventLog;
 use crate::metrics as m;
 use crate::topology::TopologyReader;
 
-pub use conn::{AUTH_TIMEOUT, MAX_REQUEST, WRITE_TIMEOUT};
-pub use publish::Message;
+pub use budget::{FREE_INPUT, INPUT_BUDGET};
+pub use conn::{AUTH_TIMEOUT, MAX_OUTPUT, MAX_REQUEST, REQUEST_TIMEOUT, WRITE_TIMEOUT};
+use limit::Limit;
+pub use publish::{Message, Outgoing};
 
 /// Messages a subscriber may fall behind by before it is disconnected. Shared by all of them
 /// (one broadcast ring of about 100 bytes a message), so a slow subscriber costs no memory of
@@ -92,6 +96,9 @@ pub struct Api {
     pub password: watch::Receiver<Option<Secret>>,
     pub max_connections: usize,
     pub idle_timeout: Duration,
+    /// What all connections' incomplete requests may hold past their first
+    /// [`FREE_INPUT`] each: [`INPUT_BUDGET`] (tests use less).
+    pub input_budget: usize,
     /// The event log, whose `primary_down` events (a primary's own `+sdown`, `+odown`, as the
     /// configured Sentinels announced them) are published to subscribers.
     pub events: Arc<EventLog>,
@@ -149,6 +156,7 @@ async fn serve_here(
         started: Instant::now(),
         clients: AtomicUsize::new(0),
         next_id: AtomicU64::new(1),
+        budget: budget::Budget::new(api.input_budget),
     });
     let slots = Slots {
         all: Arc::new(Semaphore::new(api.max_connections)),
@@ -202,7 +210,7 @@ async fn accept_loop(
                     let (shared, stop) = (shared.clone(), shutdown.clone());
                     connections.spawn(serve_one(stream, slot, shared, stop));
                 }
-                Err(outcome) => refuse(stream, outcome),
+                Err(limit) => refuse(stream, limit),
             },
             Err(error) => {
                 // EMFILE and the like: wait rather than spin; connections ending free fds.
@@ -215,13 +223,10 @@ async fn accept_loop(
     while connections.join_next().await.is_some() {}
 }
 
-/// A slot for a connection from `ip`, or the outcome of its refusal.
-fn admit(slots: &Slots, ip: std::net::IpAddr) -> Result<Slot, &'static str> {
-    let all = slots.all.clone().try_acquire_owned().map_err(|_| "refused_full")?;
-    let Some(client) = slots.clients.admit(ip) else {
-        commands::limited("per_client");
-        return Err("refused_per_client");
-    };
+/// A slot for a connection from `ip`, or the limit that refuses it.
+fn admit(slots: &Slots, ip: std::net::IpAddr) -> Result<Slot, Limit> {
+    let all = slots.all.clone().try_acquire_owned().map_err(|_| Limit::MaxConnections)?;
+    let client = slots.clients.admit(ip).ok_or(Limit::PerClient)?;
     Ok(Slot { _all: all, _client: client })
 }
 
@@ -238,9 +243,15 @@ async fn serve_one(
     drop(slot);
 }
 
-/// Past the cap: say so without waiting (a client that does not read loses the line) and close.
-fn refuse(stream: TcpStream, outcome: &'static str) {
+/// Past a cap: say so without waiting (a client that does not read loses the line) and close;
+/// counted and logged once per interval.
+fn refuse(stream: TcpStream, limit: Limit) {
+    let outcome = match limit {
+        Limit::PerClient => "refused_per_client",
+        _ => "refused_full",
+    };
     metrics::counter!(m::SENTINEL_API_ACCEPTED, "outcome" => outcome).increment(1);
+    limit::hit(limit);
     let _ = stream.try_write(FULL);
 }
 
@@ -267,9 +278,11 @@ fn describe_series() {
     for channel in ["+switch-master", "+sdown", "-sdown", "+odown", "-odown"] {
         metrics::counter!(m::SENTINEL_API_PUBLISHED, "channel" => channel).increment(0);
     }
-    metrics::counter!(m::SENTINEL_API_DISCONNECTS, "reason" => "slow_subscriber").increment(0);
-    for limit in ["unauthenticated_input", "request_size", "auth_timeout", "idle_timeout"] {
-        metrics::counter!(m::SENTINEL_API_LIMITED, "limit" => limit).increment(0);
+    for reason in ["slow_subscriber", "write_timeout", "request_timeout", "input_budget"] {
+        metrics::counter!(m::SENTINEL_API_DISCONNECTS, "reason" => reason).increment(0);
+    }
+    for limit in Limit::ALL {
+        metrics::counter!(m::SENTINEL_API_LIMITED, "limit" => limit.as_str()).increment(0);
     }
 }
 
@@ -292,7 +305,7 @@ mod tests {
         let host = [10, 0, 0, 1].into();
         let held: Vec<_> = (0..CONNECTIONS_PER_CLIENT).map(|_| admit(&slots, host)).collect();
         assert!(held.iter().all(Result::is_ok));
-        assert_eq!(admit(&slots, host).err(), Some("refused_per_client"));
+        assert_eq!(admit(&slots, host).err(), Some(Limit::PerClient));
         assert!(admit(&slots, [10, 0, 0, 2].into()).is_ok(), "another address gets in");
     }
 }

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::events::{Event, EventLog};
 use crate::topology::{Master, Node, Snapshot, TopologyReader};
 
+use super::resp::{Proto, Reply, encode_bulk};
 use super::view::host;
 
 /// One event for subscribers: the channel is the event name, as on a Sentinel.
@@ -27,6 +28,51 @@ use super::view::host;
 pub struct Message {
     pub channel: &'static str,
     pub payload: String,
+}
+
+/// A message as it goes out, encoded once for every subscriber (at a flip, tens of thousands
+/// of them): the whole push to a subscriber of the channel in each protocol, and the channel
+/// and payload that every `pmessage` push ends with.
+#[derive(Debug)]
+pub struct Outgoing {
+    pub message: Message,
+    /// `message <channel> <payload>`, RESP2 then RESP3.
+    to_channel: [Vec<u8>; 2],
+    /// The channel and the payload as bulk strings.
+    tail: Vec<u8>,
+}
+
+impl Outgoing {
+    pub fn new(message: Message) -> Self {
+        let push = |proto| {
+            let mut out = Vec::new();
+            let items = vec![
+                Reply::bulk("message"),
+                Reply::bulk(message.channel),
+                Reply::bulk(&message.payload),
+            ];
+            Reply::Push(items).encode(proto, &mut out);
+            out
+        };
+        let to_channel = [push(Proto::Resp2), push(Proto::Resp3)];
+        let mut tail = Vec::new();
+        encode_bulk(message.channel.as_bytes(), &mut tail);
+        encode_bulk(message.payload.as_bytes(), &mut tail);
+        Self { message, to_channel, tail }
+    }
+
+    /// The push to a subscriber of the message's channel.
+    pub fn to_channel(&self, proto: Proto) -> &[u8] {
+        &self.to_channel[usize::from(proto == Proto::Resp3)]
+    }
+
+    /// Appends the push to a subscriber of `pattern` (which matched the channel) to `out`.
+    pub fn to_pattern(&self, proto: Proto, pattern: &[u8], out: &mut Vec<u8>) {
+        out.extend_from_slice(if proto == Proto::Resp3 { b">4\r\n" } else { b"*4\r\n" });
+        encode_bulk(b"pmessage", out);
+        encode_bulk(pattern, out);
+        out.extend_from_slice(&self.tail);
+    }
 }
 
 /// The messages that the change from `old` to `new` makes, in the order Sentinel sends them.
@@ -82,7 +128,7 @@ fn replica_health(before: Option<&Master>, after: &Master) -> Vec<Message> {
 /// connection, so a slow subscriber never makes this task (or the others) wait or buffer.
 pub async fn run(
     mut topology: TopologyReader,
-    tx: broadcast::Sender<Arc<Message>>,
+    tx: broadcast::Sender<Arc<Outgoing>>,
     shutdown: CancellationToken,
 ) {
     let mut last = topology.borrow_and_update().clone();
@@ -99,12 +145,12 @@ pub async fn run(
     }
 }
 
-fn send(tx: &broadcast::Sender<Arc<Message>>, message: Message) {
+fn send(tx: &broadcast::Sender<Arc<Outgoing>>, message: Message) {
     tracing::debug!(channel = message.channel, payload = %message.payload, "sentinel API: publishing");
     metrics::counter!(crate::metrics::SENTINEL_API_PUBLISHED, "channel" => message.channel)
         .increment(1);
     // No subscriber at all is not an error.
-    let _ = tx.send(Arc::new(message));
+    let _ = tx.send(Arc::new(Outgoing::new(message)));
 }
 
 /// The Sentinel message of a `primary_down` event: `<+|->sdown master <name> <ip> <port>`,
@@ -134,7 +180,7 @@ pub fn down_message(event: &Event) -> Option<Message> {
 /// an id twice.
 pub async fn follow_events(
     log: Arc<EventLog>,
-    tx: broadcast::Sender<Arc<Message>>,
+    tx: broadcast::Sender<Arc<Outgoing>>,
     shutdown: CancellationToken,
 ) {
     // The past is not this task's to send; it only marks where "from now on" starts.
@@ -249,6 +295,28 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_message_encoded_once_is_what_each_subscriber_would_have_encoded() {
+        let message =
+            Message { channel: "+switch-master", payload: "m 10.0.0.1 1 10.0.0.1 2".into() };
+        let out = Outgoing::new(message.clone());
+        for proto in [Proto::Resp2, Proto::Resp3] {
+            let encoded = |items: Vec<Reply>| {
+                let mut bytes = Vec::new();
+                Reply::Push(items).encode(proto, &mut bytes);
+                bytes
+            };
+            let (channel, payload) = (Reply::bulk(message.channel), Reply::bulk(&message.payload));
+            let expect = encoded(vec![Reply::bulk("message"), channel.clone(), payload.clone()]);
+            assert_eq!(out.to_channel(proto), expect.as_slice());
+            let pattern = Reply::bulk("*switch*");
+            let expect = encoded(vec![Reply::bulk("pmessage"), pattern, channel, payload]);
+            let mut got = Vec::new();
+            out.to_pattern(proto, b"*switch*", &mut got);
+            assert_eq!(got, expect);
+        }
+    }
+
     #[tokio::test]
     async fn recorded_downs_reach_subscribers() {
         let log = Arc::new(EventLog::new());
@@ -266,7 +334,7 @@ mod tests {
             }
             assert!(std::time::Instant::now() < deadline, "the follower never started");
         };
-        assert_eq!(first.channel, "+sdown");
+        assert_eq!(first.message.channel, "+sdown");
         log.push(
             "primary_down",
             Some("m"),
@@ -275,10 +343,11 @@ mod tests {
         // (A probe of the wait above may still arrive late: skip those.)
         let next = loop {
             let m = rx.recv().await.expect("a message");
-            if m.channel != "+sdown" {
+            if m.message.channel != "+sdown" {
                 break m;
             }
         };
+        let next = &next.message;
         assert_eq!((next.channel, next.payload.as_str()), ("-sdown", "master m 10.0.0.1 7001"));
         stop.cancel();
         task.await.expect("ends at shutdown");

@@ -21,9 +21,11 @@ pub struct Limits {
     pub max_request: usize,
 }
 
-/// Sentinel commands are short: a name, a subcommand, a master name.
+/// Sentinel commands are short: a name, a subcommand, a master name. The largest a client
+/// has reason to send is one `SUBSCRIBE` of every channel it may hold (256 names of 4 KiB in
+/// all, [`super::commands::MAX_SUBSCRIPTION_BYTES`]): about 7 KiB.
 pub const LIMITS: Limits =
-    Limits { max_args: 1024, max_bulk: 64 * 1024, max_inline: 64 * 1024, max_request: 1024 * 1024 };
+    Limits { max_args: 1024, max_bulk: 8 * 1024, max_inline: 16 * 1024, max_request: 16 * 1024 };
 
 /// Before a connection authenticates (when a password is set) it can only say `AUTH`,
 /// `HELLO`, `QUIT` or `RESET`: a few short arguments (Redis allows 10 arguments before AUTH).
@@ -162,6 +164,10 @@ impl Parser {
                 };
                 if len < 0 || len as u64 > limits.max_bulk as u64 {
                     return Err(ProtocolError::BulkLength);
+                }
+                // Refused as announced, however fast the rest would arrive.
+                if *held + len as usize > limits.max_request {
+                    return Err(ProtocolError::TooLarge);
                 }
                 *bulk = Some(len as usize);
                 pos = start;
@@ -325,11 +331,7 @@ impl Reply {
             Self::Simple(s) => line(out, b'+', s),
             Self::Error(s) => line(out, b'-', s),
             Self::Int(n) => line(out, b':', &n.to_string()),
-            Self::Bulk(b) => {
-                line(out, b'$', &b.len().to_string());
-                out.extend_from_slice(b);
-                out.extend_from_slice(b"\r\n");
-            }
+            Self::Bulk(b) => encode_bulk(b, out),
             Self::NilBulk if proto == Proto::Resp3 => out.extend_from_slice(b"_\r\n"),
             Self::NilBulk => out.extend_from_slice(b"$-1\r\n"),
             Self::NilArray if proto == Proto::Resp3 => out.extend_from_slice(b"_\r\n"),
@@ -358,6 +360,13 @@ fn aggregate(out: &mut Vec<u8>, kind: u8, items: &[Reply], proto: Proto) {
     for item in items {
         item.encode(proto, out);
     }
+}
+
+/// A bulk string (the same in RESP2 and RESP3), appended to `out` without a [`Reply`].
+pub fn encode_bulk(bytes: &[u8], out: &mut Vec<u8>) {
+    line(out, b'$', &bytes.len().to_string());
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// A one-line reply; CR and LF (which would end it early) become spaces.
@@ -412,14 +421,21 @@ mod tests {
         let long = vec![b'a'; LIMITS.max_inline + 1];
         assert_eq!(one(&long), Err(ProtocolError::InlineTooLong));
         assert_eq!(one(&long[..LIMITS.max_inline]), Ok(None));
+        // Arguments that add up past max_request are refused at the header that says so, even
+        // when the whole request is already there.
+        let bulk = format!("$8000\r\n{}\r\n", "z".repeat(8000));
+        let three = format!("*3\r\n{}", bulk.repeat(3));
+        assert_eq!(one(three.as_bytes()), Err(ProtocolError::TooLarge));
+        let two = format!("*2\r\n{}", bulk.repeat(2));
+        assert!(matches!(one(two.as_bytes()), Ok(Some(_))), "16,000 bytes fit in 16 KiB");
     }
 
     /// Found 2 of issue 26: the input was parsed again from the start after every read.
     #[test]
     fn a_request_split_across_reads_is_taken_as_it_arrives() {
         let mut parser = Parser::default();
-        let bulk = vec![b'x'; 40_000];
-        let wire = [b"*2\r\n$4\r\nECHO\r\n$40000\r\n".as_slice(), &bulk, b"\r\n"].concat();
+        let bulk = vec![b'x'; 8_000];
+        let wire = [b"*2\r\n$4\r\nECHO\r\n$8000\r\n".as_slice(), &bulk, b"\r\n"].concat();
         let mut input = Vec::new();
         let mut taken = 0;
         for chunk in wire.chunks(1000) {
@@ -434,7 +450,7 @@ mod tests {
             }
             // The headers and the first argument are taken at once; only the unfinished
             // argument waits in the input.
-            assert_eq!(taken, 22, "the headers are taken as they arrive");
+            assert_eq!(taken, 21, "the headers are taken as they arrive");
             assert_eq!(parser.held(), 4);
         }
         panic!("the request never completed");
