@@ -59,9 +59,10 @@ impl Pace {
 }
 
 /// Where the drain of one old primary stands. Kept for the whole episode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Drain {
     /// No drain order taken up yet.
+    #[default]
     Idle,
     /// `order` is taken up and no pass has reached the node: the first pass is tried at
     /// `next`.
@@ -82,12 +83,6 @@ pub enum Drain {
     /// Done with `order` (it did not apply, or its window ended): nothing until the orders
     /// name another.
     Over { order: DrainOrder },
-}
-
-impl Default for Drain {
-    fn default() -> Self {
-        Self::Idle
-    }
 }
 
 impl Drain {

@@ -20,11 +20,12 @@ use crate::node::Role;
 use crate::topology::Node;
 
 /// Where the fence of one old primary stands. Kept for the whole episode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Phase {
     /// No fence or demotion has been tried yet (nor a pause set): the first drain pass waits
     /// for the first attempt, so that a client killed at the flip reconnects to a paused (or
     /// demoted) node.
+    #[default]
     Untried,
     /// No pause of ours on it. `seen_replica`: it answered replica during the current drain
     /// order, so a master answer later means Sentinel promoted it again (never demoted).
@@ -34,12 +35,6 @@ pub enum Phase {
     /// It answers replica (we demoted it, or Sentinel or another polestar did): nothing left
     /// to fence or demote until the orders change.
     Replica,
-}
-
-impl Default for Phase {
-    fn default() -> Self {
-        Self::Untried
-    }
 }
 
 impl Phase {

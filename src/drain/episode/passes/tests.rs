@@ -45,6 +45,9 @@ fn first_pass(order: DrainOrder, timed: Option<Instant>) -> Action {
     Action::FirstPass { cutoff: order.at + GRACE, reason: order.reason, timed }
 }
 
+/// A table row: name, stage, fence tried, the orders' drain order, then the stage and actions.
+type Row = (&'static str, Drain, bool, Option<DrainOrder>, Drain, Vec<Action>);
+
 /// What each stage does when the drain side is ticked: (name, stage, fence tried, the
 /// orders' drain order) -> (stage, actions).
 #[test]
@@ -54,7 +57,7 @@ fn a_tick_takes_up_new_orders_and_makes_what_is_due() {
     let (late, back) = (flip(now - ms(700)), returning(now));
     let soon = now + ms(100);
     use Drain::*;
-    let cases: Vec<(&str, Drain, bool, Option<DrainOrder>, Drain, Vec<Action>)> = vec![
+    let cases: Vec<Row> = vec![
         ("no order", Idle, true, None, Idle, vec![]),
         (
             "a flip's order, fence tried: the first pass at once",
