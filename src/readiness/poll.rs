@@ -99,8 +99,10 @@ async fn judge_all(
         let mut facts = facts_of(master, sentinels, &replies);
         let primary =
             snapshot.master(master).and_then(|m| m.primary.as_ref()).map(|p| p.to_string());
+        let published = snapshot.master(master).map_or(&[][..], |m| &m.replicas);
         let replicas = replica_addrs(&facts);
-        facts.lags = ask::lags(conns, primary.as_deref(), &replicas, &config.nodes).await;
+        facts.lags =
+            ask::lags(conns, primary.as_deref(), &replicas, published, &config.nodes).await;
         facts.disagreeing_for = disagreeing.lasting(master, verdict::disagreeing(&facts));
         let verdict = verdict::judge(&facts, &config.readiness);
         board.masters.insert(master.clone(), MasterReadiness { verdict, lags: facts.lags });
