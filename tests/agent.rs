@@ -378,57 +378,6 @@ async fn wait_reads(script: &fake::Script, phase: usize, agent: &Polestar) {
     }
 }
 
-/// A listener on loopback that answers nothing and records every connection and every byte it
-/// receives: a data node as an attacker controls it (or a silent one, for the control case).
-struct Recorder {
-    port: u16,
-    connections: Arc<std::sync::atomic::AtomicUsize>,
-    bytes: Arc<std::sync::Mutex<Vec<u8>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Recorder {
-    async fn start() -> Recorder {
-        use tokio::io::AsyncReadExt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let bytes = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (count, seen) = (connections.clone(), bytes.clone());
-        let task = tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let seen = seen.clone();
-                tokio::spawn(async move {
-                    let mut buf = [0u8; 4096];
-                    while let Ok(n @ 1..) = stream.read(&mut buf).await {
-                        lock(&seen).extend_from_slice(&buf[..n]);
-                    }
-                });
-            }
-        });
-        Recorder { port, connections, bytes, task }
-    }
-
-    fn connections(&self) -> usize {
-        self.connections.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    fn received(&self, needle: &[u8]) -> bool {
-        lock(&self.bytes).windows(needle.len()).any(|w| w == needle)
-    }
-
-    fn shown(&self) -> String {
-        String::from_utf8_lossy(&lock(&self.bytes)).into_owned()
-    }
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// Issue 25, item 3: an agent with node credentials and `sweep.remote` follows three upstreams,
 /// one of which lies in the two steps that once moved an agent (first the attacker's node X
 /// among the replicas, then X promoted at the next epoch, then X replaced by Y, the change that

@@ -85,14 +85,6 @@ async fn the_dashboard_and_rules_name_only_series_polestar_exports() {
     config.drain = true;
     let env = Env::with_config(lab, &config).await;
     env.failover().await;
-    let (status, _, metrics) = env.ps.get("/metrics").await.expect("GET /metrics");
-    assert_eq!(status, 200);
-    let exported: BTreeSet<String> = metrics
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_whitespace().next())
-        .map(str::to_string)
-        .collect();
     let exprs = expressions();
     assert!(exprs.len() >= 15, "rules and panels: {exprs:?}");
     let named: BTreeSet<String> = exprs.iter().flat_map(|e| series_named(e)).collect();
@@ -101,10 +93,23 @@ async fn the_dashboard_and_rules_name_only_series_polestar_exports() {
             && named.contains("polestar_replica_lag_bytes")
             && named.contains("polestar_failover_seconds")
     );
-    let missing: Vec<&String> = named.difference(&exported).collect();
-    if !missing.is_empty() {
-        env.fail(&format!("named but not exported: {missing:?}\n{metrics}"));
-    }
+    // A replica's lag is exported once a readiness round has learned one, from the published
+    // primary (or the published replicas, never from replicas no majority named): the first
+    // round after the first publication, which the failover may have started meanwhile.
+    env.wait_until(FAILOVER, "every series named is exported", || async {
+        let (status, _, metrics) = env.ps.get("/metrics").await?;
+        anyhow::ensure!(status == 200, "GET /metrics: {status}");
+        let exported: BTreeSet<String> = metrics
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(str::to_string)
+            .collect();
+        let missing: Vec<&String> = named.difference(&exported).collect();
+        anyhow::ensure!(missing.is_empty(), "named but not exported: {missing:?}\n{metrics}");
+        Ok(())
+    })
+    .await;
 }
 
 /// A Prometheus server of its own: a temporary config and storage, a free loopback port.

@@ -1033,3 +1033,180 @@ async fn a_sentinel_answering_garbage_to_ckquorum_or_info_is_a_blocker_showing_t
     })
     .await;
 }
+
+/// `SENTINEL REPLICAS` records of `replicas` as a Sentinel lists them, with what the readiness
+/// verdict and the switchover's choice read (a priority, a recent ping and `INFO`); each
+/// replicates from `upstream`, or (`None`) was never heard from: its own `master-host` is `?`,
+/// so it joins no lineage either.
+fn listed_replicas(replicas: &[(SocketAddr, Option<SocketAddr>)]) -> String {
+    let records: String = replicas
+        .iter()
+        .map(|(r, upstream)| {
+            let (host, port, link) = match upstream {
+                Some(u) => (u.ip().to_string(), u.port().to_string(), "ok"),
+                None => ("?".to_string(), "0".to_string(), "err"),
+            };
+            map(&[
+                ("name", r.to_string()),
+                ("ip", r.ip().to_string()),
+                ("port", r.port().to_string()),
+                ("runid", String::new()),
+                ("flags", "slave".into()),
+                ("role-reported", "slave".into()),
+                ("master-link-status", link.into()),
+                ("master-link-down-time", "0".into()),
+                ("master-host", host),
+                ("master-port", port),
+                ("slave-priority", "100".into()),
+                ("slave-repl-offset", "0".into()),
+                ("last-ok-ping-reply", "1".into()),
+                ("info-refresh", "1".into()),
+            ])
+        })
+        .collect();
+    format!("*{}\r\n{records}", replicas.len())
+}
+
+/// Two real Sentinels and a scripted third, all configured (the scripted one `first` in the
+/// list, or last), with node and Sentinel credentials: the scripted one reports what the real
+/// ones do, and lists `x` (a node of its choice, never heard from) among the lab's replicas.
+/// Returns once polestar reaches all three and publishes the lab's two replicas, not `x`.
+async fn with_a_lying_lister(
+    x: SocketAddr,
+    first: bool,
+    extra: &str,
+    admin_token: Option<&str>,
+) -> (Env, FakeSentinel, tempfile::TempDir) {
+    let lab = Lab::start(LabOptions { sentinels: 2, ..LabOptions::default() }).await;
+    let lab = lab.expect("the lab starts");
+    let primary = lab.primary().await.expect("the lab's primary");
+    let epoch = lab.epoch().await.expect("the config epoch");
+    let replicas = lab.replicas().await.expect("the replicas");
+    let claim = Claim { master: lab.master_name().to_string(), primary, epoch, replicas };
+    let fake = FakeSentinel::start(claim).await;
+    let mut listed: Vec<_> = fake.claim.replicas.iter().map(|r| (*r, Some(primary))).collect();
+    listed.push((x, None));
+    for words in ["SENTINEL REPLICAS", "SENTINEL SLAVES"] {
+        fake.answer(words, &listed_replicas(&listed));
+    }
+    let mut config = PolestarConfig::for_lab(&lab);
+    match first {
+        true => config.sentinels.insert(0, fake.addr.to_string()),
+        false => config.sentinels.push(fake.addr.to_string()),
+    }
+    config.admin_token = admin_token.map(str::to_string);
+    let secrets = tempfile::tempdir().expect("a directory for the secrets");
+    with_credentials(&lab, &mut config, secrets.path()).await;
+    config.extra.push_str(extra);
+    let env = Env::with_config(lab, &config).await;
+    env.wait_until(
+        STARTUP,
+        "all three Sentinels reached, the lab's replicas published",
+        || async {
+            let m = env.master().await?;
+            ensure!(m["sentinels"]["reachable"] == 3 && primary_of(&m) == Some(primary), "{m}");
+            let published = m["replicas"].as_array().map_or(0, Vec::len);
+            ensure!(published == 2, "{m}");
+            Ok(())
+        },
+    )
+    .await;
+    (env, fake, secrets)
+}
+
+/// How many times `node` refused `command` to polestar's user (`ACL LOG`).
+async fn refused_to_polestar(node: SocketAddr, command: &str) -> i64 {
+    let entries: Vec<std::collections::HashMap<String, redis::Value>> =
+        polestar::lab::query(node, redis::cmd("ACL").arg("LOG")).await.unwrap_or_default();
+    let text = |v: Option<&redis::Value>| match v {
+        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        Some(redis::Value::SimpleString(s)) => s.clone(),
+        _ => String::new(),
+    };
+    let ours = entries.iter().filter(|e| {
+        text(e.get("username")) == "polestar" && text(e.get("object")).eq_ignore_ascii_case(command)
+    });
+    ours.map(|e| match e.get("count") {
+        Some(redis::Value::Int(n)) => *n,
+        _ => 1,
+    })
+    .sum()
+}
+
+/// Takes `command` away from polestar's user on `node` (the lab's own clients are unaffected).
+async fn deny_polestar(node: SocketAddr, command: &str) {
+    let mut acl = redis::cmd("ACL");
+    acl.arg("SETUSER").arg("polestar").arg(format!("-{command}"));
+    polestar::lab::query::<String>(node, &acl).await.expect("ACL SETUSER");
+}
+
+/// Regression (issue 25, SPEC "Sources of truth": credentials only to nodes the trust model
+/// allows): when the published primary gives no `INFO`, the readiness poll asks the replicas
+/// their own offsets, with the node credentials, and it asked every replica that any ONE
+/// configured Sentinel listed, every round: a lying configured Sentinel got the credentials
+/// sent to a node of its choice. Now only the replicas polestar publishes (named by a majority
+/// of the Sentinels' lists) are asked. X is a listener that records every byte; the primary
+/// and one real replica refuse `INFO` to polestar's user, so that the replica's `ACL LOG`
+/// counts the rounds in which polestar asked it (the control: it did ask, with the
+/// credentials, the replicas it should).
+#[tokio::test]
+async fn readiness_sends_no_credentials_to_a_replica_only_one_sentinel_lists() {
+    let x = Recorder::start().await;
+    let readiness = "readiness:\n  interval: 500ms\n";
+    let (env, _fake, _secrets) = with_a_lying_lister(x.addr(), false, readiness, None).await;
+    let primary = env.lab.primary().await.expect("the lab's primary");
+    let asked = env.lab.replicas().await.expect("the replicas")[0];
+    deny_polestar(primary, "info").await;
+    deny_polestar(asked, "info").await;
+    env.wait_until(FAILOVER, "polestar asks the published replicas, round after round", || async {
+        let rounds = refused_to_polestar(asked, "info").await;
+        ensure!(rounds >= 4, "the published replica was asked {rounds} time(s)");
+        Ok(())
+    })
+    .await;
+    eprintln!("READINESS: X got {} connection(s)", x.connections());
+    assert_eq!(x.connections(), 0, "X was connected to ({:?})", x.shown());
+    assert!(!x.received(NODE_SECRET.as_bytes()), "X got the node credentials");
+}
+
+/// Regression (issue 25, as above): a switchover (`POST .../failover`) opened a connection,
+/// with the node credentials, to every replica the chosen Sentinel (the first configured one
+/// that answers) listed as one it could promote, whoever else listed it. Now only the
+/// replicas polestar publishes are connected to; for another, only what the primary says it
+/// acknowledged counts. X, listed by the scripted Sentinel alone and acknowledged by no
+/// primary, is waited for and never caught up with: 409 naming X, the fence lifted, nothing
+/// failed over, and X was never connected to.
+#[tokio::test]
+async fn a_switchover_sends_no_credentials_to_a_replica_only_its_sentinel_lists() {
+    const TOKEN: &str = "switchover-token-3d";
+    let x = Recorder::start().await;
+    let (env, fake, _secrets) = with_a_lying_lister(x.addr(), true, "", Some(TOKEN)).await;
+    let primary = env.lab.primary().await.expect("the lab's primary");
+    // Sentinel's `down-after-milliseconds` bounds the fence (to 40% of it): the lab's 1 s.
+    let record = map(&[
+        ("name", env.master_name()),
+        ("ip", primary.ip().to_string()),
+        ("port", primary.port().to_string()),
+        ("flags", "master".into()),
+        ("config-epoch", fake.claim.epoch.to_string()),
+        ("down-after-milliseconds", "1000".into()),
+        ("failover-timeout", "5000".into()),
+    ]);
+    fake.answer("SENTINEL MASTER", &record);
+    let url = env.ps.url(&format!("/v1/masters/{}/failover", env.master_name()));
+    let response = reqwest::Client::new().post(url).bearer_auth(TOKEN).send().await;
+    let response = response.expect("POST .../failover");
+    let status = response.status().as_u16();
+    let body: serde_json::Value = response.json().await.expect("a JSON answer");
+    assert_eq!(status, 409, "{body}\n{}", env.ps.log_tail(30));
+    assert_eq!(body["replica"], x.addr().to_string(), "X was waited for: {body}");
+    eprintln!("SWITCHOVER: {body}; X got {} connection(s)", x.connections());
+    assert_eq!(x.connections(), 0, "X was connected to ({:?})", x.shown());
+    assert!(!x.received(NODE_SECRET.as_bytes()), "X got the node credentials");
+    // Nothing failed over, and the fence is lifted: a write on the primary goes through.
+    let mut set = redis::cmd("SET");
+    set.arg("after-the-switchover").arg("1");
+    let write = timeout(Duration::from_secs(2), polestar::lab::query::<String>(primary, &set));
+    assert!(matches!(write.await, Ok(Ok(_))), "the primary is still fenced");
+    assert_eq!(env.lab.primary().await.expect("the lab's primary"), primary);
+}

@@ -1,11 +1,15 @@
 //! One old (or returning) primary of one master, from the first signal about it to the end of
-//! its window: the fence loop and the drain loop, run side by side in one task per node so that
-//! a slow or dead node delays nothing but itself.
+//! its window: the fence side and the drain side, run side by side in one task per node so
+//! that a slow or dead node delays nothing but itself.
 //!
-//! The fence loop runs every `interval`; its rules are one pure transition,
-//! [`phase::step`] (where the fence stands, the orders, what the node answered, the time:
-//! the next phase and the I/O to do), table-tested, and the loop is the shell that does the
-//! I/O. Before the promotion is confirmed it fences: while the
+//! What the episode does next is one pure transition, [`state::step`] (the episode's state,
+//! the orders, what the node answered, the time: the next state and the I/O to do),
+//! table-tested; the fence side's rules are [`phase::step`], the drain side's
+//! [`passes::step`]. [`Episode::run`] is the shell: it owns the state, ticks each side, does
+//! the I/O of each (one command sequence at a time per side, the two side by side, so that a
+//! drain pass delays no renewal of the pause) and reports each answer back.
+//!
+//! The fence side runs every `interval`. Before the promotion is confirmed it fences: while the
 //! node answers `ROLE` master it is paused for [`pause_length`] (longer than the gap between
 //! renewals, short enough to lapse on its own soon after a polestar crash), renewed until
 //! `fence_until` ([`FENCE_HOLD`] after the latest signal of the failover). Once the promotion is
@@ -32,7 +36,7 @@
 //! answer `ROLE` master), the fence ends at `fence_until` as it did before demotion existed:
 //! the clients are killed in the transaction that lifts the pause.
 //!
-//! The drain loop runs once per drain order (a flip, a returning node): a first pass at once,
+//! The drain side runs once per drain order (a flip, a returning node): a first pass at once,
 //! then a sweep every `interval` and one exactly at the cutoff (`order.at + grace`). Every pass
 //! kills the clients that may have connected before the cutoff. After the cutoff, until the
 //! window ends, every [`STALE_SWEEP`] it kills the clients whose last command is a write: on a
@@ -40,7 +44,9 @@
 //! resolve again; readers stay. A node first reached after the cutoff gets one pass that spares
 //! the clients whose `age` proves they connected after it.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,13 +55,17 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
+mod passes;
 mod phase;
+mod state;
 
 use super::Shared;
 use super::killer::{Reason, Scope, drain, record, select, stale_left};
 use super::node::{DEMOTION_DEADLINES, NodeError, NodeLink, Role};
 use crate::topology::Node;
-use phase::{Action, Demotion, Phase, Probe, step};
+use passes::{Pace, Pass};
+use phase::Demotion;
+use state::{Action, Probe, State, step};
 
 /// How long a fence lasts after the latest signal of its failover (a promotion, a provisional
 /// flip, a confirmation) when no demotion ends it first: a fence that no promotion follows
@@ -154,32 +164,86 @@ pub struct Episode {
     link: Arc<NodeLink>,
     /// When the episode started (its first orders): the fence event says how long it took.
     started: Instant,
-    /// Where the fence stands ([`phase::step`]'s state); only the fence loop reads or writes
-    /// it, across its restarts.
-    phase: Mutex<Phase>,
-    /// We demoted it ourselves: a returning node's drain goes ahead although it answers replica.
-    demoted_by_us: AtomicBool,
-    /// The drain loop reached the node for the current order.
-    drained: AtomicBool,
-    /// An unreachable node is reported once per episode, not every interval.
-    unreachable: AtomicBool,
-    /// A refused demotion is reported once per episode.
-    refused: AtomicBool,
-    /// The drain order the drain loop last took up.
-    handled: Mutex<Option<DrainOrder>>,
-    /// Becomes true after the first fence or demotion attempt, whatever its outcome: the first
-    /// drain pass waits for it, so that a client killed at the flip reconnects to a paused (or
-    /// demoted) node.
-    fence_tried: watch::Sender<bool>,
     /// The new primary, asked for `ROLE` before the node is made its replica.
     target: Mutex<Option<Arc<NodeLink>>>,
-    /// The flip whose `flip_to_drained` was recorded last: a returning-node order that took
-    /// over a flip's carries its instant, and each flip is timed once.
-    timed: Mutex<Option<Instant>>,
+    /// What is logged once rather than on every attempt.
+    noted: Noted,
 }
 
-/// How long the first drain pass waits for the first fence attempt (a connect and a command).
-const FENCE_FIRST: Duration = Duration::from_secs(2);
+/// Failures an episode reports once (with an event), not on every attempt of either side.
+#[derive(Default)]
+struct Noted {
+    /// The node did not answer, and has not answered since.
+    unreachable: AtomicBool,
+    /// A demotion was refused.
+    refused: AtomicBool,
+}
+
+/// One command sequence of one side of the episode: what the node answered, if it asked.
+type Io<'a> = Pin<Box<dyn Future<Output = Option<Probe>> + Send + 'a>>;
+
+/// The shell's bookkeeping for one run of [`Episode::drive`] (the decisions are [`State`]'s).
+struct Shell<'a> {
+    /// The fence side's command sequence under way, and the drain side's: a side is not
+    /// ticked while its own runs, and reports its answer when it is done.
+    fence_io: Option<Io<'a>>,
+    drain_io: Option<Io<'a>>,
+    /// When the fence side ticks next, and when its current tick began (the time its answers
+    /// are stepped at).
+    next: Instant,
+    tick: Instant,
+    /// The orders changed since the fence side's last tick, since the drain side's.
+    fence_news: bool,
+    drain_news: bool,
+    /// The drain order the fence side saw at its last tick: a new returning node's order makes
+    /// it forget that the node answered replica.
+    last_drain: Option<DrainOrder>,
+}
+
+impl Shell<'_> {
+    fn new(now: Instant) -> Self {
+        Self {
+            fence_io: None,
+            drain_io: None,
+            next: now,
+            tick: now,
+            fence_news: false,
+            drain_news: true,
+            last_drain: None,
+        }
+    }
+
+    fn fence_due(&self, orders: &Orders) -> Instant {
+        if self.fence_news { Instant::now() } else { self.next.min(orders.until) }
+    }
+
+    fn drain_due(&self, state: &State, orders: &Orders) -> Option<Instant> {
+        if self.drain_news { Some(Instant::now()) } else { state.drain.wake(orders) }
+    }
+
+    fn fence_tick(&mut self, orders: &Orders, interval: Duration) -> (Probe, Instant) {
+        let now = Instant::now();
+        let returning = orders.drain != self.last_drain
+            && orders.drain.is_some_and(|d| d.reason == Reason::Returning);
+        self.last_drain = orders.drain;
+        let changed = std::mem::take(&mut self.fence_news);
+        (self.tick, self.next) = (now, now + interval);
+        (Probe::Fence(phase::Probe::Tick { changed, returning }), now)
+    }
+
+    fn drain_tick(&mut self) -> (Probe, Instant) {
+        self.drain_news = false;
+        (Probe::Drain(passes::Probe::Tick), Instant::now())
+    }
+}
+
+/// What woke the shell.
+enum Event {
+    FenceTick,
+    DrainTick,
+    /// A side's command sequence is over, with what the node answered, if it asked.
+    Done(Option<Probe>, Instant),
+}
 
 impl Episode {
     /// `link`: the connection to the node, opened already if the coordinator warmed it.
@@ -189,125 +253,185 @@ impl Episode {
             master,
             link,
             started: Instant::now(),
-            phase: Mutex::new(Phase::default()),
-            demoted_by_us: AtomicBool::new(false),
-            drained: AtomicBool::new(true),
-            unreachable: AtomicBool::new(false),
-            refused: AtomicBool::new(false),
-            handled: Mutex::new(None),
-            fence_tried: watch::Sender::new(false),
             target: Mutex::new(None),
-            timed: Mutex::new(None),
+            noted: Noted::default(),
         }
-    }
-
-    /// True the first time the flip at `flipped` is timed by this episode.
-    fn first_timing(&self, flipped: Instant) -> bool {
-        // Held for one comparison; a poisoned slot still holds a valid value.
-        let mut timed = self.timed.lock().unwrap_or_else(|p| p.into_inner());
-        timed.replace(flipped) != Some(flipped)
     }
 
     fn node(&self) -> SocketAddr {
         self.link.addr()
     }
 
-    /// Runs until the fence loop ends on orders that are still the latest (the drain loop never
+    /// Runs until the fence side ends on orders that are still the latest (the drain side never
     /// ends the episode on its own). `orders` is the coordinator's sender, shared so that the
     /// episode can mark itself closed atomically with respect to new orders.
     pub async fn run(self, orders: watch::Sender<Orders>) {
+        let cfg = &self.shared.cfg;
+        let mut state = State::new(Pace { grace: cfg.grace, interval: cfg.interval });
         loop {
-            let ended_on = tokio::select! {
-                generation = self.fence_loop(orders.subscribe()) => generation,
-                () = self.drain_loop(orders.subscribe()) => continue,
-            };
+            let ended_on = self.drive(&mut state, orders.subscribe()).await;
             if close(&orders, ended_on) {
                 break;
             }
+            // Going on with newer orders: a drain attempt whose command was dropped is made
+            // again.
+            state.drain = state.drain.interrupted(Instant::now());
         }
         tracing::debug!(master = %self.master, node = %self.node(), "episode over");
         metrics::gauge!(crate::metrics::OLD_PRIMARY_CLIENTS, "master" => self.master.clone())
             .set(0.0);
     }
 
-    /// Returns the generation of the orders it ended on. The rules are [`phase::step`]'s;
-    /// this does the I/O it asks for and reports each answer back on the same tick.
-    async fn fence_loop(&self, mut orders: watch::Receiver<Orders>) -> u64 {
-        let interval = self.shared.cfg.interval;
-        let mut next = Instant::now();
-        let mut last_drain = None;
-        let mut round_trips = 0;
+    /// Ticks both sides and steps every answer until the fence side ends; returns the
+    /// generation of the orders it ended on.
+    async fn drive(&self, state: &mut State, mut orders: watch::Receiver<Orders>) -> u64 {
+        let mut shell = Shell::new(Instant::now());
         loop {
-            let until = orders.borrow().until;
-            let mut changed = false;
-            tokio::select! {
-                () = sleep_until(next.min(until)) => {}
-                result = orders.changed() => {
-                    if result.is_err() { return 0 }
-                    changed = true;
+            let (fence_at, drain_at) = {
+                let current = orders.borrow();
+                (shell.fence_due(&current), shell.drain_due(state, &current))
+            };
+            let (fence_idle, drain_idle) = (shell.fence_io.is_none(), shell.drain_io.is_none());
+            let event = tokio::select! {
+                answer = finished(&mut shell.fence_io), if !fence_idle => {
+                    shell.fence_io = None;
+                    Event::Done(answer, shell.tick)
                 }
-            }
-            let current = orders.borrow_and_update().clone();
-            let returning = current.drain != last_drain
-                && current.drain.is_some_and(|d| d.reason == Reason::Returning);
-            last_drain = current.drain;
-            let now = Instant::now();
-            next = now + interval;
-            let mut probe = Some(Probe::Tick { changed, returning });
-            while let Some(seen) = probe.take() {
-                let (phase, actions) = step(self.phase(), &current, seen, now);
-                self.set_phase(phase);
-                for action in actions {
-                    match action {
-                        Action::End => return current.generation,
-                        Action::SleepUntil(at) => next = at,
-                        Action::WakeBy(at) => next = next.min(at),
-                        Action::RetryIfSlow if now.elapsed() >= interval => next = Instant::now(),
-                        Action::RetryIfSlow => {}
-                        Action::Fence => {
-                            let (role, trips) = self.check_and_fence().await;
-                            round_trips = trips;
-                            probe = Some(Probe::Role(role));
-                        }
-                        Action::Paused { first: true } => self.fenced(round_trips),
-                        Action::Paused { first: false } => {}
-                        Action::Demote { to, seen_replica, fenced } => {
-                            let demotion = self.demote(&to, seen_replica, fenced).await;
-                            probe = Some(Probe::Demotion(demotion));
-                        }
-                        other => self.perform(other, &current).await,
+                answer = finished(&mut shell.drain_io), if !drain_idle => {
+                    shell.drain_io = None;
+                    Event::Done(answer, Instant::now())
+                }
+                () = sleep_until(fence_at), if fence_idle => Event::FenceTick,
+                () = sleep_until_some(drain_at), if drain_idle => Event::DrainTick,
+                changed = orders.changed() => {
+                    if changed.is_err() {
+                        return 0;
                     }
+                    (shell.fence_news, shell.drain_news) = (true, true);
+                    continue;
                 }
+            };
+            let current = orders.borrow().clone();
+            let (probe, now) = match event {
+                Event::FenceTick => shell.fence_tick(&current, self.shared.cfg.interval),
+                Event::DrainTick => shell.drain_tick(),
+                Event::Done(Some(answer), at) => (answer, at),
+                Event::Done(None, _) => continue,
+            };
+            let (next, actions) = step(*state, &current, probe, now);
+            *state = next;
+            if let Some(generation) = self.dispatch(actions, &mut shell, &current).await {
+                return generation;
             }
         }
     }
 
-    fn phase(&self) -> Phase {
-        // Held to copy or replace the value; a poisoned slot still holds a valid phase.
-        *self.phase.lock().unwrap_or_else(|p| p.into_inner())
+    /// Sets the fence side's next tick and starts each side's commands; at the end of the
+    /// episode, does the fence side's last ones and returns the generation of `orders`.
+    async fn dispatch<'a>(
+        &'a self,
+        actions: Vec<Action>,
+        shell: &mut Shell<'a>,
+        orders: &Orders,
+    ) -> Option<u64> {
+        let (mut fence, mut drain, mut end) = (Vec::new(), Vec::new(), false);
+        for action in actions {
+            match action {
+                Action::Fence(phase::Action::End) => end = true,
+                Action::Fence(phase::Action::SleepUntil(at)) => shell.next = at,
+                Action::Fence(phase::Action::WakeBy(at)) => shell.next = shell.next.min(at),
+                Action::Fence(phase::Action::RetryIfSlow) => {
+                    if shell.tick.elapsed() >= self.shared.cfg.interval {
+                        shell.next = Instant::now();
+                    }
+                }
+                Action::Fence(action) => fence.push(action),
+                Action::Drain(action) => drain.push(action),
+            }
+        }
+        if end {
+            self.fence_io(fence, orders.clone()).await;
+            return Some(orders.generation);
+        }
+        if !fence.is_empty() {
+            shell.fence_io = Some(Box::pin(self.fence_io(fence, orders.clone())));
+        }
+        if !drain.is_empty() {
+            // Only a side at rest is given commands (the drain side's first pass waits for the
+            // fence side's first attempt without one running).
+            debug_assert!(shell.drain_io.is_none(), "drain commands while others run");
+            shell.drain_io = Some(Box::pin(self.drain_io(drain)));
+        }
+        None
     }
 
-    fn set_phase(&self, phase: Phase) {
-        *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = phase;
+    /// The fence side's commands, in order; the answer of the one that asks (a fence, a
+    /// demotion).
+    async fn fence_io(&self, actions: Vec<phase::Action>, orders: Orders) -> Option<Probe> {
+        let mut answer = None;
+        for action in actions {
+            answer = self.fence_command(action, &orders).await.or(answer);
+        }
+        answer.map(Probe::Fence)
     }
 
-    /// The actions of [`phase::step`] that report nothing back.
-    async fn perform(&self, action: Action, orders: &Orders) {
+    async fn fence_command(&self, action: phase::Action, orders: &Orders) -> Option<phase::Probe> {
+        use phase::Action as A;
         match action {
-            Action::Lift(reason) => self.lift(reason).await,
-            Action::LeaveToLapse => self.left_to_lapse(),
-            Action::Abandon => self.abandon(),
-            Action::FenceOver(reason) => self.fence_over(orders, reason).await,
-            Action::Unpause => self.unpause().await,
-            Action::FenceTried => drop(self.fence_tried.send_replace(true)),
-            // Done by the fence loop itself.
-            Action::Fence
-            | Action::Paused { .. }
-            | Action::Demote { .. }
-            | Action::SleepUntil(_)
-            | Action::WakeBy(_)
-            | Action::RetryIfSlow
-            | Action::End => {}
+            A::Fence => {
+                let (role, round_trips) = self.check_and_fence().await;
+                return Some(phase::Probe::Role { role, round_trips });
+            }
+            A::Demote { to, seen_replica, fenced } => {
+                let demotion = self.demote(&to, seen_replica, fenced).await;
+                return Some(phase::Probe::Demotion(demotion));
+            }
+            A::Paused { first: true, round_trips } => self.fenced(round_trips),
+            A::Lift(reason) => self.lift(reason).await,
+            A::LeaveToLapse => self.left_to_lapse(),
+            A::Abandon => self.abandon(),
+            A::FenceOver(reason) => self.fence_over(orders, reason).await,
+            A::Unpause => self.unpause().await,
+            // Timing, done by the shell; or nothing to do.
+            A::Paused { first: false, .. }
+            | A::SleepUntil(_)
+            | A::WakeBy(_)
+            | A::RetryIfSlow
+            | A::End => {}
+        }
+        None
+    }
+
+    /// The drain side's commands (one per step), in order; the answer of the last.
+    async fn drain_io(&self, actions: Vec<passes::Action>) -> Option<Probe> {
+        let mut answer = None;
+        for action in actions {
+            answer = Some(self.drain_command(action).await);
+        }
+        answer.map(Probe::Drain)
+    }
+
+    async fn drain_command(&self, action: passes::Action) -> passes::Probe {
+        use passes::Action as A;
+        match action {
+            A::AskRole => match self.link.role().await {
+                Ok(role) => passes::Probe::Role(Some(role)),
+                Err(e) => passes::Probe::Role(self.unreachable(e, "drain")),
+            },
+            A::FirstPass { cutoff, reason, timed } => {
+                passes::Probe::Passed(self.pass(cutoff, reason, true, timed).await)
+            }
+            A::Sweep { cutoff, timed } => {
+                passes::Probe::Passed(self.pass(cutoff, Reason::Sweep, false, timed).await)
+            }
+            A::SweepWriters { last } => {
+                let found = self.stale_writers().await;
+                if last {
+                    let window = self.shared.cfg.window;
+                    stale_left(&self.shared.events, &self.master, self.node(), found, window);
+                }
+                passes::Probe::Swept
+            }
         }
     }
 
@@ -372,10 +496,8 @@ impl Episode {
     async fn demote(&self, to: &Node, seen_replica: bool, fenced: bool) -> Demotion {
         let started = Instant::now();
         let outcome = self.try_demote(to, seen_replica, fenced).await;
-        self.fence_tried.send_replace(true);
         let demotion = match outcome {
             Ok(Outcome::Done { killed }) => {
-                self.demoted_by_us.store(true, Ordering::SeqCst);
                 self.demoted(to, killed, started.elapsed());
                 Demotion::Done
             }
@@ -488,7 +610,7 @@ impl Episode {
     }
 
     fn refused(&self, to: &Node, why: &str) {
-        if self.refused.swap(true, Ordering::SeqCst) {
+        if self.noted.refused.swap(true, Ordering::SeqCst) {
             tracing::debug!(master = %self.master, node = %self.node(), to = %to, why, "still not demoting");
             return;
         }
@@ -516,14 +638,12 @@ impl Episode {
         self.unfenced(reason);
     }
 
-    /// The end of the window: a drain that never reached the node is reported.
+    /// The end of the window, while no pass reached the node: the drain is reported abandoned.
     fn abandon(&self) {
-        if !self.drained.load(Ordering::SeqCst) {
-            let window = self.shared.cfg.window.as_millis() as u64;
-            tracing::warn!(master = %self.master, node = %self.node(), window_ms = window, "gave up draining: the old primary never answered within the window");
-            let data = json!({ "node": self.node(), "window_ms": window });
-            self.shared.events.push("drain_abandoned", Some(&self.master), data);
-        }
+        let window = self.shared.cfg.window.as_millis() as u64;
+        tracing::warn!(master = %self.master, node = %self.node(), window_ms = window, "gave up draining: the old primary never answered within the window");
+        let data = json!({ "node": self.node(), "window_ms": window });
+        self.shared.events.push("drain_abandoned", Some(&self.master), data);
     }
 
     async fn kill_and_unpause(&self) {
@@ -545,149 +665,58 @@ impl Episode {
         }
     }
 
-    async fn drain_loop(&self, mut orders: watch::Receiver<Orders>) {
-        loop {
-            let order = orders.borrow_and_update().drain;
-            match order {
-                Some(order) if Some(order) != self.take_up(order) => {
-                    self.drained.store(false, Ordering::SeqCst);
-                    self.run_order(order, &mut orders).await;
-                }
-                _ => {
-                    if orders.changed().await.is_err() {
-                        return std::future::pending().await;
-                    }
-                }
+    /// One pass over the clients that may have connected before `cutoff`; `loud`: the order's
+    /// first, reported even when it finds no one. `timed`: the flip whose `flip_to_drained` a
+    /// pass that reached every client records.
+    async fn pass(
+        &self,
+        cutoff: Instant,
+        reason: Reason,
+        loud: bool,
+        timed: Option<Instant>,
+    ) -> Pass {
+        let pacer = self.shared.pacers.of(self.node());
+        let scope = Scope::ConnectedBefore(cutoff);
+        let report = match drain(&self.link, &self.shared.rules, &pacer, scope, reason).await {
+            Ok(report) => report,
+            Err(e) => {
+                self.unreachable::<()>(e, "drain");
+                return Pass::Unreachable;
             }
+        };
+        self.reachable_again();
+        let complete = report.interrupted.is_none();
+        if complete && let Some(flipped) = timed {
+            let now = Instant::now().into_std();
+            crate::phases::record(&[crate::phases::drained(flipped.into_std(), now)]);
         }
-    }
-
-    /// The passes of one drain order; returns early when a newer order arrives.
-    async fn run_order(&self, order: DrainOrder, orders: &mut watch::Receiver<Orders>) {
-        let cutoff = order.at + self.shared.cfg.grace;
-        let mut next = Instant::now();
-        let mut first = true;
-        let mut timing = order.flipped;
-        loop {
-            tokio::select! {
-                () = sleep_until(next) => {}
-                _ = orders.changed() => {
-                    if orders.borrow().drain != Some(order) { return }
-                    continue;
-                }
-            }
-            let started = Instant::now();
-            match self.pass(order, first, cutoff, &mut timing).await {
-                Some(true) => first = false,
-                Some(false) => {
-                    self.drained.store(true, Ordering::SeqCst);
-                    return;
-                }
-                None => {}
-            }
-            if !first && started >= cutoff {
-                break;
-            }
-            next = started + self.shared.cfg.interval;
-            if started < cutoff {
-                next = next.min(cutoff);
-            }
-        }
-        self.drained.store(true, Ordering::SeqCst);
-        self.stale_writers(order, orders).await;
+        record(&self.shared.events, &self.master, &report, loud);
+        if complete { Pass::Complete } else { Pass::Interrupted }
     }
 
     /// After the cutoff and until the window ends: kills the clients whose last command is a
     /// write (on a demoted node, they got `READONLY`), so that they resolve the name again.
-    /// Those the window's last sweep still found are reported when it ends: nothing cuts them
-    /// any more.
-    async fn stale_writers(&self, order: DrainOrder, orders: &mut watch::Receiver<Orders>) {
-        let every = self.shared.cfg.interval.max(STALE_SWEEP);
-        let mut found = 0;
-        loop {
-            let next = Instant::now() + every;
-            if next >= orders.borrow().until {
-                let window = self.shared.cfg.window;
-                stale_left(&self.shared.events, &self.master, self.node(), found, window);
-                return;
-            }
-            tokio::select! {
-                () = sleep_until(next) => {}
-                _ = orders.changed() => {
-                    if orders.borrow().drain != Some(order) { return }
-                    continue;
-                }
-            }
-            let pacer = self.shared.pacers.of(self.node());
-            let sweep =
-                drain(&self.link, &self.shared.rules, &pacer, Scope::Writers, Reason::StaleWriter);
-            match sweep.await {
-                Ok(report) => {
-                    self.reachable_again();
-                    found = report.killed;
-                    record(&self.shared.events, &self.master, &report, false);
-                }
-                Err(e) => {
-                    found = 0;
-                    self.unreachable::<()>(e, "stale writers");
-                }
-            }
-        }
-    }
-
-    /// One pass. `Some(true)` when it ran, `Some(false)` when the order does not apply (a
-    /// returning node that is no longer master), `None` when the node did not answer.
-    /// `timing`: the flip, until a pass that reached every client records `flip_to_drained`.
-    async fn pass(
-        &self,
-        order: DrainOrder,
-        first: bool,
-        cutoff: Instant,
-        timing: &mut Option<Instant>,
-    ) -> Option<bool> {
-        if first && order.only_if_master {
-            match self.link.role().await {
-                Ok(Role::Master) => {}
-                // Demoted a moment ago by this episode's fence loop: still drain it.
-                Ok(Role::Replica) if self.demoted_by_us.load(Ordering::SeqCst) => {}
-                Ok(_) => return Some(false),
-                Err(e) => return self.unreachable(e, "drain"),
-            }
-        }
-        if first && Instant::now() < cutoff {
-            let mut tried = self.fence_tried.subscribe();
-            let _ = tokio::time::timeout(FENCE_FIRST, tried.wait_for(|t| *t)).await;
-        }
-        let reason = if first { order.reason } else { Reason::Sweep };
+    /// Returns how many it found (0 when the node did not answer).
+    async fn stale_writers(&self) -> usize {
         let pacer = self.shared.pacers.of(self.node());
-        let scope = Scope::ConnectedBefore(cutoff);
-        match drain(&self.link, &self.shared.rules, &pacer, scope, reason).await {
+        let sweep =
+            drain(&self.link, &self.shared.rules, &pacer, Scope::Writers, Reason::StaleWriter);
+        match sweep.await {
             Ok(report) => {
                 self.reachable_again();
-                if report.interrupted.is_none()
-                    && let Some(flipped) = timing.take()
-                    && self.first_timing(flipped)
-                {
-                    let now = Instant::now().into_std();
-                    crate::phases::record(&[crate::phases::drained(flipped.into_std(), now)]);
-                }
-                record(&self.shared.events, &self.master, &report, first);
-                Some(true)
+                record(&self.shared.events, &self.master, &report, false);
+                report.killed
             }
-            Err(e) => self.unreachable(e, "drain"),
+            Err(e) => {
+                let _ = self.unreachable::<()>(e, "stale writers");
+                0
+            }
         }
-    }
-
-    /// Marks `order` as taken up and returns the order taken up before it.
-    fn take_up(&self, order: DrainOrder) -> Option<DrainOrder> {
-        // Held for one assignment; a poisoned slot still holds a valid value.
-        let mut handled = self.handled.lock().unwrap_or_else(|p| p.into_inner());
-        handled.replace(order)
     }
 
     /// Records the first failure of an episode; always `None` for the caller to pass on.
     fn unreachable<T>(&self, error: NodeError, during: &'static str) -> Option<T> {
-        if self.unreachable.swap(true, Ordering::SeqCst) {
+        if self.noted.unreachable.swap(true, Ordering::SeqCst) {
             tracing::debug!(master = %self.master, node = %self.node(), %error, during, "node still unreachable");
             return None;
         }
@@ -698,9 +727,25 @@ impl Episode {
     }
 
     fn reachable_again(&self) {
-        if self.unreachable.swap(false, Ordering::SeqCst) {
+        if self.noted.unreachable.swap(false, Ordering::SeqCst) {
             tracing::info!(master = %self.master, node = %self.node(), "old primary reachable again");
         }
+    }
+}
+
+/// Waits for a side's command sequence to be over.
+async fn finished(io: &mut Option<Io<'_>>) -> Option<Probe> {
+    match io {
+        Some(io) => io.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `at`, or for ever.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -1,8 +1,10 @@
 //! The questions of one poll round, each under [`DEADLINE`]: every configured Sentinel about
-//! every master, then the primary (or, when it does not answer, its replicas) about offsets.
+//! every master, then the primary (or, when it does not answer, the replicas polestar publishes)
+//! about offsets.
 //! Connections are kept between rounds and dropped on any failure.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -15,6 +17,7 @@ use super::heard::{Heard, Records};
 use super::{lag, parse};
 use crate::config::{Auth, HostPort};
 use crate::sentinel::{Endpoint, connect};
+use crate::topology::Replica;
 
 /// How long a Sentinel has to answer all of a round's questions, and a node its one.
 pub const DEADLINE: Duration = Duration::from_secs(1);
@@ -217,11 +220,14 @@ async fn command(conn: &mut MultiplexedConnection, cmd: &redis::Cmd) -> Result<V
 }
 
 /// Lags of a master's replicas: from the primary's `INFO`, or when it does not answer (or is
-/// unknown) from the replicas' own offsets.
+/// unknown) from the replicas' own offsets. `replicas`: every replica a Sentinel lists; of
+/// those, only the ones `published` (named by a majority of the configured Sentinels, the
+/// rule of `sentinel::core`) are asked, since the question carries the node credentials.
 pub async fn lags(
     conns: &mut Connections,
     primary: Option<&str>,
     replicas: &[String],
+    published: &[Replica],
     auth: &Auth,
 ) -> BTreeMap<String, u64> {
     // No Sentinel lists a replica: no lag to learn, and no connection to the primary (at
@@ -237,11 +243,58 @@ pub async fn lags(
             return lags;
         }
     }
-    let infos = conns.infos(replicas, auth).await;
-    let offsets: Vec<(String, u64)> = replicas
+    let askable = of_published(replicas, published);
+    let infos = conns.infos(&askable, auth).await;
+    let offsets: Vec<(String, u64)> = askable
         .iter()
         .zip(infos)
         .filter_map(|(r, info)| Some((r.clone(), lag::replica_offset(&info?)?)))
         .collect();
     lag::from_replicas(&offsets)
+}
+
+/// The replicas of `listed` (`ip:port`, or `hostname:port` where the Sentinels announce
+/// hostnames) that are `published`.
+fn of_published(listed: &[String], published: &[Replica]) -> Vec<String> {
+    let names = |r: &Replica, listed: &str| {
+        listed.parse::<SocketAddr>().is_ok_and(|a| a == SocketAddr::new(r.ip, r.port))
+            || r.hostname.as_ref().is_some_and(|h| listed == format!("{h}:{}", r.port))
+    };
+    let kept = listed.iter().filter(|l| published.iter().any(|r| names(r, l)));
+    kept.cloned().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(ip: &str, port: u16, hostname: Option<&str>) -> Replica {
+        let ip = ip.parse().expect("an address");
+        let hostname = hostname.map(str::to_string);
+        Replica { ip, port, hostname, healthy: true, down: false }
+    }
+
+    /// Only published replicas are asked (with the node credentials): one Sentinel's list is
+    /// not enough. Addresses compare as addresses; a hostname-announcing Sentinel's list names
+    /// a published replica by its hostname.
+    #[test]
+    fn only_published_replicas_are_asked() {
+        let published = [
+            replica("10.0.0.2", 6379, None),
+            replica("::1", 6380, None),
+            replica("10.0.0.4", 6379, Some("r4.example")),
+        ];
+        let listed: Vec<String> = [
+            "10.0.0.2:6379",
+            "10.0.0.9:6379",
+            "[0:0:0:0:0:0:0:1]:6380",
+            "r4.example:6379",
+            "r4.example:6380",
+        ]
+        .map(String::from)
+        .into();
+        let want = ["10.0.0.2:6379", "[0:0:0:0:0:0:0:1]:6380", "r4.example:6379"];
+        assert_eq!(of_published(&listed, &published), want);
+        assert!(of_published(&listed, &[]).is_empty());
+    }
 }

@@ -23,7 +23,7 @@ use super::heard::Records;
 use super::{Board, Heard, MasterReadiness, Writer, series, verdict};
 use crate::config::{Config, Readiness, Sentinels};
 use crate::reload::ConfigReader;
-use crate::topology::{Snapshot, TopologyReader};
+use crate::topology::{Replica, Snapshot, TopologyReader};
 
 /// Polls until shutdown. Only with Sentinels as the source (an agent has none to ask): with
 /// an upstream it publishes nothing and waits.
@@ -184,7 +184,8 @@ async fn ask_lags(
     let mut lags = Lags::new();
     for (master, replicas) in known {
         let primary = primary_of(snapshot, &master);
-        let got = ask::lags(conns, primary.as_deref(), &replicas, &config.nodes).await;
+        let published = published_of(snapshot, &master);
+        let got = ask::lags(conns, primary.as_deref(), &replicas, published, &config.nodes).await;
         lags.insert(master, (replicas, got));
     }
     lags
@@ -192,6 +193,12 @@ async fn ask_lags(
 
 fn primary_of(snapshot: &Snapshot, master: &str) -> Option<String> {
     snapshot.master(master).and_then(|m| m.primary.as_ref()).map(|p| p.to_string())
+}
+
+/// The replicas polestar publishes for `master` (a majority of the Sentinels' lists name
+/// them): the only ones the lag fallback may send the node credentials to.
+fn published_of<'a>(snapshot: &'a Snapshot, master: &str) -> &'a [Replica] {
+    snapshot.master(master).map_or(&[][..], |m| &m.replicas)
 }
 
 /// Judges again, with their new lags, the masters whose lags changed; publishes when anything
@@ -229,7 +236,8 @@ async fn ask_all(
             Some((asked, known)) if asked == replicas => known,
             _ => {
                 let primary = primary_of(snapshot, master);
-                ask::lags(conns, primary.as_deref(), &replicas, &config.nodes).await
+                let published = published_of(snapshot, master);
+                ask::lags(conns, primary.as_deref(), &replicas, published, &config.nodes).await
             }
         };
         all.push((master.clone(), facts));

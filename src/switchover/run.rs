@@ -64,7 +64,7 @@ async fn attempt(
     }
     let fence_error = |why: String| SwitchoverError::Fence { node: primary, why };
     let mut links =
-        Offsets::open(deps, primary, &plan.choice.wait_for).await.map_err(fence_error)?;
+        Offsets::open(deps, master, primary, &plan.choice.wait_for).await.map_err(fence_error)?;
     let first = links.read().await.map_err(fence_error)?;
     let (worst, lag_bytes) = first.furthest().unwrap_or((plan.choice.likely, 0));
     if let Some(max_lag) = options.max_lag.filter(|max| lag_bytes > *max) {
@@ -358,7 +358,9 @@ async fn wait_caught_up(
     }
 }
 
-/// Connections to the primary and to every replica waited for.
+/// Connections to the primary and to every replica waited for that polestar publishes: the
+/// node credentials go to no other (the chosen Sentinel alone may list any node); the offset
+/// of one without a connection is what the primary's `INFO` says it acknowledged.
 struct Offsets {
     primary_addr: SocketAddr,
     primary: Link,
@@ -369,13 +371,19 @@ struct Offsets {
 impl Offsets {
     async fn open(
         deps: &Deps,
+        master: &str,
         primary: SocketAddr,
         replicas: &[SocketAddr],
     ) -> Result<Self, String> {
         let link = Link::node(primary, &deps.nodes).await?;
+        let published = published_replicas(deps, master);
         let mut open = Vec::new();
         for addr in replicas {
-            open.push((*addr, Link::node(*addr, &deps.nodes).await.ok()));
+            let link = match published.contains(addr) {
+                true => Link::node(*addr, &deps.nodes).await.ok(),
+                false => None,
+            };
+            open.push((*addr, link));
         }
         Ok(Self {
             primary_addr: primary,
@@ -440,6 +448,14 @@ fn outcome(result: &Result<Switched, SwitchoverError>) -> (&'static str, Option<
         Err(SwitchoverError::TooFarBehind { .. }) => ("too_far_behind", None),
         Err(_) => ("refused", None),
     }
+}
+
+/// The replicas polestar publishes for `master`: those a majority of the configured Sentinels
+/// list (the rule of `sentinel::core`).
+fn published_replicas(deps: &Deps, master: &str) -> Vec<SocketAddr> {
+    let topology = deps.topology.borrow();
+    let replicas = topology.master(master).map_or(&[][..], |m| &m.replicas);
+    replicas.iter().map(|r| SocketAddr::new(r.ip, r.port)).collect()
 }
 
 /// The event and the metrics of one switchover, whatever its outcome.

@@ -4,6 +4,7 @@ use super::*;
 use crate::drain::Reason;
 use crate::drain::episode::DrainOrder;
 
+const UNTRIED: Phase = Phase::Untried;
 const OPEN: Phase = Phase::Open { seen_replica: false };
 const SEEN: Phase = Phase::Open { seen_replica: true };
 const FENCED: Phase = Phase::Fenced { seen_replica: false };
@@ -143,17 +144,23 @@ fn a_tick_fences_demotes_or_ends_as_the_orders_say() {
         ("promoting: fence", OPEN, 5, false, false, None, OPEN, vec![Fence]),
         ("renewing: fence", FENCED_SEEN, 5, true, false, None, FENCED_SEEN, vec![Fence]),
         ("fence over", FENCED, -1, true, false, None, OPEN, vec![FenceOver("fence_over")]),
-        ("nothing to fence, a drain goes on", OPEN, -1, true, false, None, OPEN, vec![FenceTried]),
+        ("nothing to fence, a drain goes on", OPEN, -1, true, false, None, OPEN, vec![]),
+        ("nothing to fence, nothing to drain", OPEN, -1, false, false, None, OPEN, vec![End]),
+        // Before any attempt: the phase says so until one is made (the first drain pass waits).
+        ("untried, promoting: fence", UNTRIED, 5, true, false, None, UNTRIED, vec![Fence]),
         (
-            "nothing to fence, nothing to drain",
-            OPEN,
-            -1,
-            false,
-            false,
+            "untried, confirmed: demote",
+            UNTRIED,
+            5,
+            true,
+            true,
             None,
-            OPEN,
-            vec![FenceTried, End],
+            UNTRIED,
+            vec![demote(false, false)],
         ),
+        ("untried, nothing to fence: tried", UNTRIED, -1, true, false, None, OPEN, vec![]),
+        ("untried, nothing at all", UNTRIED, -1, false, false, None, OPEN, vec![End]),
+        ("untried, stopped", UNTRIED, 5, true, false, Some(Stop::Aborted), UNTRIED, vec![End]),
     ];
     for (name, phase, fence, drain, dem, stop, want_phase, want) in cases {
         let o = orders(now, fence, drain, dem, stop);
@@ -175,21 +182,24 @@ fn the_window_ends_the_fence_loop() {
     assert_eq!(step(FENCED, &stopped, TICK, late), (OPEN, vec![Lift("aborted"), End]));
 }
 
-/// What the node answered: (name, phase, answer) -> (phase, actions before FenceTried).
+/// What the node answered: (name, phase, answer) -> (phase, actions before the wake-up at
+/// `fence_until`). Any answer (or none) means the fence was tried.
 #[test]
 fn a_master_is_paused_a_replica_needs_no_fence() {
     let now = Instant::now();
     let o = orders(now, 5, false, false, None);
     use Action::*;
+    let paused = |first| Paused { first, round_trips: 1 };
     let cases = vec![
-        ("first pause", OPEN, Some(Role::Master), FENCED, vec![Paused { first: true }]),
-        ("renewal", FENCED, Some(Role::Master), FENCED, vec![Paused { first: false }]),
+        ("first pause", OPEN, Some(Role::Master), FENCED, vec![paused(true)]),
+        ("first pause, first attempt", UNTRIED, Some(Role::Master), FENCED, vec![paused(true)]),
+        ("renewal", FENCED, Some(Role::Master), FENCED, vec![paused(false)]),
         (
             "promoted again keeps the memory",
             SEEN,
             Some(Role::Master),
             FENCED_SEEN,
-            vec![Paused { first: true }],
+            vec![paused(true)],
         ),
         (
             "a replica: our pause lifted",
@@ -199,6 +209,7 @@ fn a_master_is_paused_a_replica_needs_no_fence() {
             vec![Lift("replica")],
         ),
         ("a replica, the fence's pause undone", OPEN, Some(Role::Replica), REPLICA, vec![Unpause]),
+        ("a replica at the first attempt", UNTRIED, Some(Role::Replica), REPLICA, vec![Unpause]),
         (
             "another role, fenced: lapses",
             FENCED,
@@ -213,11 +224,20 @@ fn a_master_is_paused_a_replica_needs_no_fence() {
             OPEN,
             vec![Unpause],
         ),
+        (
+            "another role at the first attempt",
+            UNTRIED,
+            Some(Role::Other("sentinel".into())),
+            OPEN,
+            vec![Unpause],
+        ),
         ("no answer", FENCED, None, FENCED, vec![]),
+        ("no answer at the first attempt: tried all the same", UNTRIED, None, OPEN, vec![]),
     ];
     for (name, phase, role, want_phase, mut want) in cases {
-        want.extend([FenceTried, WakeBy(o.fence_until)]);
-        assert_eq!(step(phase, &o, Probe::Role(role), now), (want_phase, want), "{name}");
+        want.push(WakeBy(o.fence_until));
+        let probe = Probe::Role { role, round_trips: 1 };
+        assert_eq!(step(phase, &o, probe, now), (want_phase, want), "{name}");
     }
 }
 
@@ -239,6 +259,10 @@ fn a_demotion_ends_the_fence_or_falls_back_to_it() {
     assert_eq!(step(FENCED, &o, d(Demotion::Refused), now), (FENCED, vec![Fence]));
     let ended = step(FENCED, &over, d(Demotion::Refused), now);
     assert_eq!(ended, (OPEN, vec![FenceOver("fence_over")]));
+    // A first attempt that was a demotion counts as tried, whatever it found.
+    assert_eq!(step(UNTRIED, &o, d(Demotion::Done), now), (REPLICA, vec![]));
+    assert_eq!(step(UNTRIED, &o, d(Demotion::Unreachable), now), (OPEN, vec![RetryIfSlow]));
+    assert_eq!(step(UNTRIED, &over, d(Demotion::Refused), now), (OPEN, vec![]));
 }
 
 /// New orders look at a demoted node afresh (it may have been promoted again), and a returning
