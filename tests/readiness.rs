@@ -323,3 +323,40 @@ async fn lag_aware_replica_answers() {
     })
     .await;
 }
+
+/// The last command of each of polestar's connections to the Sentinel at `addr` that is
+/// neither its link's subscription nor a Sentinel peer's (`CLIENT LIST`'s `cmd`).
+async fn polestar_commands(addr: std::net::SocketAddr) -> Vec<String> {
+    let list: String = query(addr, redis::cmd("CLIENT").arg("LIST")).await.unwrap_or_default();
+    let field = |line: &str, key: &str| {
+        line.split_whitespace().find_map(|f| f.strip_prefix(key)).unwrap_or("").to_string()
+    };
+    let ours = |line: &&str| {
+        !field(line, "name=").starts_with("sentinel-")
+            && field(line, "psub=") == "0"
+            && field(line, "cmd=") != "client|list"
+    };
+    list.lines().filter(ours).map(|line| field(line, "cmd=")).collect()
+}
+
+/// Issue 24, regression (`links_started_before_they_were_given_heard`): the Sentinel links
+/// were started before the decider was given the place for their records, so the readiness
+/// poll asked every Sentinel `SENTINEL MASTER` and `REPLICAS` of every master every round (at
+/// 1,000 masters two thirds of its commands) instead of taking what the links had read. Once
+/// the links have reconciled, a round asks only `INFO` and `CKQUORUM`: the poll's last command
+/// on every Sentinel is one of those, round after round.
+#[tokio::test]
+async fn the_readiness_poll_takes_the_links_records_instead_of_asking_again() {
+    let env = start().await;
+    let mut seen = Vec::new();
+    let end = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < end {
+        for addr in env.lab.running_sentinels() {
+            seen.extend(polestar_commands(addr).await);
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    let asked_again = |c: &String| c == "sentinel|master" || c == "sentinel|replicas";
+    assert!(!seen.iter().any(asked_again), "the poll asked again what the links read: {seen:?}");
+    assert!(seen.iter().any(|c| c == "sentinel|ckquorum"), "no poll round seen: {seen:?}");
+}

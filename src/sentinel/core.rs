@@ -239,6 +239,13 @@ impl State {
         let Some(published) = self.publication.primary() else { return false };
         self.failover.iter().any(|s| quorum.epochs.get(s).is_none_or(|e| *e > published.epoch))
     }
+
+    /// Whether [`Evidence::Tick`] can change anything: only a promotion has a deadline
+    /// ([`FENCE_WITHOUT_FLIP`]). The shell ticks only these, not a thousand idle masters a
+    /// second.
+    pub fn waits_for_time(&self) -> bool {
+        self.promotion.is_some()
+    }
 }
 
 /// How the configured Sentinels stand, across masters: the context every decision reads.
