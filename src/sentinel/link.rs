@@ -775,6 +775,37 @@ mod tests {
     }
 
     #[test]
+    fn a_reconciliation_asks_the_address_only_during_a_failover() {
+        let record = |failover: bool, replicas: Option<usize>, peers: Option<usize>| {
+            let addr = Addr { host: "10.0.0.1".into(), port: 6379 };
+            let name = "m".to_string();
+            MasterRecord { name, addr, epoch: 1, failover_in_progress: failover, replicas, peers }
+        };
+        let mut counts = PeerCounts { asked: HashMap::from([("m".into(), 2)]), rounds: 2 };
+        // (failover, num-slaves, num-other-sentinels) -> (address, replicas, peers)
+        let cases = [
+            ((false, Some(0), Some(2)), (false, false, false)),
+            ((true, Some(0), Some(2)), (true, false, false)),
+            ((false, Some(1), Some(2)), (false, true, false)),
+            ((false, None, Some(2)), (false, true, false)),
+            ((false, Some(0), Some(3)), (false, false, true)),
+            ((false, Some(0), None), (false, false, true)),
+        ];
+        for ((failover, replicas, peers), want) in cases {
+            let asks = Asks::of(&record(failover, replicas, peers), Some(&counts));
+            assert_eq!(
+                (asks.addr, asks.replicas, asks.peers),
+                want,
+                "{failover} {replicas:?} {peers:?}"
+            );
+        }
+        counts.rounds = 1;
+        let due = Asks::of(&record(false, Some(0), Some(2)), Some(&counts));
+        assert!(due.peers && !due.addr && !due.replicas, "every PEERS_EVERY-th round");
+        assert!(!Asks::of(&record(false, Some(0), Some(2)), None).any(), "a scoped one");
+    }
+
+    #[test]
     fn full_reconciliation_is_paced_by_the_number_of_masters() {
         assert_eq!(full_every(0), RECONCILE_MIN);
         assert_eq!(full_every(3), Duration::from_secs(1));

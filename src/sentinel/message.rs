@@ -529,7 +529,16 @@ mod tests {
         };
         for v in [resp2, resp3] {
             assert_eq!(record(&v).as_ref().and_then(MasterRecord::from_record), Some(want.clone()));
+            let borrowed = Borrowed::new(&v).and_then(|r| MasterRecord::from_record(&r));
+            assert_eq!(borrowed, Some(want.clone()), "read in place, the same");
         }
+        assert!(Borrowed::new(&Value::Array(vec![bulk("odd")])).is_none());
+        let list = Value::Array(vec![Value::Nil, Value::Array(vec![bulk("name"), bulk("x")])]);
+        assert_eq!(borrowed_records(&list).count(), 1, "what is no record is skipped");
+        let int = Value::Map(vec![(bulk("num-slaves"), Value::Int(3))]);
+        let r = Borrowed::new(&int).expect("a map");
+        assert_eq!(r.field("num-slaves").as_deref(), Some("3"), "an integer reads as text");
+        assert_eq!(r.field("flags"), None);
         assert_eq!(record(&Value::Array(vec![bulk("odd")])), None);
         assert_eq!(records(&Value::Nil), Vec::new());
     }
