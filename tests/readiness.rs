@@ -348,6 +348,18 @@ async fn polestar_commands(addr: std::net::SocketAddr) -> Vec<String> {
 #[tokio::test]
 async fn the_readiness_poll_takes_the_links_records_instead_of_asking_again() {
     let env = start().await;
+    // The rounds before the links' first full reconciliation ask everything, as they must.
+    env.wait_until(STARTUP, "a round that took the links' records", || async {
+        for addr in env.lab.running_sentinels() {
+            let commands = polestar_commands(addr).await;
+            anyhow::ensure!(
+                commands.iter().any(|c| c == "sentinel|ckquorum"),
+                "{addr}: {commands:?}"
+            );
+        }
+        Ok(())
+    })
+    .await;
     let mut seen = Vec::new();
     let end = Instant::now() + Duration::from_secs(4);
     while Instant::now() < end {
