@@ -341,10 +341,11 @@ async fn polestar_commands(addr: std::net::SocketAddr) -> Vec<String> {
 
 /// Issue 24, regression (`links_started_before_they_were_given_heard`): the Sentinel links
 /// were started before the decider was given the place for their records, so the readiness
-/// poll asked every Sentinel `SENTINEL MASTER` and `REPLICAS` of every master every round (at
-/// 1,000 masters two thirds of its commands) instead of taking what the links had read. Once
-/// the links have reconciled, a round asks only `INFO` and `CKQUORUM`: the poll's last command
-/// on every Sentinel is one of those, round after round.
+/// poll asked every Sentinel `SENTINEL MASTER` of every master every round instead of taking
+/// what the links had read. Once the links have reconciled, a round asks `INFO`, then per
+/// master `REPLICAS` (it has replicas) and `CKQUORUM`, never `MASTER`: the poll's last
+/// command on every Sentinel is `CKQUORUM`, round after round (without the links' records
+/// it is `REPLICAS`, after `CKQUORUM` and `MASTER`).
 #[tokio::test]
 async fn the_readiness_poll_takes_the_links_records_instead_of_asking_again() {
     let env = start().await;
@@ -369,6 +370,6 @@ async fn the_readiness_poll_takes_the_links_records_instead_of_asking_again() {
         sleep(Duration::from_millis(100)).await;
     }
     let asked_again = |c: &String| c == "sentinel|master" || c == "sentinel|replicas";
-    assert!(!seen.iter().any(asked_again), "the poll asked again what the links read: {seen:?}");
+    assert!(!seen.iter().any(asked_again), "a round without the links' records: {seen:?}");
     assert!(seen.iter().any(|c| c == "sentinel|ckquorum"), "no poll round seen: {seen:?}");
 }

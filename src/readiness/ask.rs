@@ -122,27 +122,50 @@ async fn ask_sentinel(
     let mut out = BTreeMap::new();
     for (master, heard) in masters.iter().zip(heard) {
         let mut next = || replies.next().unwrap_or_else(|| Err("no reply".to_string()));
-        let ckquorum = next().and_then(|v| parse::ckquorum(&v));
-        let Records { master: record, replicas } = match heard {
-            Some(records) => records.unwrap_or_else(|| {
-                let not = || "SENTINEL MASTERS does not list this master".to_string();
-                Records { master: Err(not()), replicas: Err(not()) }
-            }),
-            None => Records {
+        let fresh = asks_replicas(&heard);
+        let answer = match heard {
+            Some(records) => {
+                let Records { master: record, replicas } = records.unwrap_or_else(|| {
+                    let not = || "SENTINEL MASTERS does not list this master".to_string();
+                    Records { master: Err(not()), replicas: Err(not()) }
+                });
+                let replicas =
+                    if fresh { next().and_then(|v| parse::replicas(&v)) } else { replicas };
+                let ckquorum = next().and_then(|v| parse::ckquorum(&v));
+                SentinelAnswer { tilt: tilt.clone(), ckquorum, master: record, replicas }
+            }
+            None => SentinelAnswer {
+                tilt: tilt.clone(),
+                ckquorum: next().and_then(|v| parse::ckquorum(&v)),
                 master: next().and_then(|v| parse::master(&v)),
                 replicas: next().and_then(|v| parse::replicas(&v)),
             },
         };
-        let answer = SentinelAnswer { tilt: tilt.clone(), ckquorum, master: record, replicas };
         out.insert(master.clone(), answer);
     }
     (Some(conn), Ok(out))
 }
 
-/// One pipeline for every master: `CKQUORUM`, and where the link's records are not current
-/// (`heard`: `None`), `MASTER` and `REPLICAS` too; each reply, or the server's refusal as its
-/// text, in that order. At 1,000 masters this was 1,000 commands in flight at once, one
-/// future each: a tenth of the idle CPU and 11 MB of memory at the peak of every round.
+/// Whether a round asks a Sentinel for a master's replicas itself: always unless its link's
+/// records say the master has none (or that the Sentinel does not monitor it). The replica
+/// records a link read at an event stay until its next reconciliation, and the event that
+/// ends a failover is the moment Sentinel lists the new primary's replicas afresh, with
+/// `master-link-status err` until their first `INFO`: taken from the link, that passing state
+/// outlived the next round (`readiness::planned_failovers_raise_no_false_blocker` failed 2 runs
+/// in 4). The master's record (address and epoch) is taken from the link.
+fn asks_replicas(heard: &Option<Option<Records>>) -> bool {
+    match heard {
+        None => true,
+        Some(None) => false,
+        Some(Some(records)) => !matches!(&records.replicas, Ok(r) if r.is_empty()),
+    }
+}
+
+/// One pipeline for every master, in this order: where the link's records are current
+/// (`heard`: `Some`), `REPLICAS` when [`asks_replicas`], then `CKQUORUM`; where they are not,
+/// `CKQUORUM`, `MASTER` and `REPLICAS`. Each reply, or the server's refusal as its text. At
+/// 1,000 masters this was 1,000 commands in flight at once, one future each: a tenth of the
+/// idle CPU and 11 MB of memory at the peak of every round.
 async fn ask_masters(
     conn: &mut MultiplexedConnection,
     masters: &[String],
@@ -154,8 +177,11 @@ async fn ask_masters(
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for (master, heard) in masters.iter().zip(heard) {
-        let subs: &[&str] =
-            if heard.is_some() { &["CKQUORUM"] } else { &["CKQUORUM", "MASTER", "REPLICAS"] };
+        let subs: &[&str] = match (heard.is_some(), asks_replicas(heard)) {
+            (false, _) => &["CKQUORUM", "MASTER", "REPLICAS"],
+            (true, true) => &["REPLICAS", "CKQUORUM"],
+            (true, false) => &["CKQUORUM"],
+        };
         for sub in subs {
             pipe.cmd("SENTINEL").arg(*sub).arg(master);
         }
