@@ -4,7 +4,10 @@
 # Prints the time from polestar's start to every master published, its RSS, its CPU at idle
 # over IDLE seconds, and during a failover storm of the STORM masters at once: its CPU, DNS
 # QPS (dnsperf) and HTTP requests/s (a bounded load loop), and how long until all were
-# published on their new primary.
+# published on their new primary (and, from polestar's own switch events, when it flipped
+# each one); a storm that does not finish is reported, not an abort. Also the RSS after the
+# idle time. SCALE_HOLD=1 keeps the cluster up without polestar (to profile polestar against
+# it by hand) until Ctrl-C.
 #
 #   bench/scale.sh [MASTERS] [STORM] [IDLE]      (defaults: 1000 50 30)
 #

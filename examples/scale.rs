@@ -77,6 +77,9 @@ async fn main() -> anyhow::Result<()> {
     let round = masters_round(&sentinels).await?;
 
     let config = polestar_config(dir.path(), &sentinels, http_port, dns_port)?;
+    if std::env::var_os("SCALE_HOLD").is_some() {
+        return hold(&config, &procs).await;
+    }
     let started = Instant::now();
     procs.0.push(polestar(&config, dir.path())?);
     let pid = procs.0.last().map(Child::id).context("polestar")?;
@@ -99,6 +102,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(IDLE_SETTLE).await;
     let span = Duration::from_secs(idle as u64);
     let (cpu, sentinel_cpu) = tokio::try_join!(cpu_over(pid, span), cpu_over(sentinel_pid, span))?;
+    println!("polestar after the idle time: {}", memory(pid)?);
     println!(
         "polestar idle CPU over {idle}s ({}s after): {:.2}% of one core; a Sentinel over the same seconds: {:.2}% ({:.2}x)",
         IDLE_SETTLE.as_secs(),
@@ -115,6 +119,8 @@ async fn main() -> anyhow::Result<()> {
     let dnsperf = dnsperf(&queries, dns_port)?;
     let http_load = tokio::spawn(http_load(http.clone(), api.clone(), masters));
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let since = last_event(&http, &api).await;
+    let storm_wall = unix_ms();
     let storm_started = Instant::now();
     let started_names = failover_storm(&sentinels, &names).await;
     let storm_sent = storm_started.elapsed().as_secs_f64();
@@ -133,13 +139,19 @@ async fn main() -> anyhow::Result<()> {
     let dns_out = dnsperf.wait_with_output()?;
     let load_secs = load_started.elapsed().as_secs_f64();
     let cpu_storm = (cpu_ticks(pid)? - before) as f64 / clk_tck() / load_secs;
-    storm_result?;
     println!(
-        "storm: {} of {storm} failovers started (the last {storm_sent:.2}s after the first try; {} never started, see above), \
-         every started one published on its new primary {storm_secs:.2}s after the first SENTINEL FAILOVER",
+        "storm: {} of {storm} failovers started (the last {storm_sent:.2}s after the first try; {} never started, see above)",
         started_names.len(),
         storm - started_names.len()
     );
+    match storm_result {
+        Ok(_) => println!(
+            "  every started one published and state ok {storm_secs:.2}s after the first SENTINEL FAILOVER (the Sentinels' +failover-end)"
+        ),
+        Err(e) => println!("  not all published and ok within 60s: {e:#}"),
+    }
+    let flips = switches(&http, &api, since, &started_names).await?;
+    println!("  {}", flip_summary(&flips, storm_wall, started_names.len()));
     println!(
         "during the storm ({load_secs:.1}s window): polestar CPU {:.1}% of one core, RSS {:.1} MB",
         cpu_storm * 100.0,
@@ -155,6 +167,66 @@ async fn main() -> anyhow::Result<()> {
     );
     drop(procs);
     Ok(())
+}
+
+/// `SCALE_HOLD=1`: the cluster stays up, without polestar, until Ctrl-C, so that polestar can
+/// be started (and profiled, restarted, rebuilt) against it by hand.
+async fn hold(config: &Path, procs: &Procs) -> anyhow::Result<()> {
+    let pids: Vec<String> = procs.0.iter().rev().take(3).map(|c| c.id().to_string()).collect();
+    println!("holding: target/release/polestar run -c {}", config.display());
+    println!("  sentinel pids {}; Ctrl-C stops everything", pids.join(" "));
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}
+
+/// The id of the last event polestar retained (0: none).
+async fn last_event(http: &reqwest::Client, api: &str) -> u64 {
+    let events = async { http.get(format!("{api}/v1/events")).send().await?.json::<Value>().await };
+    let list = events.await.ok().and_then(|v| v.as_array().cloned()).unwrap_or_default();
+    list.iter().filter_map(|e| e["id"].as_u64()).max().unwrap_or(0)
+}
+
+/// polestar's `switch` events after `since` of the `names`: (unix ms of the flip, polestar's
+/// own latency from the Sentinel event that decided it, in ms).
+async fn switches(
+    http: &reqwest::Client,
+    api: &str,
+    since: u64,
+    names: &[String],
+) -> anyhow::Result<Vec<(u64, f64)>> {
+    let url = format!("{api}/v1/events?since={since}");
+    let list: Value = http.get(url).send().await?.json().await?;
+    let ours =
+        |e: &&Value| e["kind"] == "switch" && names.iter().any(|n| e["master"].as_str() == Some(n));
+    let events = list.as_array().map(Vec::as_slice).unwrap_or_default();
+    Ok(events
+        .iter()
+        .filter(ours)
+        .filter_map(|e| Some((e["time_ms"].as_u64()?, e["latency_ms"].as_f64()?)))
+        .collect())
+}
+
+/// When polestar flipped the stormed masters, from its own `switch` events: the last flip
+/// after the first `SENTINEL FAILOVER`, and polestar's share (event to flip).
+fn flip_summary(flips: &[(u64, f64)], storm_ms: u64, started: usize) -> String {
+    let Some(last) = flips.iter().map(|(at, _)| *at).max() else {
+        return format!("polestar flipped none of the {started} started failovers");
+    };
+    let mut own: Vec<f64> = flips.iter().map(|(_, l)| *l).collect();
+    own.sort_by(f64::total_cmp);
+    let p50 = own[own.len() / 2];
+    let max = own[own.len() - 1];
+    format!(
+        "polestar flipped {} of {started} (switch events), the last {:.2}s after the first SENTINEL FAILOVER; \
+         its own share, Sentinel event to flip: p50 {p50:.1} ms, max {max:.1} ms",
+        flips.len(),
+        last.saturating_sub(storm_ms) as f64 / 1000.0
+    )
+}
+
+fn unix_ms() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// `count` loopback ports from FIRST_PORT up (below the ephemeral range, so the Sentinels'
@@ -446,6 +518,23 @@ async fn cpu_over(pid: u32, span: Duration) -> anyhow::Result<f64> {
     let before = cpu_ticks(pid)?;
     tokio::time::sleep(span).await;
     Ok((cpu_ticks(pid)? - before) as f64 / clk_tck() / span.as_secs_f64())
+}
+
+/// RSS now (anonymous, file-backed) and at its peak (`VmHWM`).
+fn memory(pid: u32) -> anyhow::Result<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let mb = |key: &str| {
+        let line = status.lines().find_map(|l| l.strip_prefix(key));
+        let kb = line.and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok());
+        kb.map(|kb| kb / 1024.0).unwrap_or(f64::NAN)
+    };
+    Ok(format!(
+        "RSS {:.1} MB ({:.1} anonymous, {:.1} file), peak {:.1} MB",
+        mb("VmRSS:"),
+        mb("RssAnon:"),
+        mb("RssFile:"),
+        mb("VmHWM:")
+    ))
 }
 
 fn rss_mb(pid: u32) -> anyhow::Result<f64> {

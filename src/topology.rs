@@ -201,6 +201,36 @@ impl Publisher {
         self.replace(Snapshot { version: 0, masters, source_reachable })
     }
 
+    /// Publishes the current snapshot with some masters' views replaced (`None`: the master is
+    /// gone), if that changes anything; every other master keeps its `Arc`. Nothing is copied
+    /// unless a view differs: the decider calls this after every observation.
+    pub fn update(
+        &self,
+        views: impl IntoIterator<Item = (Option<Master>, String)>,
+        source_reachable: bool,
+    ) -> Option<Arc<Snapshot>> {
+        let current = self.writer.borrow().clone();
+        let differs =
+            |(view, name): &(Option<Master>, String)| match (current.masters.get(name), view) {
+                (Some(old), Some(new)) => **old != *new,
+                (None, None) => false,
+                _ => true,
+            };
+        let changed: Vec<(Option<Master>, String)> = views.into_iter().filter(differs).collect();
+        let same = changed.is_empty() && current.source_reachable == source_reachable;
+        if same && current.version > 0 {
+            return None;
+        }
+        let mut masters = current.masters.clone();
+        for (view, name) in changed {
+            match view {
+                Some(view) => masters.insert(name, Arc::new(view)),
+                None => masters.remove(&name),
+            };
+        }
+        self.replace(Snapshot { version: 0, masters, source_reachable })
+    }
+
     /// Publishes `snapshot`'s content (its version is ignored) if it differs from the
     /// current one, with the next version.
     pub fn replace(&self, snapshot: Snapshot) -> Option<Arc<Snapshot>> {
@@ -269,6 +299,26 @@ mod tests {
         let unchanged = reader.borrow().masters["m"].clone();
         publisher.publish([master("m", 2), master("n", 1)], false);
         assert!(Arc::ptr_eq(&unchanged, &reader.borrow().masters["m"]), "shared, not rebuilt");
+    }
+
+    #[test]
+    fn an_update_replaces_only_the_views_given_and_shares_the_rest() {
+        let (writer, reader) = channel();
+        let publisher = Publisher::new(writer);
+        publisher.publish([master("a", 1), master("b", 1)], true);
+        let a = reader.borrow().masters["a"].clone();
+        let same = [(Some(master("b", 1)), "b".to_string())];
+        assert!(publisher.update(same, true).is_none(), "nothing changed");
+        assert_eq!(reader.borrow().version, 1);
+        let snapshot = publisher.update([(Some(master("b", 2)), "b".into())], true);
+        assert_eq!(snapshot.map(|s| s.version), Some(2));
+        assert_eq!(reader.borrow().masters["b"].epoch, Some(2));
+        assert!(Arc::ptr_eq(&a, &reader.borrow().masters["a"]), "a is shared, not rebuilt");
+        assert!(publisher.update([(None, "a".into())], true).is_some(), "a is gone");
+        assert!(!reader.borrow().masters.contains_key("a"));
+        assert!(publisher.update([(None, "a".into())], true).is_none(), "gone already");
+        assert!(publisher.update([], false).is_some(), "reachability counts");
+        assert_eq!(reader.borrow().version, 4);
     }
 
     #[test]

@@ -550,3 +550,53 @@ async fn lag_stays_known_from_the_replicas_own_offsets_while_the_primary_is_stop
     );
     env.lab.cont_node(index(primary)).expect("SIGCONT the primary");
 }
+
+/// The last command of each of polestar's connections to the Sentinel at `addr` that is
+/// neither its link's subscription nor a Sentinel peer's (`CLIENT LIST`'s `cmd`).
+async fn polestar_commands(addr: std::net::SocketAddr) -> Vec<String> {
+    let list: String = query(addr, redis::cmd("CLIENT").arg("LIST")).await.unwrap_or_default();
+    let field = |line: &str, key: &str| {
+        line.split_whitespace().find_map(|f| f.strip_prefix(key)).unwrap_or("").to_string()
+    };
+    let ours = |line: &&str| {
+        !field(line, "name=").starts_with("sentinel-")
+            && field(line, "psub=") == "0"
+            && field(line, "cmd=") != "client|list"
+    };
+    list.lines().filter(ours).map(|line| field(line, "cmd=")).collect()
+}
+
+/// Issue 24, regression (`links_started_before_they_were_given_heard`): the Sentinel links
+/// were started before the decider was given the place for their records, so the readiness
+/// poll asked every Sentinel `SENTINEL MASTER` of every master every round instead of taking
+/// what the links had read. Once the links have reconciled, a round asks `INFO`, then per
+/// master `REPLICAS` (it has replicas) and `CKQUORUM`, never `MASTER`: the poll's last
+/// command on every Sentinel is `CKQUORUM`, round after round (without the links' records
+/// it is `REPLICAS`, after `CKQUORUM` and `MASTER`).
+#[tokio::test]
+async fn the_readiness_poll_takes_the_links_records_instead_of_asking_again() {
+    let env = start().await;
+    // The rounds before the links' first full reconciliation ask everything, as they must.
+    env.wait_until(STARTUP, "a round that took the links' records", || async {
+        for addr in env.lab.running_sentinels() {
+            let commands = polestar_commands(addr).await;
+            anyhow::ensure!(
+                commands.iter().any(|c| c == "sentinel|ckquorum"),
+                "{addr}: {commands:?}"
+            );
+        }
+        Ok(())
+    })
+    .await;
+    let mut seen = Vec::new();
+    let end = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < end {
+        for addr in env.lab.running_sentinels() {
+            seen.extend(polestar_commands(addr).await);
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    let asked_again = |c: &String| c == "sentinel|master" || c == "sentinel|replicas";
+    assert!(!seen.iter().any(asked_again), "a round without the links' records: {seen:?}");
+    assert!(seen.iter().any(|c| c == "sentinel|ckquorum"), "no poll round seen: {seen:?}");
+}

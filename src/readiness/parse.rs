@@ -8,6 +8,7 @@ use std::time::Duration;
 use redis::Value;
 
 use super::facts::{MasterFacts, ReplicaFacts};
+use crate::sentinel::message::Fields;
 
 /// Replies are quoted in blockers at most this long.
 const QUOTE: usize = 120;
@@ -67,10 +68,10 @@ pub fn master(reply: &Value) -> Result<MasterFacts, String> {
     record(reply).as_ref().and_then(master_record).ok_or_else(bad)
 }
 
-/// One master's record (of `SENTINEL MASTER`, or one of `SENTINEL MASTERS`).
-pub fn master_record(r: &HashMap<String, String>) -> Option<MasterFacts> {
-    let epoch = r.get("config-epoch")?.parse().ok()?;
-    Some(MasterFacts { primary: addr(r)?, epoch })
+/// One master's record (of `SENTINEL MASTER`, or one of `SENTINEL MASTERS`, read in place).
+pub fn master_record(r: &impl Fields) -> Option<MasterFacts> {
+    let epoch = r.field("config-epoch")?.parse().ok()?;
+    Some(MasterFacts { primary: join(&r.field("ip")?, &r.field("port")?)?, epoch })
 }
 
 /// `SENTINEL REPLICAS <name>`; one unreadable record makes the whole answer unreadable.
@@ -99,8 +100,11 @@ fn replica(r: &HashMap<String, String>) -> Option<ReplicaFacts> {
 }
 
 fn addr(r: &HashMap<String, String>) -> Option<String> {
-    let port: u16 = r.get("port")?.parse().ok()?;
-    let ip = r.get("ip")?;
+    join(r.get("ip")?, r.get("port")?)
+}
+
+fn join(ip: &str, port: &str) -> Option<String> {
+    let port: u16 = port.parse().ok()?;
     Some(if ip.contains(':') { format!("[{ip}]:{port}") } else { format!("{ip}:{port}") })
 }
 

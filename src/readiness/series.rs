@@ -11,8 +11,7 @@ use crate::metrics::{FAILOVER_BLOCKED, FAILOVER_READY, REPLICA_LAG};
 pub fn register_master(master: &str) {
     metrics::gauge!(FAILOVER_READY, "master" => master.to_string()).set(0.0);
     for reason in Reason::ALL {
-        let labels = [("master", master.to_string()), ("reason", reason.as_str().to_string())];
-        metrics::gauge!(FAILOVER_BLOCKED, &labels).set(0.0);
+        blocked(master, reason).set(0.0);
     }
 }
 
@@ -22,9 +21,7 @@ pub fn set(master: &str, now: &MasterReadiness, before: Option<&BTreeMap<String,
     let ready = if now.verdict.ready { 1.0 } else { 0.0 };
     metrics::gauge!(FAILOVER_READY, "master" => master.to_string()).set(ready);
     for reason in Reason::ALL {
-        let blocked = if now.verdict.blocked_by(reason) { 1.0 } else { 0.0 };
-        let labels = [("master", master.to_string()), ("reason", reason.as_str().to_string())];
-        metrics::gauge!(FAILOVER_BLOCKED, &labels).set(blocked);
+        blocked(master, reason).set(if now.verdict.blocked_by(reason) { 1.0 } else { 0.0 });
     }
     for (replica, lag) in &now.lags {
         let labels = [("master", master.to_string()), ("replica", replica.clone())];
@@ -34,4 +31,10 @@ pub fn set(master: &str, now: &MasterReadiness, before: Option<&BTreeMap<String,
         let labels = [("master", master.to_string()), ("replica", gone.0.clone())];
         metrics::gauge!(REPLICA_LAG, &labels).set(f64::NAN);
     }
+}
+
+/// `polestar_failover_blocked{master,reason}`; the reason is a static label (no copy of it per
+/// series: there are six per master).
+fn blocked(master: &str, reason: Reason) -> metrics::Gauge {
+    metrics::gauge!(FAILOVER_BLOCKED, "master" => master.to_string(), "reason" => reason.as_str())
 }

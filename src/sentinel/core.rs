@@ -271,6 +271,14 @@ impl State {
         let Some(published) = self.publication.primary() else { return false };
         self.failover.iter().any(|s| quorum.epochs.get(s).is_none_or(|e| *e > published.epoch))
     }
+
+    /// Whether [`Evidence::Tick`] can change anything: a promotion has a deadline
+    /// ([`FENCE_WITHOUT_FLIP`]), and a provisional flip is checked every tick (its node's
+    /// `ROLE`, how long it has been contradicted). The shell ticks only these, not a thousand
+    /// idle masters a second; the lineage is pruned at each report instead.
+    pub fn waits_for_time(&self) -> bool {
+        self.promotion.is_some() || matches!(self.publication, Publication::Provisional { .. })
+    }
 }
 
 /// How the configured Sentinels stand, across masters: the context every decision reads.
@@ -448,6 +456,7 @@ pub fn decide(
         Evidence::Report { from, primary, failover, replicas, followers } => {
             d.report(from, primary, failover, replicas);
             d.state.extend_lineage(&followers, now.at);
+            d.prune_lineage(now.at);
         }
         Evidence::Gone { from } => d.gone(from),
         Evidence::FailoverStarted { from, coordinated } => d.failover_started(from, coordinated),
@@ -721,11 +730,16 @@ impl Decision<'_> {
     /// Time passes: the lineage forgets what the Sentinels stopped listing, a provisional flip
     /// the Sentinels contradict long enough is withdrawn (else its node is asked `ROLE`
     /// again), and a promotion that no flip followed in time is given up (its fence lifted).
-    fn tick(&mut self, now: Instant) {
+    /// Forgets the lineage nodes no configured Sentinel listed for [`LINEAGE_TTL`], while a
+    /// majority of them report (a lineage is never forgotten for want of reports).
+    fn prune_lineage(&mut self, now: Instant) {
         if self.state.listed.len() >= self.quorum.majority() {
             let kept: Vec<Node> = self.state.kept().into_iter().cloned().collect();
             self.state.lineage.prune(now, &kept.iter().collect::<Vec<_>>());
         }
+    }
+
+    fn tick(&mut self, now: Instant) {
         if let Publication::Provisional { primary, doubted, .. } = &self.state.publication {
             if doubted.is_some_and(|t| now.saturating_duration_since(t) >= CONTRADICTED_FLIP) {
                 return self.abort(true, "contradicted");

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use redis::Value;
 use serde_json::json;
+use tokio::sync::Semaphore;
 
 use crate::events::EventLog;
 use crate::node::Nodes;
@@ -40,12 +41,25 @@ pub fn verdict(reply: Option<redis::RedisResult<Value>>) -> Verdict {
     }
 }
 
+/// Checks in flight at once: every node of every master is checked once, at start-up, and a
+/// thousand at once were a thousand connections open together.
+pub const AT_ONCE: usize = 8;
+
 /// Asks the node at `addr` (of the lineage of `master`: the node credentials may go there)
-/// and logs a warning, with an event, if its default user may publish a hello.
-pub async fn check(nodes: Arc<Nodes>, events: Arc<EventLog>, master: String, addr: SocketAddr) {
+/// over a connection of its own, once one of the [`AT_ONCE`] permits of `limit` is free, and
+/// logs a warning, with an event, if its default user may publish a hello.
+pub async fn check(
+    nodes: Arc<Nodes>,
+    events: Arc<EventLog>,
+    limit: Arc<Semaphore>,
+    master: String,
+    addr: SocketAddr,
+) {
+    // The decider never closes the semaphore.
+    let Ok(_permit) = limit.acquire().await else { return };
     let mut cmd = redis::cmd("ACL");
     cmd.arg("DRYRUN").arg("default").arg("PUBLISH").arg("__sentinel__:hello").arg("x");
-    match verdict(nodes.query(addr, &cmd, DEADLINE).await) {
+    match verdict(nodes.query_once(addr, &cmd, DEADLINE).await) {
         Verdict::MayPublish => {
             tracing::warn!(%master, node = %addr, "a data node lets its default user publish Sentinel hellos: any client can move every Sentinel to a node of its choice; deny PUBLISH on __sentinel__:* (see the README)");
             let data = json!({ "node": addr.to_string(), "user": "default" });

@@ -35,8 +35,8 @@ use tokio_util::sync::CancellationToken;
 use super::conn::{Endpoint, PushSink, connect};
 use super::core::Follower;
 use super::message::{
-    Addr, Event, MasterRecord, PeerRecord, ReplicaRecord, coordinated_failover, master_addr,
-    records, text,
+    Addr, Borrowed, Event, MasterRecord, PeerRecord, ReplicaRecord, borrowed_records,
+    coordinated_failover, master_addr, records, text,
 };
 use super::{LinkId, MasterReport, Observation, Report, Scope};
 use crate::readiness::facts::MasterFacts;
@@ -397,21 +397,12 @@ async fn reconcile(
 ) -> Result<(Report, Read), LinkError> {
     let conn = &mut conn;
     let full = scope == Scope::All;
-    let served = |r: &HashMap<String, String>| {
-        only.as_ref().is_none_or(|names| r.get("name").is_some_and(|n| names.contains(n)))
-    };
-    let read_master = |r: &HashMap<String, String>| {
-        let m = MasterRecord::from_record(r)?;
-        let facts = keep.then(|| {
-            readiness::parse::master_record(r)
-                .ok_or_else(|| format!("SENTINEL MASTERS lists {r:?}"))
-        });
-        Some((m, facts))
-    };
-    let masters: Vec<(MasterRecord, Option<Result<MasterFacts, String>>)> = match &scope {
+    let served = |m: &MasterRecord| only.as_ref().is_none_or(|names| names.contains(&m.name));
+    let masters: Vec<(MasterRecord, Option<MasterFacts>)> = match &scope {
         Scope::All => {
             let masters: Value = redis::cmd("SENTINEL").arg("MASTERS").query_async(conn).await?;
-            records(&masters).iter().filter(|r| served(r)).filter_map(read_master).collect()
+            let records = borrowed_records(&masters).filter_map(|r| read_master(&r, keep));
+            records.filter(|(m, _)| served(m)).collect()
         }
         Scope::Masters(names) => {
             // A master this Sentinel no longer monitors answers an error: it is left out of
@@ -422,40 +413,27 @@ async fn reconcile(
                 pipe.cmd("SENTINEL").arg("MASTER").arg(name);
             }
             let replies: Vec<Value> = pipe.query_async(conn).await?;
-            let records = replies.iter().filter_map(super::message::record);
-            records.filter_map(|r| read_master(&r)).collect()
+            let records = replies.iter().filter_map(Borrowed::new);
+            records.filter_map(|r| read_master(&r, keep)).collect()
         }
     };
-    // Asked of each master: its address (always), its replicas (unless it has none) and, in a
-    // full reconciliation, its peers when `peers` says so.
     let mut peers = peers.filter(|_| full);
     if let Some(p) = &mut peers {
         p.rounds = p.rounds.wrapping_add(1);
     }
-    let asks: Vec<(bool, bool)> = masters
-        .iter()
-        .map(|(m, _)| (m.replicas != Some(0), peers.as_ref().is_some_and(|p| p.due(m))))
-        .collect();
-    let mut pipe = redis::pipe();
-    for ((m, _), (replicas, peers)) in masters.iter().zip(&asks) {
-        pipe.cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(&m.name);
-        if *replicas {
-            pipe.cmd("SENTINEL").arg("REPLICAS").arg(&m.name);
-        }
-        if *peers {
-            pipe.cmd("SENTINEL").arg("SENTINELS").arg(&m.name);
-        }
-    }
-    let replies: Vec<Value> =
-        if masters.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
+    let asks: Vec<Asks> = masters.iter().map(|(m, _)| Asks::of(m, peers.as_ref())).collect();
+    let replies: Vec<Value> = match asks.iter().any(Asks::any) {
+        true => pipeline(&masters, &asks).query_async(conn).await?,
+        false => Vec::new(),
+    };
     let mut report = Report { link, scope: scope.clone(), masters: Vec::new(), with_peers: full };
     let mut read = Read { scope, masters: HashMap::new(), peers: None };
     let mut replies = replies.into_iter();
     let none = Value::Array(Vec::new());
-    for ((m, facts), (ask_replicas, ask_peers)) in masters.into_iter().zip(asks) {
-        let Some(addr) = replies.next() else { break };
-        let replicas = if ask_replicas { replies.next() } else { None };
-        let listed = if ask_peers { replies.next() } else { None };
+    for ((m, facts), asked) in masters.into_iter().zip(asks) {
+        let addr = if asked.addr { Some(replies.next().unwrap_or(Value::Nil)) } else { None };
+        let replicas = if asked.replicas { replies.next() } else { None };
+        let listed = if asked.peers { replies.next() } else { None };
         let replicas = replicas.as_ref().unwrap_or(&none);
         let listed = listed.map(|v| {
             let records = records(&v);
@@ -466,14 +444,73 @@ async fn reconcile(
         }
         if let Some(master) = facts {
             let replicas = readiness::parse::replicas(replicas);
-            read.masters.insert(m.name.clone(), Records { master, replicas });
+            read.masters.insert(m.name.clone(), Records { master: Ok(master), replicas });
         }
-        if let Some(master) = master_report(&m, &addr, replicas, listed).await {
+        if let Some(master) = master_report(&m, addr.as_ref(), replicas, listed).await {
             report.masters.push(master);
         }
     }
     read.peers = peers;
     Ok((report, read))
+}
+
+/// One master of `SENTINEL MASTERS`/`MASTER`, read in place, and with `keep` its facts for the
+/// readiness poll (the same fields: every record that reads has them).
+fn read_master(r: &Borrowed<'_>, keep: bool) -> Option<(MasterRecord, Option<MasterFacts>)> {
+    let m = MasterRecord::from_record(r)?;
+    let facts = if keep { Some(readiness::parse::master_record(r)?) } else { None };
+    Some((m, facts))
+}
+
+/// What a reconciliation asks of one master besides its record.
+struct Asks {
+    /// `SENTINEL GET-MASTER-ADDR-BY-NAME`: only while the record shows a failover in
+    /// progress. Sentinel answers it with the record's own address except while it leads a
+    /// failover past the promotion (`sentinelGetCurrentMasterAddress`: the promoted replica
+    /// from `RECONF_SLAVES` on, when the record already holds the new epoch and still the old
+    /// address), and only a Sentinel with `failover_in_progress` is in that state. Otherwise the
+    /// record's address and epoch are one reading, changed together by Sentinel
+    /// (`sentinelResetMasterAndChangeAddress` on a switch, a hello's configuration). Asking it
+    /// of every master was a third of a full reconciliation's commands at 1,000 masters.
+    addr: bool,
+    /// `SENTINEL REPLICAS`: unless `num-slaves` says there are none.
+    replicas: bool,
+    /// `SENTINEL SENTINELS`: in a full reconciliation, when [`PeerCounts`] says so.
+    peers: bool,
+}
+
+impl Asks {
+    fn of(m: &MasterRecord, peers: Option<&PeerCounts>) -> Self {
+        Self {
+            addr: m.failover_in_progress,
+            replicas: m.replicas != Some(0),
+            peers: peers.is_some_and(|p| p.due(m)),
+        }
+    }
+
+    fn any(&self) -> bool {
+        self.addr || self.replicas || self.peers
+    }
+}
+
+/// The commands `asks` calls for, in the order [`reconcile`] reads their replies.
+fn pipeline(masters: &[(MasterRecord, Option<MasterFacts>)], asks: &[Asks]) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    for ((m, _), asked) in masters.iter().zip(asks) {
+        let mut ask = |sub: &str| {
+            pipe.cmd("SENTINEL").arg(sub).arg(&m.name);
+        };
+        if asked.addr {
+            ask("GET-MASTER-ADDR-BY-NAME");
+        }
+        if asked.replicas {
+            ask("REPLICAS");
+        }
+        if asked.peers {
+            ask("SENTINELS");
+        }
+    }
+    pipe
 }
 
 /// One reconciliation's records for the readiness poll (empty unless asked to keep them),
@@ -696,13 +733,14 @@ async fn config_epoch(conn: &mut MultiplexedConnection, master: &str) -> Result<
 
 async fn master_report(
     m: &MasterRecord,
-    addr: &Value,
+    addr: Option<&Value>,
     replicas: &Value,
     peers: Option<Vec<PeerRecord>>,
 ) -> Option<MasterReport> {
-    // The address comes from get-master-addr-by-name, read after the epoch: during a failover
-    // it already names the promoted replica, never the old primary with the new epoch.
-    let primary = master_addr(addr).unwrap_or_else(|| m.addr.clone());
+    // During a failover the address comes from get-master-addr-by-name, read after the epoch:
+    // it already names the promoted replica, never the old primary with the new epoch (see
+    // [`Asks::addr`]); otherwise the record's own address is the one it would answer.
+    let primary = addr.and_then(master_addr).unwrap_or_else(|| m.addr.clone());
     let primary = resolve(&primary).await?;
     let (mut nodes, mut followers) = (Vec::new(), Vec::new());
     for r in records(replicas).iter().filter_map(ReplicaRecord::from_record) {
@@ -759,6 +797,37 @@ mod tests {
 
     fn masters(names: &[&str]) -> Scope {
         Scope::Masters(names.iter().map(|n| n.to_string()).collect())
+    }
+
+    #[test]
+    fn a_reconciliation_asks_the_address_only_during_a_failover() {
+        let record = |failover: bool, replicas: Option<usize>, peers: Option<usize>| {
+            let addr = Addr { host: "10.0.0.1".into(), port: 6379 };
+            let name = "m".to_string();
+            MasterRecord { name, addr, epoch: 1, failover_in_progress: failover, replicas, peers }
+        };
+        let mut counts = PeerCounts { asked: HashMap::from([("m".into(), 2)]), rounds: 2 };
+        // (failover, num-slaves, num-other-sentinels) -> (address, replicas, peers)
+        let cases = [
+            ((false, Some(0), Some(2)), (false, false, false)),
+            ((true, Some(0), Some(2)), (true, false, false)),
+            ((false, Some(1), Some(2)), (false, true, false)),
+            ((false, None, Some(2)), (false, true, false)),
+            ((false, Some(0), Some(3)), (false, false, true)),
+            ((false, Some(0), None), (false, false, true)),
+        ];
+        for ((failover, replicas, peers), want) in cases {
+            let asks = Asks::of(&record(failover, replicas, peers), Some(&counts));
+            assert_eq!(
+                (asks.addr, asks.replicas, asks.peers),
+                want,
+                "{failover} {replicas:?} {peers:?}"
+            );
+        }
+        counts.rounds = 1;
+        let due = Asks::of(&record(false, Some(0), Some(2)), Some(&counts));
+        assert!(due.peers && !due.addr && !due.replicas, "every PEERS_EVERY-th round");
+        assert!(!Asks::of(&record(false, Some(0), Some(2)), None).any(), "a scoped one");
     }
 
     #[test]

@@ -161,12 +161,10 @@ pub fn spawn(
     let config = config.clone();
     let stop = shutdown.clone();
     let start = move || {
-        let mut decider = Decider::new(&config, writer.clone(), events.clone(), stop.clone());
+        let (writer, events) = (writer.clone(), events.clone());
+        let mut decider = Decider::new(&config, writer, events, heard.clone(), stop.clone());
         if let Some(tx) = &drain {
             decider = decider.with_drain(tx.clone());
-        }
-        if let Some(heard) = &heard {
-            decider = decider.with_heard(heard.clone());
         }
         decider.run()
     };

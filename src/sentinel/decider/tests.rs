@@ -14,7 +14,7 @@ fn decider() -> (Decider, crate::topology::TopologyReader) {
     let config = Config::parse(text, Path::new("/")).expect("valid test config");
     let (writer, reader) = crate::topology::channel();
     let events = Arc::new(EventLog::new());
-    (Decider::new(&config, writer, events, CancellationToken::new()), reader)
+    (Decider::new(&config, writer, events, None, CancellationToken::new()), reader)
 }
 
 fn node(port: u16) -> Node {
@@ -267,7 +267,8 @@ async fn a_report_of_many_switching_masters_publishes_once() {
     let text = "sentinels: {addresses: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:3']}\n";
     let config = Config::parse(text, Path::new("/")).expect("valid test config");
     let (writer, reader) = crate::topology::channel();
-    let mut d = Decider::new(&config, writer, Arc::new(EventLog::new()), CancellationToken::new());
+    let mut d =
+        Decider::new(&config, writer, Arc::new(EventLog::new()), None, CancellationToken::new());
     for l in 0..3 {
         up(&mut d, l);
     }
@@ -297,4 +298,41 @@ async fn a_report_of_many_switching_masters_publishes_once() {
     assert_eq!(published, 200, "every master published by the majority's reports");
     let versions = snapshot.version - before;
     assert!(versions <= 6, "{versions} snapshots for three reports of 200 masters");
+}
+
+#[test]
+fn marks_add_up_until_every_master_is_marked() {
+    let mut dirty = Dirty::default();
+    assert_eq!(dirty, Dirty::Clean);
+    dirty.master("a");
+    dirty.master("b");
+    dirty.master("a");
+    assert_eq!(dirty, Dirty::Masters(BTreeSet::from(["a".into(), "b".into()])));
+    dirty.all();
+    dirty.master("c");
+    assert_eq!(dirty, Dirty::All, "every master covers any one");
+    assert_eq!(std::mem::take(&mut dirty), Dirty::All);
+    assert_eq!(dirty, Dirty::Clean, "taken by a snapshot");
+}
+
+/// Issue 24: a tick of idle masters (no promotion under way) changes nothing, so it neither
+/// runs their rule nor publishes; a report that changes one master republishes only it.
+#[tokio::test]
+async fn an_idle_tick_publishes_nothing_and_a_change_rebuilds_only_its_master() {
+    let (mut d, reader) = decider();
+    for link in 0..3 {
+        up(&mut d, link);
+        d.observe(report(link, 6379, 1, Vec::new()));
+    }
+    d.publish_snapshot();
+    let (version, before) = (reader.borrow().version, reader.borrow().masters["m"].clone());
+    d.tick();
+    d.publish_snapshot();
+    assert_eq!(reader.borrow().version, version, "an idle tick publishes nothing");
+    assert_eq!(d.dirty, Dirty::Clean);
+    d.observe(report(0, 6379, 1, Vec::new()));
+    assert_eq!(d.dirty, Dirty::Masters(BTreeSet::from(["m".into()])), "only the one reported");
+    d.publish_snapshot();
+    assert_eq!(reader.borrow().version, version, "the same report: the same view");
+    assert!(Arc::ptr_eq(&before, &reader.borrow().masters["m"]));
 }
