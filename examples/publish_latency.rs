@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures::StreamExt;
 use polestar::config::Config;
-use polestar::lab::{Lab, LabOptions};
+use polestar_lab::{Lab, LabOptions};
 use tokio_util::sync::CancellationToken;
 
 type Seen = Arc<Mutex<Vec<(String, Instant)>>>;
@@ -52,7 +52,7 @@ async fn main() -> anyhow::Result<()> {
     let seen: Seen = Arc::default();
     for addr in lab.sentinel_addrs() {
         match lab.certs() {
-            Some(certs) => tokio::spawn(subscribe_tls(addr, certs.client_tls(), seen.clone())),
+            Some(certs) => tokio::spawn(subscribe_tls(addr, client_tls(certs), seen.clone())),
             None => tokio::spawn(subscribe(addr, seen.clone())),
         };
     }
@@ -155,6 +155,16 @@ async fn subscribe(addr: SocketAddr, seen: Seen) -> anyhow::Result<()> {
 }
 
 /// Like `subscribe`, over TLS (RESP3 pushes on polestar's own connection code).
+/// What polestar's config says to talk to the TLS lab: its CA and polestar's certificate.
+fn client_tls(certs: &polestar_lab::tls::Certs) -> polestar::config::Tls {
+    polestar::config::Tls {
+        enabled: true,
+        ca_file: Some(certs.ca.clone()),
+        cert_file: Some(certs.client_cert.clone()),
+        key_file: Some(certs.client_key.clone()),
+    }
+}
+
 async fn subscribe_tls(
     addr: SocketAddr,
     tls: polestar::config::Tls,

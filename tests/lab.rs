@@ -1,10 +1,10 @@
 //! The lab itself: the cluster converges, faults do what they say, nothing is left behind.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use polestar::lab::{Lab, LabOptions, leftovers, query};
+use polestar_lab::conf::{self, Listen};
+use polestar_lab::{Flavor, Kind, Lab, LabOptions, Launch, leftovers, query};
 
 const FAILOVER: Duration = Duration::from_secs(30);
 
@@ -109,13 +109,12 @@ fn leftovers_of_a_dead_owner_are_killed() {
     std::fs::create_dir_all(&dir).expect("create a fake lab dir");
     // A pid above the kernel's maximum: an owner that is certainly dead.
     std::fs::write(dir.join("owner"), "4294967295 1\n").expect("owner file");
-    let mut orphan = Command::new("redis-server")
-        .args(["--port", "0", "--save", "", "--dir"])
-        .arg(&dir)
-        .current_dir(&dir)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server starts");
+    // Started as a lab starts its processes: working in its directory, no TCP port.
+    let listen = Listen { ip: [127, 0, 0, 1].into(), port: 0, dir: dir.clone(), logfile: None };
+    let text = conf::common(&listen) + conf::NO_PERSISTENCE;
+    let config = conf::write(&dir, Kind::Server, &text).expect("write its config");
+    let launch = Launch::server(&Flavor::Redis, Kind::Server, &config);
+    let mut orphan = launch.spawn().expect("redis-server starts");
     wait_for_cwd(orphan.id(), &dir);
     leftovers::clean();
     let status = orphan.wait().expect("reaped");
