@@ -52,7 +52,7 @@ async fn main() -> anyhow::Result<()> {
     let seen: Seen = Arc::default();
     for addr in lab.sentinel_addrs() {
         match lab.certs() {
-            Some(certs) => tokio::spawn(subscribe_tls(addr, client_tls(certs), seen.clone())),
+            Some(certs) => tokio::spawn(subscribe_tls(addr, certs.client_tls(), seen.clone())),
             None => tokio::spawn(subscribe(addr, seen.clone())),
         };
     }
@@ -155,13 +155,20 @@ async fn subscribe(addr: SocketAddr, seen: Seen) -> anyhow::Result<()> {
 }
 
 /// Like `subscribe`, over TLS (RESP3 pushes on polestar's own connection code).
-/// What polestar's config says to talk to the TLS lab: its CA and polestar's certificate.
-fn client_tls(certs: &polestar_lab::tls::Certs) -> polestar::config::Tls {
-    polestar::config::Tls {
-        enabled: true,
-        ca_file: Some(certs.ca.clone()),
-        cert_file: Some(certs.client_cert.clone()),
-        key_file: Some(certs.client_key.clone()),
+/// What polestar's config says to talk to the TLS lab: its CA and polestar's certificate (the
+/// lab crate knows nothing of polestar's config).
+trait ClientTls {
+    fn client_tls(&self) -> polestar::config::Tls;
+}
+
+impl ClientTls for polestar_lab::tls::Certs {
+    fn client_tls(&self) -> polestar::config::Tls {
+        polestar::config::Tls {
+            enabled: true,
+            ca_file: Some(self.ca.clone()),
+            cert_file: Some(self.client_cert.clone()),
+            key_file: Some(self.client_key.clone()),
+        }
     }
 }
 

@@ -50,11 +50,9 @@ fn arg(i: usize, default: usize) -> usize {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let (masters, storm, idle) = (arg(1, 1000), arg(2, 50), arg(3, 30));
-    // A lab directory: the processes of a run that died are killed by the next one.
-    leftovers::clean();
-    let dir = leftovers::new_dir()?;
+    let dir = lab_dir()?;
     let mut procs = Procs(Vec::new());
-    let mut ports = free_ports_from(FIRST_PORT, masters + storm + 3 + 2)?.into_iter();
+    let mut ports = free_ports(masters + storm + 3 + 2)?.into_iter();
     let nodes: Vec<u16> = ports.by_ref().take(masters).collect();
     let replicas: Vec<u16> = ports.by_ref().take(storm).collect();
     let sentinels: Vec<u16> = ports.by_ref().take(3).collect();
@@ -232,6 +230,18 @@ fn flip_summary(flips: &[(u64, f64)], storm_ms: u64, started: usize) -> String {
 fn unix_ms() -> u64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
     now.map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// A lab directory (see `polestar_lab::leftovers`): the servers of a run that died without
+/// cleaning up are killed by the next run, or by any lab's start.
+fn lab_dir() -> anyhow::Result<tempfile::TempDir> {
+    leftovers::clean();
+    leftovers::new_dir()
+}
+
+/// `count` loopback ports from FIRST_PORT up, skipping those in use.
+fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
+    free_ports_from(FIRST_PORT, count)
 }
 
 /// A tiny data node in its own directory under `dir`: no persistence, `maxmemory 2mb`, `hz 1`.

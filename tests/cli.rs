@@ -100,7 +100,6 @@ async fn demo_serves_a_cluster_and_ctrl_c_cleans_up() {
     let _one_demo = DEMO.lock().await;
     use nix::sys::signal::{Signal, kill};
     use std::process::{Command, Stdio};
-    use std::sync::{Arc, Mutex};
 
     let mut child = Command::new(BIN)
         .arg("demo")
@@ -110,27 +109,12 @@ async fn demo_serves_a_cluster_and_ctrl_c_cleans_up() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("polestar demo starts");
-    let (out, err) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+    let (out, err) = (Lines::default(), Lines::default());
     collect_lines(child.stdout.take().expect("piped"), out.clone());
     collect_lines(child.stderr.take().expect("piped"), err.clone());
     let logs = || format!("stdout:\n{}\nstderr:\n{}", lock(&out).join("\n"), lock(&err).join("\n"));
-    let found = |lines: &Arc<Mutex<Vec<String>>>, prefix: &str| {
-        lock(lines).iter().find_map(|l| Some(l[l.find(prefix)? + prefix.len()..].to_string()))
-    };
 
-    let end = tokio::time::Instant::now() + Duration::from_secs(60);
-    let (http, dir) = loop {
-        let http =
-            found(&err, "listening for HTTP on ").filter(|_| found(&err, ": ready").is_some());
-        if let (Some(http), Some(dir)) = (http, found(&out, "cluster ready in ")) {
-            break (http, dir);
-        }
-        assert!(tokio::time::Instant::now() < end, "demo not ready:\n{}", logs());
-        assert!(child.try_wait().expect("try_wait").is_none(), "demo exited:\n{}", logs());
-        tokio::time::sleep(POLL).await;
-    };
-    let http = http.split_whitespace().next().expect("an address").to_string();
-    let dir = std::path::PathBuf::from(dir.split_whitespace().next().expect("a directory"));
+    let (http, dir) = demo_ready(&mut child, &out, &err, logs).await;
     let body = reqwest::get(format!("http://{http}/v1/masters/mymaster/primary")).await;
     let body = body.expect("the demo's API answers").text().await.expect("a body");
     assert!(body.trim().parse::<std::net::SocketAddr>().is_ok(), "{body}\n{}", logs());
@@ -142,6 +126,35 @@ async fn demo_serves_a_cluster_and_ctrl_c_cleans_up() {
     assert_eq!(status.expect("reaped").code(), Some(0), "{}", logs());
     assert!(!dir.exists(), "{} is left behind", dir.display());
     assert!(no_process_works_in(&dir), "a process of the demo survived:\n{}", logs());
+}
+
+#[cfg(feature = "demo")]
+type Lines = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// The demo's HTTP address and its directory, once it logged both and `ready`; panics with
+/// `logs` when it exits first or takes more than a minute.
+#[cfg(feature = "demo")]
+async fn demo_ready(
+    child: &mut std::process::Child,
+    out: &Lines,
+    err: &Lines,
+    logs: impl Fn() -> String,
+) -> (String, std::path::PathBuf) {
+    let found = |lines: &Lines, prefix: &str| {
+        lock(lines).iter().find_map(|l| Some(l[l.find(prefix)? + prefix.len()..].to_string()))
+    };
+    let end = tokio::time::Instant::now() + Duration::from_secs(60);
+    let (http, dir) = loop {
+        let http = found(err, "listening for HTTP on ").filter(|_| found(err, ": ready").is_some());
+        if let (Some(http), Some(dir)) = (http, found(out, "cluster ready in ")) {
+            break (http, dir);
+        }
+        assert!(tokio::time::Instant::now() < end, "demo not ready:\n{}", logs());
+        assert!(child.try_wait().expect("try_wait").is_none(), "demo exited:\n{}", logs());
+        tokio::time::sleep(POLL).await;
+    };
+    let http = http.split_whitespace().next().expect("an address").to_string();
+    (http, std::path::PathBuf::from(dir.split_whitespace().next().expect("a directory")))
 }
 
 #[cfg(feature = "demo")]

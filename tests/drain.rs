@@ -1035,8 +1035,14 @@ async fn ten_thousand_clients_at_the_default_rate() {
 // With a real Sentinel: a planned failover driven by Sentinel's own events, as the decider
 // would relay them (Promoting at +selected-slave, Flipped at +promoted-slave).
 
-/// One Sentinel watching `master` as `mm` (quorum 1): the lab's standalone `Server`.
-async fn sentinel_for(master: &Server) -> polestar_lab::Server {
+/// One Sentinel watching `master` as `mm` (quorum 1), the lab's standalone `Server`; killed on
+/// drop.
+struct Sentinel {
+    port: u16,
+    _server: polestar_lab::Server,
+}
+
+async fn sentinel_for(master: &Server) -> Sentinel {
     let monitor = Monitor {
         name: "mm".into(),
         host: "127.0.0.1".into(),
@@ -1047,7 +1053,8 @@ async fn sentinel_for(master: &Server) -> polestar_lab::Server {
         parallel_syncs: 1,
     };
     let server = polestar_lab::Server::start(ServerOptions::sentinel(&monitor)).await;
-    server.unwrap_or_else(|e| panic!("cannot start redis-sentinel: {e:#}"))
+    let server = server.unwrap_or_else(|e| panic!("cannot start redis-sentinel: {e:#}"));
+    Sentinel { port: server.port(), _server: server }
 }
 
 async fn sentinel_ask(port: u16, args: &[&str]) -> String {
@@ -1138,7 +1145,7 @@ async fn a_planned_sentinel_failover_loses_no_acknowledged_write() {
     let blpop = tokio::spawn(blpop_client(route.clone(), new.addr(), stop.clone()));
 
     // Sentinel's events, relayed as the decider would.
-    let url = format!("redis://127.0.0.1:{}/", sentinel.port());
+    let url = format!("redis://127.0.0.1:{}/", sentinel.port);
     let mut pubsub = loop {
         if let Ok(c) = redis::Client::open(url.as_str()).expect("url").get_async_pubsub().await {
             break c;
@@ -1150,7 +1157,7 @@ async fn a_planned_sentinel_failover_loses_no_acknowledged_write() {
     let mut commanded = Instant::now();
     for _ in 0..100 {
         commanded = Instant::now();
-        let reply = sentinel_ask(sentinel.port(), &["SENTINEL", "FAILOVER", "mm"]).await;
+        let reply = sentinel_ask(sentinel.port, &["SENTINEL", "FAILOVER", "mm"]).await;
         if reply.starts_with("+OK") {
             failover_ok = true;
             break;
