@@ -12,7 +12,7 @@
 #   bench/scale.sh [MASTERS] [STORM] [IDLE]      (defaults: 1000 50 30)
 #
 # Loopback only; ports from 21000 up (below the ephemeral range). About 3 MB of RSS per
-# redis-server; everything started is killed on exit.
+# redis-server; everything started is killed on exit (or, after a kill -9, by the next run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/deps.sh

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures::StreamExt;
 use polestar::config::Config;
-use polestar::lab::{Lab, LabOptions};
+use polestar_lab::{Lab, LabOptions};
 use tokio_util::sync::CancellationToken;
 
 type Seen = Arc<Mutex<Vec<(String, Instant)>>>;
@@ -155,6 +155,23 @@ async fn subscribe(addr: SocketAddr, seen: Seen) -> anyhow::Result<()> {
 }
 
 /// Like `subscribe`, over TLS (RESP3 pushes on polestar's own connection code).
+/// What polestar's config says to talk to the TLS lab: its CA and polestar's certificate (the
+/// lab crate knows nothing of polestar's config).
+trait ClientTls {
+    fn client_tls(&self) -> polestar::config::Tls;
+}
+
+impl ClientTls for polestar_lab::tls::Certs {
+    fn client_tls(&self) -> polestar::config::Tls {
+        polestar::config::Tls {
+            enabled: true,
+            ca_file: Some(self.ca.clone()),
+            cert_file: Some(self.client_cert.clone()),
+            key_file: Some(self.client_key.clone()),
+        }
+    }
+}
+
 async fn subscribe_tls(
     addr: SocketAddr,
     tls: polestar::config::Tls,

@@ -11,15 +11,18 @@
 //!
 //! Run with `bench/scale.sh [MASTERS] [STORM] [IDLE]`.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use polestar::lab::query;
+use polestar_lab::conf::{self, Listen, Monitor};
+use polestar_lab::{Flavor, Kind, Launch, free_ports_from, leftovers, query};
 use serde_json::Value;
 
+/// The first port tried: below the ephemeral range, so that the Sentinels' and clients' own
+/// sockets do not take the servers' ports.
 const FIRST_PORT: u16 = 21000;
 const LOAD_SECONDS: u64 = 15;
 const HTTP_WORKERS: usize = 8;
@@ -47,7 +50,7 @@ fn arg(i: usize, default: usize) -> usize {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let (masters, storm, idle) = (arg(1, 1000), arg(2, 50), arg(3, 30));
-    let dir = tempfile::tempdir()?;
+    let dir = lab_dir()?;
     let mut procs = Procs(Vec::new());
     let mut ports = free_ports(masters + storm + 3 + 2)?.into_iter();
     let nodes: Vec<u16> = ports.by_ref().take(masters).collect();
@@ -229,51 +232,51 @@ fn unix_ms() -> u64 {
     now.map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// `count` loopback ports from FIRST_PORT up (below the ephemeral range, so the Sentinels'
-/// and clients' own sockets do not take them), skipping those in use.
+/// A lab directory (see `polestar_lab::leftovers`): the servers of a run that died without
+/// cleaning up are killed by the next run, or by any lab's start.
+fn lab_dir() -> anyhow::Result<tempfile::TempDir> {
+    leftovers::clean();
+    leftovers::new_dir()
+}
+
+/// `count` loopback ports from FIRST_PORT up, skipping those in use.
 fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
-    let ports: Vec<u16> = (FIRST_PORT..u16::MAX)
-        .filter(|p| TcpListener::bind(("127.0.0.1", *p)).is_ok())
-        .take(count)
-        .collect();
-    anyhow::ensure!(ports.len() == count, "not enough free ports from {FIRST_PORT}");
-    Ok(ports)
+    free_ports_from(FIRST_PORT, count)
 }
 
+/// A tiny data node in its own directory under `dir`: no persistence, `maxmemory 2mb`, `hz 1`.
 fn redis(dir: &Path, port: u16, replica_of: Option<u16>) -> anyhow::Result<Child> {
-    let mut cmd = Command::new("redis-server");
-    let port_s = port.to_string();
-    cmd.args(["--port", &port_s, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .args(["--maxmemory", "2mb", "--hz", "1", "--daemonize", "no", "--logfile", ""])
-        .args(["--dir", dir.to_str().unwrap_or("/tmp"), "--dbfilename", &format!("{port}.rdb")])
-        .args(["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]);
+    let listen = loopback(dir.join(format!("node-{port}")), port);
+    let mut text = conf::common(&listen) + conf::NO_PERSISTENCE + conf::DISKLESS_SYNC;
+    text.push_str("maxmemory 2mb\nhz 1\n");
     if let Some(primary) = replica_of {
-        cmd.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
+        text += &conf::replica_of("127.0.0.1", primary);
     }
-    Ok(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn()?)
+    let config = conf::write(&listen.dir, Kind::Server, &text)?;
+    Launch::server(&Flavor::Redis, Kind::Server, &config).spawn()
 }
 
+/// A Sentinel monitoring every one of `nodes` (`m0`, `m1`, ...), from its config file.
 fn sentinel(dir: &Path, port: u16, nodes: &[u16]) -> anyhow::Result<Child> {
-    let sdir = dir.join(format!("sentinel-{port}"));
-    std::fs::create_dir_all(&sdir)?;
-    let mut conf = format!(
-        "port {port}\nbind 127.0.0.1\ndaemonize no\nprotected-mode no\ndir {}\nlogfile \"\"\n",
-        sdir.display()
-    );
+    let listen = loopback(dir.join(format!("sentinel-{port}")), port);
+    let mut text = conf::common(&listen);
     for (i, node) in nodes.iter().enumerate() {
-        conf.push_str(&format!(
-            "sentinel monitor m{i} 127.0.0.1 {node} 2\nsentinel down-after-milliseconds m{i} 5000\n\
-             sentinel failover-timeout m{i} 10000\n"
-        ));
+        text += &conf::monitor(&Monitor {
+            name: format!("m{i}"),
+            host: "127.0.0.1".into(),
+            port: *node,
+            quorum: 2,
+            down_after: Duration::from_secs(5),
+            failover_timeout: Duration::from_secs(10),
+            parallel_syncs: 1,
+        });
     }
-    let path = sdir.join("sentinel.conf");
-    std::fs::write(&path, conf)?;
-    let child = Command::new("redis-sentinel")
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    Ok(child)
+    let config = conf::write(&listen.dir, Kind::Sentinel, &text)?;
+    Launch::server(&Flavor::Redis, Kind::Sentinel, &config).spawn()
+}
+
+fn loopback(dir: PathBuf, port: u16) -> Listen {
+    Listen { ip: [127, 0, 0, 1].into(), port, dir, logfile: None }
 }
 
 fn polestar_config(dir: &Path, sentinels: &[u16], http: u16, dns: u16) -> anyhow::Result<PathBuf> {

@@ -2,6 +2,9 @@
 //! Valkey with `POLESTAR_VALKEY_SERVER=/path/to/valkey-server`) and the daemon serving it, so
 //! that anyone can watch a failover move the DNS name and the API within a minute of cloning
 //! the repository. Ctrl-C stops everything it started.
+//!
+//! A module of the binary (`src/main.rs`), not of the library, behind the default `demo`
+//! feature: the cluster is the lab crate's (`crates/lab`), which the library never uses.
 
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
@@ -10,9 +13,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
-use crate::lab::{Flavor, Lab, LabOptions, VALKEY_ENV};
-use crate::log_output::say;
+use polestar::config::Config;
+use polestar::log_output::say;
+use polestar_lab::{Flavor, Lab, LabOptions, VALKEY_ENV};
 
 /// Preferred listeners; a free port is taken when one is busy.
 const DNS_PORT: u16 = 5353;
@@ -41,7 +44,7 @@ pub async fn demo(shutdown: CancellationToken) -> anyhow::Result<()> {
     let path = write_config(&lab, &listeners)?;
     let config = Config::load(&path)?;
     say(&guide(&lab, &listeners, &path).await);
-    let result = crate::daemon::run(config, shutdown.clone()).await;
+    let result = polestar::daemon::run(config, shutdown.clone()).await;
     // The cluster goes first thing after the daemon, whatever its result.
     drop(lab);
     say("demo stopped; every process it started is gone");

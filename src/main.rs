@@ -13,6 +13,9 @@ use polestar::client;
 use polestar::config::{self, Config};
 use polestar::log_output::{self, LogOutput};
 
+#[cfg(feature = "demo")]
+mod demo;
+
 #[derive(Parser)]
 #[command(
     name = "polestar",
@@ -103,6 +106,8 @@ enum Command {
     },
     /// A real local cluster (3 redis-server, 3 redis-sentinel on loopback) with polestar in
     /// front; Ctrl-C cleans up.
+    // Without the `demo` feature: not listed, and says so when asked for (see `demo`).
+    #[cfg_attr(not(feature = "demo"), command(hide = true, about = NO_DEMO))]
     Demo,
 }
 
@@ -158,12 +163,29 @@ fn command(command: Command) -> ExitCode {
                 }
             }
         }
-        Command::Demo => runtime(async {
-            let shutdown = CancellationToken::new();
-            tokio::spawn(signals(shutdown.clone()));
-            polestar::demo::demo(shutdown).await
-        }),
+        Command::Demo => demo(),
     }
+}
+
+#[cfg(feature = "demo")]
+fn demo() -> ExitCode {
+    runtime(async {
+        let shutdown = CancellationToken::new();
+        tokio::spawn(signals(shutdown.clone()));
+        demo::demo(shutdown).await
+    })
+}
+
+/// What `polestar demo` says in a build without the `demo` feature.
+#[cfg(not(feature = "demo"))]
+const NO_DEMO: &str = "this polestar was built without the `demo` feature \
+    (cargo build --no-default-features): it has no demo; build it with the default features \
+    (cargo run --release -- demo) to get one";
+
+#[cfg(not(feature = "demo"))]
+fn demo() -> ExitCode {
+    report(&format!("error: {NO_DEMO}"));
+    ExitCode::from(2)
 }
 
 /// The token for POST endpoints: `--token-file`, `$POLESTAR_ADMIN_TOKEN`, or the default file

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use nix::sys::signal::Signal;
-use polestar::lab::tls::Certs;
-use polestar::lab::{Lab, LabOptions};
+use polestar_lab::tls::Certs;
+use polestar_lab::{Lab, LabOptions};
 use serde_json::Value;
 
 const AGENT_TOKEN: &str = "agent-token-for-tests";
@@ -83,7 +83,7 @@ async fn an_agent_over_https_with_the_token_follows_a_failover_while_one_of_its_
     let up = upstream(&lab, &certs, dir.path()).await;
     let other = upstream(&lab, &certs, dir.path()).await;
     // A majority of the three configured upstreams is two: the dead one still counts.
-    let dead = format!("https://127.0.0.1:{}", polestar::lab::free_service_port().unwrap());
+    let dead = format!("https://127.0.0.1:{}", polestar_lab::free_service_port().unwrap());
     let urls = [dead, up.api(), other.api()];
     let agent = agent(&lab, &certs, dir.path(), &urls, AGENT_TOKEN).await;
     let old = lab.primary().await.expect("primary").to_string();

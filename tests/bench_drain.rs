@@ -21,7 +21,7 @@ use anyhow::Context;
 use common::*;
 use netns::client::{Client, Pace, Target};
 use netns::measure::{NOONE, PROMOTED, SWITCH, SentinelEvents, emit, env_or, median_max, secs};
-use polestar::lab::{Lab, LabOptions};
+use polestar_lab::{Lab, LabOptions};
 use tokio::time::{sleep, timeout};
 use tokio_util::sync::CancellationToken;
 

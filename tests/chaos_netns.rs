@@ -8,7 +8,7 @@ use crate::chaos;
 use std::time::Duration;
 
 use chaos::Settings;
-use polestar::lab::Flavor;
+use polestar_lab::Flavor;
 
 fn save(table: &str) {
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/target/chaos-report.txt");
@@ -50,7 +50,7 @@ async fn valkey_short_chaos_run_strands_no_client_and_loses_no_planned_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the long soak: bench/chaos.sh [SEED] [FAULTS] [MINUTES]"]
 async fn chaos_soak() {
-    let flavor = polestar::lab::Flavor::from_env();
+    let flavor = polestar_lab::Flavor::from_env();
     soak_and_check(Settings { seed: 1, faults: 50, duration: Duration::from_secs(600), flavor })
         .await;
 }

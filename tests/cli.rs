@@ -11,6 +11,7 @@ use common::*;
 const QUICK: Duration = Duration::from_secs(30);
 /// Demos prefer the fixed ports 8053 and 5353: one at a time (nextest's `demo` group does the
 /// same across processes).
+#[cfg(feature = "demo")]
 static DEMO: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test]
@@ -93,12 +94,12 @@ async fn status_against_no_api_fails_naming_the_address() {
 }
 
 /// `polestar demo`: serves its own cluster, and Ctrl-C (SIGINT) removes every trace of it.
+#[cfg(feature = "demo")]
 #[tokio::test]
 async fn demo_serves_a_cluster_and_ctrl_c_cleans_up() {
     let _one_demo = DEMO.lock().await;
     use nix::sys::signal::{Signal, kill};
     use std::process::{Command, Stdio};
-    use std::sync::{Arc, Mutex};
 
     let mut child = Command::new(BIN)
         .arg("demo")
@@ -108,27 +109,12 @@ async fn demo_serves_a_cluster_and_ctrl_c_cleans_up() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("polestar demo starts");
-    let (out, err) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+    let (out, err) = (Lines::default(), Lines::default());
     collect_lines(child.stdout.take().expect("piped"), out.clone());
     collect_lines(child.stderr.take().expect("piped"), err.clone());
     let logs = || format!("stdout:\n{}\nstderr:\n{}", lock(&out).join("\n"), lock(&err).join("\n"));
-    let found = |lines: &Arc<Mutex<Vec<String>>>, prefix: &str| {
-        lock(lines).iter().find_map(|l| Some(l[l.find(prefix)? + prefix.len()..].to_string()))
-    };
 
-    let end = tokio::time::Instant::now() + Duration::from_secs(60);
-    let (http, dir) = loop {
-        let http =
-            found(&err, "listening for HTTP on ").filter(|_| found(&err, ": ready").is_some());
-        if let (Some(http), Some(dir)) = (http, found(&out, "cluster ready in ")) {
-            break (http, dir);
-        }
-        assert!(tokio::time::Instant::now() < end, "demo not ready:\n{}", logs());
-        assert!(child.try_wait().expect("try_wait").is_none(), "demo exited:\n{}", logs());
-        tokio::time::sleep(POLL).await;
-    };
-    let http = http.split_whitespace().next().expect("an address").to_string();
-    let dir = std::path::PathBuf::from(dir.split_whitespace().next().expect("a directory"));
+    let (http, dir) = demo_ready(&mut child, &out, &err, logs).await;
     let body = reqwest::get(format!("http://{http}/v1/masters/mymaster/primary")).await;
     let body = body.expect("the demo's API answers").text().await.expect("a body");
     assert!(body.trim().parse::<std::net::SocketAddr>().is_ok(), "{body}\n{}", logs());
@@ -142,6 +128,36 @@ async fn demo_serves_a_cluster_and_ctrl_c_cleans_up() {
     assert!(no_process_works_in(&dir), "a process of the demo survived:\n{}", logs());
 }
 
+#[cfg(feature = "demo")]
+type Lines = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// The demo's HTTP address and its directory, once it logged both and `ready`; panics with
+/// `logs` when it exits first or takes more than a minute.
+#[cfg(feature = "demo")]
+async fn demo_ready(
+    child: &mut std::process::Child,
+    out: &Lines,
+    err: &Lines,
+    logs: impl Fn() -> String,
+) -> (String, std::path::PathBuf) {
+    let found = |lines: &Lines, prefix: &str| {
+        lock(lines).iter().find_map(|l| Some(l[l.find(prefix)? + prefix.len()..].to_string()))
+    };
+    let end = tokio::time::Instant::now() + Duration::from_secs(60);
+    let (http, dir) = loop {
+        let http = found(err, "listening for HTTP on ").filter(|_| found(err, ": ready").is_some());
+        if let (Some(http), Some(dir)) = (http, found(out, "cluster ready in ")) {
+            break (http, dir);
+        }
+        assert!(tokio::time::Instant::now() < end, "demo not ready:\n{}", logs());
+        assert!(child.try_wait().expect("try_wait").is_none(), "demo exited:\n{}", logs());
+        tokio::time::sleep(POLL).await;
+    };
+    let http = http.split_whitespace().next().expect("an address").to_string();
+    (http, std::path::PathBuf::from(dir.split_whitespace().next().expect("a directory")))
+}
+
+#[cfg(feature = "demo")]
 fn no_process_works_in(dir: &Path) -> bool {
     let procs = std::fs::read_dir("/proc").expect("/proc");
     !procs
@@ -153,6 +169,7 @@ fn no_process_works_in(dir: &Path) -> bool {
 /// SIGINT reaches the whole process group (tee and the demo's Redis processes too); the next
 /// log line hit a pipe without reader, the logger panicked the signal task and polestar never
 /// stopped. The group here gets the SIGINT a terminal sends; everything must be gone quickly.
+#[cfg(feature = "demo")]
 #[tokio::test]
 async fn demo_wedged_on_ctrl_c_when_its_output_went_through_a_pipe() {
     let _one_demo = DEMO.lock().await;
@@ -176,11 +193,27 @@ async fn demo_wedged_on_ctrl_c_when_its_output_went_through_a_pipe() {
     assert!(no_process_works_in(&lab_dir), "a process of the demo survived");
 }
 
+/// Built without the `demo` feature (`--no-default-features`): the help lists no demo, and
+/// asking for one says that this build has none and how to get one (exit 2, as a usage error).
+#[cfg(not(feature = "demo"))]
+#[tokio::test]
+async fn without_the_demo_feature_polestar_demo_says_it_is_not_built_in() {
+    let help = cli(&["--help"], QUICK).await;
+    let listed =
+        String::from_utf8_lossy(&help.stdout).lines().any(|l| l.trim().starts_with("demo"));
+    assert!(!listed, "{}", shown(&help));
+    let out = cli(&["demo"], QUICK).await;
+    assert_eq!(out.status.code(), Some(2), "{}", shown(&out));
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(said.contains("built without the `demo` feature"), "{}", shown(&out));
+    assert!(said.contains("cargo run --release -- demo"), "{}", shown(&out));
+}
+
 /// The same for the daemon: its log piped to a reader that the same Ctrl-C kills (a log pipe
 /// or journald going away must never wedge it).
 #[tokio::test]
 async fn run_wedged_on_sigint_when_its_log_pipe_went_away() {
-    let lab = polestar::lab::Lab::start(polestar::lab::LabOptions::default()).await.expect("lab");
+    let lab = polestar_lab::Lab::start(polestar_lab::LabOptions::default()).await.expect("lab");
     let dir = tempfile::tempdir().expect("temp dir");
     let config = dir.path().join("polestar.yaml");
     std::fs::write(&config, PolestarConfig::for_lab(&lab).yaml(dir.path())).expect("config");

@@ -35,7 +35,7 @@ use netns::cluster::{Cluster, HTTP_PORT};
 use netns::measure::{SWITCH, SentinelEvents, secs};
 use netns::{Host, in_ns, until};
 use nix::sys::signal::Signal;
-use polestar::lab::Flavor;
+use polestar_lab::Flavor;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 

@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use polestar::lab::{Lab, LabOptions, query};
+use polestar_lab::{Lab, LabOptions, query};
 use tokio::time::{Instant, sleep};
 
 /// The README's promise for the settings it recommends: on the new primary within this of the

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::ensure;
 use common::*;
-use polestar::lab::{Lab, LabOptions};
+use polestar_lab::{Lab, LabOptions};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -280,7 +280,7 @@ async fn on_every_sentinel(lab: &Lab, args: &[&str]) {
         for arg in args {
             cmd.arg(*arg);
         }
-        polestar::lab::query::<String>(addr, &cmd).await.expect("the Sentinel accepts it");
+        polestar_lab::query::<String>(addr, &cmd).await.expect("the Sentinel accepts it");
     }
 }
 
@@ -323,8 +323,7 @@ async fn an_idle_polestar_keeps_no_connection_to_data_nodes() {
     let nodes = env.lab.node_addrs();
     env.wait_until(FAILOVER, "no polestar connection on any data node", || async {
         for node in &nodes {
-            let list: String =
-                polestar::lab::query(*node, redis::cmd("CLIENT").arg("LIST")).await?;
+            let list: String = polestar_lab::query(*node, redis::cmd("CLIENT").arg("LIST")).await?;
             let ours = list.lines().filter(|l| l.contains(" name=polestar ")).count();
             ensure!(ours == 0, "{node} has {ours} polestar connection(s):\n{list}");
         }

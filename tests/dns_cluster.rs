@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use common::*;
-use polestar::lab::{Lab, LabOptions};
+use polestar_lab::{Lab, LabOptions};
 
 const ZONE: &str = "redis.test.";
 const LABEL: &str = "cache";

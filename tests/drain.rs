@@ -4,8 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -14,6 +12,8 @@ use polestar::drain::{Coordinator, DrainError, DrainHandle};
 use polestar::events::{Event, EventLog};
 use polestar::failover::Signal;
 use polestar::topology::{self, Master, MasterState, Node, Replica, SentinelCounts, Snapshot};
+use polestar_lab::conf::Monitor;
+use polestar_lab::{Flavor, ServerOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -22,71 +22,42 @@ use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
 // ---------------------------------------------------------------------------------------------
-// A redis-server process, killed on drop.
+// A redis-server process (the lab's standalone `Server`), killed on drop.
 
-struct Server {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
+struct Server(polestar_lab::Server);
 
 impl Server {
     async fn start(extra: &[&str]) -> Server {
-        Self::start_program(Path::new("redis-server"), extra).await
+        Self::start_on(&Flavor::Redis, extra).await
     }
 
-    /// `program` is `redis-server` or Valkey's `valkey-server`.
-    async fn start_program(program: &Path, extra: &[&str]) -> Server {
-        for _ in 0..5 {
-            if let Some(server) = Self::try_start(program, extra).await {
-                return server;
-            }
-        }
-        panic!("cannot start redis-server");
-    }
-
-    async fn try_start(program: &Path, extra: &[&str]) -> Option<Server> {
-        let port = free_port();
-        let dir = tempfile::tempdir().expect("temp dir");
-        let child = Command::new(program)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
-            .args(["--appendonly", "no", "--maxclients", "15000", "--daemonize", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .arg("--logfile")
-            .arg(dir.path().join("redis.log"))
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()));
-        let server = Server { child, port, _dir: dir };
-        server.ready().await.then_some(server)
-    }
-
-    async fn ready(&self) -> bool {
-        for _ in 0..100 {
-            if let Ok(mut c) = TcpStream::connect(self.addr()).await
-                && command(&mut c, &["PING"]).await.as_deref() == Some("+PONG\r\n")
-            {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(30)).await;
-        }
-        false
+    /// A data node of `flavor` (Redis, or Valkey's `valkey-server`); `extra` are arguments
+    /// after its config file. Room for the 10,000 clients of the biggest test.
+    async fn start_on(flavor: &Flavor, extra: &[&str]) -> Server {
+        let opts = ServerOptions {
+            flavor: flavor.clone(),
+            conf: "maxclients 15000\n".into(),
+            args: extra.iter().map(ToString::to_string).collect(),
+            ..ServerOptions::node()
+        };
+        let server = polestar_lab::Server::start(opts).await;
+        Server(server.unwrap_or_else(|e| panic!("cannot start {}: {e:#}", flavor.name())))
     }
 
     fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
+        self.0.addr()
+    }
+
+    fn port(&self) -> u16 {
+        self.0.port()
     }
 
     fn node(&self) -> Node {
-        Node { ip: self.addr().ip(), port: self.port, hostname: None }
+        Node { ip: self.addr().ip(), port: self.port(), hostname: None }
     }
 
     fn signal(&self, signal: nix::sys::signal::Signal) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, signal).expect("signal redis-server");
+        self.0.signal(signal).expect("signal redis-server");
     }
 
     /// A one-off command on a fresh connection; the reply's first chunk.
@@ -100,16 +71,9 @@ impl Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// A port nothing listens on (it was free a moment ago).
 fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    listener.local_addr().expect("bound").port()
+    polestar_lab::free_port().expect("a free port")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -334,12 +298,12 @@ fn spare_names(cfg: &mut config::Drain, names: &[&str]) {
 }
 
 async fn replica_of(primary: &Server) -> Server {
-    replica_of_with(Path::new("redis-server"), primary).await
+    replica_of_with(&Flavor::Redis, primary).await
 }
 
-async fn replica_of_with(program: &Path, primary: &Server) -> Server {
-    let port = primary.port.to_string();
-    let replica = Server::start_program(program, &["--replicaof", "127.0.0.1", &port]).await;
+async fn replica_of_with(flavor: &Flavor, primary: &Server) -> Server {
+    let port = primary.port().to_string();
+    let replica = Server::start_on(flavor, &["--replicaof", "127.0.0.1", &port]).await;
     // Generous: a full sync on a loaded machine (a CI run took more than 5 s once).
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
@@ -359,19 +323,19 @@ fn other_node() -> Node {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flip_kills_every_client_but_the_spared_and_the_replication_link() {
-    flip_kills_every_client_but_the_spared(Path::new("redis-server")).await;
+    flip_kills_every_client_but_the_spared(&Flavor::Redis).await;
 }
 
 /// Valkey 8: its `CLIENT LIST` (more fields, `lib-name`/`lib-ver`, `flags=S` for the
 /// replication link) is read the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn valkey_flip_kills_every_client_but_the_spared_and_the_replication_link() {
-    flip_kills_every_client_but_the_spared(&crate::common::valkey_server()).await;
+    flip_kills_every_client_but_the_spared(&crate::common::valkey()).await;
 }
 
-async fn flip_kills_every_client_but_the_spared(program: &Path) {
-    let old = Server::start_program(program, &[]).await;
-    let replica = replica_of_with(program, &old).await;
+async fn flip_kills_every_client_but_the_spared(flavor: &Flavor) {
+    let old = Server::start_on(flavor, &[]).await;
+    let replica = replica_of_with(flavor, &old).await;
     let mix = [(Kind::Idle, 100), (Kind::Writer, 40), (Kind::Blocked, 30), (Kind::Subscriber, 29)];
     let tasks = clients(old.addr(), &mix).await;
     let mut keep = named(old.addr(), "keepme").await;
@@ -1071,37 +1035,26 @@ async fn ten_thousand_clients_at_the_default_rate() {
 // With a real Sentinel: a planned failover driven by Sentinel's own events, as the decider
 // would relay them (Promoting at +selected-slave, Flipped at +promoted-slave).
 
+/// One Sentinel watching `master` as `mm` (quorum 1), the lab's standalone `Server`; killed on
+/// drop.
 struct Sentinel {
-    child: Child,
     port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Sentinel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    _server: polestar_lab::Server,
 }
 
 async fn sentinel_for(master: &Server) -> Sentinel {
-    let port = free_port();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let conf = dir.path().join("sentinel.conf");
-    let text = format!(
-        "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mm 127.0.0.1 {} 1\n\
-         sentinel down-after-milliseconds mm 2000\nsentinel failover-timeout mm 10000\n",
-        dir.path().display(),
-        master.port
-    );
-    std::fs::write(&conf, text).expect("write sentinel.conf");
-    let child = Command::new("redis-sentinel")
-        .arg(&conf)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-sentinel is installed");
-    Sentinel { child, port, _dir: dir }
+    let monitor = Monitor {
+        name: "mm".into(),
+        host: "127.0.0.1".into(),
+        port: master.port(),
+        quorum: 1,
+        down_after: Duration::from_millis(2000),
+        failover_timeout: Duration::from_millis(10_000),
+        parallel_syncs: 1,
+    };
+    let server = polestar_lab::Server::start(ServerOptions::sentinel(&monitor)).await;
+    let server = server.unwrap_or_else(|e| panic!("cannot start redis-sentinel: {e:#}"));
+    Sentinel { port: server.port(), _server: server }
 }
 
 async fn sentinel_ask(port: u16, args: &[&str]) -> String {

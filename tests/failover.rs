@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::ensure;
 use common::*;
-use polestar::lab::{Lab, LabOptions};
+use polestar_lab::{Lab, LabOptions};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -1,10 +1,12 @@
 //! The lab itself: the cluster converges, faults do what they say, nothing is left behind.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use polestar::lab::{Lab, LabOptions, leftovers, query};
+use polestar_lab::conf::{self, Listen, Monitor};
+use polestar_lab::{
+    Flavor, Kind, Lab, LabOptions, Launch, Server, ServerOptions, leftovers, query,
+};
 
 const FAILOVER: Duration = Duration::from_secs(30);
 
@@ -109,13 +111,12 @@ fn leftovers_of_a_dead_owner_are_killed() {
     std::fs::create_dir_all(&dir).expect("create a fake lab dir");
     // A pid above the kernel's maximum: an owner that is certainly dead.
     std::fs::write(dir.join("owner"), "4294967295 1\n").expect("owner file");
-    let mut orphan = Command::new("redis-server")
-        .args(["--port", "0", "--save", "", "--dir"])
-        .arg(&dir)
-        .current_dir(&dir)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server starts");
+    // Started as a lab starts its processes: working in its directory, no TCP port.
+    let listen = Listen { ip: [127, 0, 0, 1].into(), port: 0, dir: dir.clone(), logfile: None };
+    let text = conf::common(&listen) + conf::NO_PERSISTENCE;
+    let config = conf::write(&dir, Kind::Server, &text).expect("write its config");
+    let launch = Launch::server(&Flavor::Redis, Kind::Server, &config);
+    let mut orphan = launch.spawn().expect("redis-server starts");
     wait_for_cwd(orphan.id(), &dir);
     leftovers::clean();
     let status = orphan.wait().expect("reaped");
@@ -144,4 +145,37 @@ async fn hostnames_mode_converges_and_fails_over() {
     lab.failover().await.expect("failover accepted");
     let new = lab.wait_for_primary_change(old, FAILOVER).await.expect("new primary");
     assert!(lab.index_of(new).is_some());
+}
+
+/// A standalone server (the drain tests' nodes, their Sentinel) starts as a lab's processes
+/// do: it answers, works in a lab directory (so a dead owner's servers are leftovers), and
+/// leaves neither process nor files after its drop.
+#[tokio::test]
+async fn a_standalone_node_and_its_sentinel_answer_and_leave_nothing_behind() {
+    let node = Server::start(ServerOptions::node()).await.expect("a node starts");
+    let monitor = Monitor {
+        name: "solo".into(),
+        host: "127.0.0.1".into(),
+        port: node.port(),
+        quorum: 1,
+        down_after: Duration::from_secs(5),
+        failover_timeout: Duration::from_secs(10),
+        parallel_syncs: 1,
+    };
+    let sentinel = Server::start(ServerOptions::sentinel(&monitor)).await.expect("it starts");
+    let cmd = redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg("solo").clone();
+    let (host, port): (String, u16) = query(sentinel.addr(), &cmd).await.expect("it knows solo");
+    assert_eq!((host.as_str(), port), ("127.0.0.1", node.port()));
+    let pids = [node.pid().expect("running"), sentinel.pid().expect("running")];
+    let dirs = [node.dir().to_owned(), sentinel.dir().to_owned()];
+    for (pid, dir) in pids.iter().zip(&dirs) {
+        let name = dir.file_name().expect("a name").to_string_lossy().into_owned();
+        assert!(name.starts_with(leftovers::PREFIX), "{} is no lab directory", dir.display());
+        wait_for_cwd(*pid, dir);
+    }
+    drop((node, sentinel));
+    for (pid, dir) in pids.iter().zip(&dirs) {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "process {pid} survived the drop");
+        assert!(!dir.exists(), "{} survived the drop", dir.display());
+    }
 }

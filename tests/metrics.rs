@@ -5,7 +5,7 @@ use crate::common;
 
 use std::collections::BTreeMap;
 
-use polestar::lab::{Lab, LabOptions};
+use polestar_lab::{Lab, LabOptions};
 
 use common::*;
 

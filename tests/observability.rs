@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use polestar::lab::{Lab, LabOptions, free_service_port, query};
+use polestar_lab::{Lab, LabOptions, free_service_port, query};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

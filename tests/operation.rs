@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use polestar::lab::{Lab, LabOptions, leftovers};
+use polestar_lab::{Lab, LabOptions, leftovers};
 use serde_json::Value;
 use tokio::time::{Instant, sleep};
 
@@ -418,7 +418,7 @@ async fn sighup_moves_planned_failovers_to_the_new_sentinels() {
 
 /// `INFO sentinel` of the Sentinel at `addr`.
 async fn sentinel_info(addr: std::net::SocketAddr) -> String {
-    polestar::lab::query(addr, redis::cmd("INFO").arg("sentinel")).await.unwrap_or_default()
+    polestar_lab::query(addr, redis::cmd("INFO").arg("sentinel")).await.unwrap_or_default()
 }
 
 /// A Sentinel in TILT mode (for 30 s after its process was stopped) answers `OK` to

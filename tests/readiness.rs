@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use std::collections::{BTreeMap, HashMap};
 
-use polestar::lab::{Lab, LabOptions, query};
+use polestar_lab::{Lab, LabOptions, query};
 use serde_json::Value;
 use tokio::time::{Instant, sleep};
 

@@ -10,7 +10,7 @@ use crate::common::{Env, FAILOVER, PolestarConfig};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use polestar::lab::{Lab, LabOptions};
+use polestar_lab::{Lab, LabOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, sleep, timeout};

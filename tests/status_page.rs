@@ -241,7 +241,7 @@ async fn set_replica_priority(env: &Env, priority: &str) {
     for node in env.lab.node_addrs().into_iter().filter(|n| *n != primary) {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("SET").arg("replica-priority").arg(priority);
-        let set = polestar::lab::query::<String>(node, &cmd).await;
+        let set = polestar_lab::query::<String>(node, &cmd).await;
         set.unwrap_or_else(|e| env.fail(&format!("CONFIG SET replica-priority: {e:#}")));
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use polestar::lab::Flavor;
+use polestar_lab::Flavor;
 use serde_json::Value;
 
 use crate::netns::cluster::{Cluster, HTTP_PORT};

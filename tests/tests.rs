@@ -1,6 +1,8 @@
 //! The one integration-test binary (ripgrep's layout): every module below starts real
 //! processes (redis-server, redis-sentinel, knotd, the polestar binary) or real sockets.
-//! One build and one link for the whole suite; the harness modules are compiled once.
+//! One build and one link for the whole suite; the harness modules are compiled once. Every
+//! redis-server, valkey-server and Sentinel is started through the lab crate (`polestar_lab`,
+//! crates/lab): its `Lab` and `Server` on loopback, its `Launch` in the namespace labs.
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
 // Shared harnesses.

@@ -14,8 +14,8 @@ use anyhow::ensure;
 use common::*;
 use nix::sys::signal::Signal;
 use polestar::config::Tls;
-use polestar::lab::tls::Certs;
-use polestar::lab::{Lab, LabOptions};
+use polestar_lab::tls::Certs;
+use polestar_lab::{Lab, LabOptions};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -54,7 +54,7 @@ fn config(lab: &Lab, tls: &Tls) -> PolestarConfig {
 /// A TLS client of `addr` (not polestar's: no `lib-name`, no name) that sends PING and waits
 /// until the server closes the connection. Returns once connected; the task ends when cut.
 async fn tls_client(addr: SocketAddr, certs: &Certs) -> tokio::task::JoinHandle<()> {
-    let config = polestar::tls::client_config(&certs.client_tls()).expect("client TLS config");
+    let config = polestar::tls::client_config(&client_tls(certs)).expect("client TLS config");
     let tcp = TcpStream::connect(addr).await.expect("connect to the primary");
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("an IP server name");
     let mut stream = tokio_rustls::TlsConnector::from(config)
@@ -83,7 +83,7 @@ async fn events_of(env: &Env, kind: &str) -> Vec<Value> {
 async fn over_tls_a_failover_is_followed_the_old_primary_fenced_its_tls_clients_cut_and_dns_follows()
  {
     let (lab, certs) = tls_lab().await;
-    let config = config(&lab, &certs.client_tls());
+    let config = config(&lab, &client_tls(&certs));
     let env = Env::with_config(lab, &config).await;
     let old = env.lab.primary().await.expect("primary");
     let dns = env.ps.dns.expect("DNS listener");
@@ -136,7 +136,7 @@ async fn wait_unready(env: &Polestar, want: &[&str], not: &[&str]) -> Value {
 async fn a_wrong_ca_or_a_missing_client_certificate_is_reported_and_retried_until_a_reload_fixes_it()
  {
     let (lab, certs) = tls_lab().await;
-    let wrong_ca = Tls { ca_file: Some(certs.other_ca.clone()), ..certs.client_tls() };
+    let wrong_ca = Tls { ca_file: Some(certs.other_ca.clone()), ..client_tls(&certs) };
     let ps = Polestar::start(&config(&lab, &wrong_ca)).await;
     let body = wait_unready(&ps, &["invalid peer certificate: UnknownIssuer"], &[]).await;
     let sentinel = lab.sentinel_addrs()[0].to_string();
@@ -144,7 +144,7 @@ async fn a_wrong_ca_or_a_missing_client_certificate_is_reported_and_retried_unti
     assert!(ps.logged("cannot connect (retrying)"), "{}", ps.log_tail(60));
 
     // The right CA, but no client certificate: the Sentinels refuse us.
-    let no_cert = Tls { cert_file: None, key_file: None, ..certs.client_tls() };
+    let no_cert = Tls { cert_file: None, key_file: None, ..client_tls(&certs) };
     std::fs::write(&ps.config_path, config(&lab, &no_cert).yaml(ps.config_path.parent().unwrap()))
         .unwrap();
     ps.signal(Signal::SIGHUP);
@@ -153,7 +153,7 @@ async fn a_wrong_ca_or_a_missing_client_certificate_is_reported_and_retried_unti
     assert!(body["reasons"].to_string().contains(&sentinel), "the address is named: {body}");
 
     // Fixed: it connects and serves the primary.
-    let good = config(&lab, &certs.client_tls());
+    let good = config(&lab, &client_tls(&certs));
     std::fs::write(&ps.config_path, good.yaml(ps.config_path.parent().unwrap())).unwrap();
     ps.signal(Signal::SIGHUP);
     let primary = lab.primary().await.expect("primary");

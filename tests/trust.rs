@@ -6,14 +6,14 @@
 use crate::common;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::ensure;
 use common::*;
-use polestar::lab::{Lab, LabOptions};
+use polestar_lab::ports::Ports;
+use polestar_lab::{Lab, LabOptions, ServerOptions};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{broadcast, mpsc};
@@ -242,39 +242,19 @@ async fn serve(
     reader.abort();
 }
 
-/// A standalone redis-server that has nothing to do with the lab's master.
+/// A standalone redis-server that has nothing to do with the lab's master, on a port below the
+/// ephemeral range; killed on drop.
 struct Unrelated {
-    child: Child,
     addr: SocketAddr,
-    _dir: tempfile::TempDir,
+    _server: polestar_lab::Server,
 }
 
 impl Unrelated {
     async fn start() -> Self {
-        let dir = polestar::lab::leftovers::new_dir().expect("a directory");
-        let port = polestar::lab::free_service_port().expect("a free port");
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
-            .args(["--appendonly", "no", "--dir"])
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server starts");
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while polestar::lab::query::<String>(addr, &redis::cmd("PING")).await.is_err() {
-            assert!(Instant::now() < deadline, "the unrelated redis-server never answered");
-            sleep(POLL).await;
-        }
-        Self { child, addr, _dir: dir }
-    }
-}
-
-impl Drop for Unrelated {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let opts = ServerOptions { ports: Ports::Service, ..ServerOptions::node() };
+        let server = polestar_lab::Server::start(opts).await;
+        let server = server.unwrap_or_else(|e| panic!("the unrelated redis-server: {e:#}"));
+        Self { addr: server.addr(), _server: server }
     }
 }
 
@@ -288,7 +268,7 @@ async fn with_credentials(lab: &Lab, config: &mut PolestarConfig, dir: &std::pat
             let mut acl = redis::cmd("ACL");
             acl.arg("SETUSER").arg("polestar").arg("on").arg(format!(">{secret}"));
             acl.arg("allcommands").arg("allkeys").arg("allchannels");
-            polestar::lab::query::<String>(addr, &acl).await.expect("ACL SETUSER");
+            polestar_lab::query::<String>(addr, &acl).await.expect("ACL SETUSER");
         }
     }
     let (sentinel_pass, node_pass) = (dir.join("sentinel.pass"), dir.join("node.pass"));
@@ -315,8 +295,7 @@ async fn listing(lab: &Lab, addr: SocketAddr) -> usize {
     for sentinel in lab.sentinel_addrs() {
         let mut cmd = redis::cmd("SENTINEL");
         cmd.arg("SENTINELS").arg(lab.master_name());
-        let peers: Vec<Vec<String>> =
-            polestar::lab::query(sentinel, &cmd).await.unwrap_or_default();
+        let peers: Vec<Vec<String>> = polestar_lab::query(sentinel, &cmd).await.unwrap_or_default();
         let port = addr.port().to_string();
         if peers.iter().any(|p| p.windows(2).any(|w| w[0] == "port" && w[1] == port)) {
             n += 1;
@@ -367,7 +346,7 @@ async fn a_forged_hello_neither_moves_nor_freezes_polestar_nor_gets_credentials(
     env.wait_until(FAILOVER, "the real Sentinels list the fake", || async {
         let mut publish = redis::cmd("PUBLISH");
         publish.arg("__sentinel__:hello").arg(&hello);
-        polestar::lab::query::<i64>(primary, &publish).await?;
+        polestar_lab::query::<i64>(primary, &publish).await?;
         ensure!(listing(&env.lab, fake.addr).await >= 1, "not listed yet");
         Ok(())
     })
@@ -410,13 +389,12 @@ async fn a_forged_hello_neither_moves_nor_freezes_polestar_nor_gets_credentials(
     let asked =
         commands.iter().any(|c| c.first().is_some_and(|w| w.eq_ignore_ascii_case("SENTINEL")));
     assert!(!asked, "polestar asked the fake Sentinel: {commands:?}");
-    let stats: String =
-        polestar::lab::query(unrelated.addr, redis::cmd("INFO").arg("commandstats"))
-            .await
-            .expect("INFO commandstats");
+    let stats: String = polestar_lab::query(unrelated.addr, redis::cmd("INFO").arg("commandstats"))
+        .await
+        .expect("INFO commandstats");
     assert!(!stats.contains("cmdstat_role"), "the unrelated node was asked ROLE:\n{stats}");
     let acl_log: Vec<redis::Value> =
-        polestar::lab::query(unrelated.addr, redis::cmd("ACL").arg("LOG")).await.expect("ACL LOG");
+        polestar_lab::query(unrelated.addr, redis::cmd("ACL").arg("LOG")).await.expect("ACL LOG");
     assert!(acl_log.is_empty(), "someone tried to log in to the unrelated node: {acl_log:?}");
 
     // A real failover is still followed, within seconds of the Sentinels.
@@ -476,10 +454,9 @@ async fn a_configured_sentinel_with_an_absurd_epoch_is_outvoted() {
         assert!(epoch_of(&m).is_some_and(|e| e < 999), "{m}");
         env.lab.wait_converged(FAILOVER * 2).await.expect("the Sentinels converge");
     }
-    let stats: String =
-        polestar::lab::query(unrelated.addr, redis::cmd("INFO").arg("commandstats"))
-            .await
-            .expect("INFO commandstats");
+    let stats: String = polestar_lab::query(unrelated.addr, redis::cmd("INFO").arg("commandstats"))
+        .await
+        .expect("INFO commandstats");
     assert!(!stats.contains("cmdstat_role"), "the node only the liar names was asked:\n{stats}");
 }
 
@@ -489,7 +466,7 @@ async fn sentinels_name(lab: &Lab, addr: SocketAddr) -> usize {
     for sentinel in lab.sentinel_addrs() {
         let mut cmd = redis::cmd("SENTINEL");
         cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(lab.master_name());
-        let named: Vec<String> = polestar::lab::query(sentinel, &cmd).await.unwrap_or_default();
+        let named: Vec<String> = polestar_lab::query(sentinel, &cmd).await.unwrap_or_default();
         if named == [addr.ip().to_string(), addr.port().to_string()] {
             n += 1;
         }
@@ -536,7 +513,7 @@ async fn a_forged_hello_one_epoch_ahead_naming_an_unrelated_node_is_refused_and_
     );
     let mut publish = redis::cmd("PUBLISH");
     publish.arg("__sentinel__:hello").arg(&hello);
-    polestar::lab::query::<i64>(primary, &publish).await.expect("PUBLISH the forged hello");
+    polestar_lab::query::<i64>(primary, &publish).await.expect("PUBLISH the forged hello");
     env.wait_until(FAILOVER, "every Sentinel names the unrelated node", || async {
         ensure!(sentinels_name(&env.lab, unrelated.addr).await == 3, "not yet");
         Ok(())
@@ -554,7 +531,7 @@ async fn a_forged_hello_one_epoch_ahead_naming_an_unrelated_node_is_refused_and_
         let by_dns = resolve_srv(dns).await.expect("DNS answers");
         assert_eq!(by_dns.port(), primary.port(), "DNS moved");
         let role: Vec<redis::Value> =
-            polestar::lab::query(primary, &redis::cmd("ROLE")).await.expect("ROLE");
+            polestar_lab::query(primary, &redis::cmd("ROLE")).await.expect("ROLE");
         let master = matches!(role.first(), Some(redis::Value::BulkString(b)) if b == b"master");
         assert!(master, "the real primary was demoted: {role:?}");
         sleep(Duration::from_millis(200)).await;
@@ -579,13 +556,12 @@ async fn a_forged_hello_one_epoch_ahead_naming_an_unrelated_node_is_refused_and_
     // The lab's data nodes let their default user publish anything: polestar says so.
     assert!(env.ps.logged("lets its default user publish Sentinel hellos"), "no ACL warning");
 
-    let stats: String =
-        polestar::lab::query(unrelated.addr, redis::cmd("INFO").arg("commandstats"))
-            .await
-            .expect("INFO commandstats");
+    let stats: String = polestar_lab::query(unrelated.addr, redis::cmd("INFO").arg("commandstats"))
+        .await
+        .expect("INFO commandstats");
     assert!(!stats.contains("cmdstat_role"), "the unrelated node was asked ROLE:\n{stats}");
     let acl_log: Vec<redis::Value> =
-        polestar::lab::query(unrelated.addr, redis::cmd("ACL").arg("LOG")).await.expect("ACL LOG");
+        polestar_lab::query(unrelated.addr, redis::cmd("ACL").arg("LOG")).await.expect("ACL LOG");
     assert!(acl_log.is_empty(), "someone tried to log in to the unrelated node: {acl_log:?}");
 }
 
@@ -615,7 +591,7 @@ fn replica_event(master: &str, node: SocketAddr, of: SocketAddr) -> String {
 }
 
 async fn role_of(node: SocketAddr) -> anyhow::Result<String> {
-    let role: Vec<redis::Value> = polestar::lab::query(node, &redis::cmd("ROLE")).await?;
+    let role: Vec<redis::Value> = polestar_lab::query(node, &redis::cmd("ROLE")).await?;
     match role.first() {
         Some(redis::Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
         other => anyhow::bail!("ROLE answered {other:?}"),
@@ -676,7 +652,7 @@ fn leader_selects(
 async fn promote(replica: SocketAddr) {
     let mut no_one = redis::cmd("REPLICAOF");
     no_one.arg("NO").arg("ONE");
-    polestar::lab::query::<String>(replica, &no_one).await.expect("REPLICAOF NO ONE");
+    polestar_lab::query::<String>(replica, &no_one).await.expect("REPLICAOF NO ONE");
 }
 
 /// Regression (issue 25, item 6), with a scripted leader among two real Sentinels: the leader
@@ -726,7 +702,7 @@ async fn revert_why(ps: &Polestar) -> Option<String> {
 async fn hide_role_from_the_sentinels(node: SocketAddr) {
     let mut acl = redis::cmd("ACL");
     acl.arg("SETUSER").arg("default").arg("-info");
-    polestar::lab::query::<String>(node, &acl).await.expect("ACL SETUSER default -info");
+    polestar_lab::query::<String>(node, &acl).await.expect("ACL SETUSER default -info");
 }
 
 /// Issue 25 (SPEC "Sources of truth": withdrawal without the event), with a scripted leader
@@ -782,7 +758,7 @@ async fn a_lost_event_leaves_no_provisional_flip_published_when_the_node_is_a_re
 
     let mut back = redis::cmd("REPLICAOF");
     back.arg(primary.ip().to_string()).arg(primary.port());
-    polestar::lab::query::<String>(replica, &back).await.expect("REPLICAOF the old primary");
+    polestar_lab::query::<String>(replica, &back).await.expect("REPLICAOF the old primary");
     let m = env.wait_api_primary(primary, Duration::from_secs(5)).await;
     assert_eq!(epoch_of(&m), Some(epoch), "the old primary at its own epoch: {m}");
     assert_eq!(
@@ -866,7 +842,7 @@ async fn a_sentinel_that_missed_the_failover_gets_the_new_primary_no_replicaof()
     env.lab.wait_converged(FAILOVER * 2).await.expect("the Sentinels converge");
     let mut reset = redis::cmd("CONFIG");
     reset.arg("RESETSTAT");
-    polestar::lab::query::<String>(new, &reset).await.expect("CONFIG RESETSTAT");
+    polestar_lab::query::<String>(new, &reset).await.expect("CONFIG RESETSTAT");
     let (_, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
     let ids = events.as_array().into_iter().flatten().filter_map(|e| e["id"].as_u64());
     let since = ids.max().unwrap_or(0);
@@ -881,7 +857,7 @@ async fn a_sentinel_that_missed_the_failover_gets_the_new_primary_no_replicaof()
         assert_eq!(role_of(new).await.expect("ROLE"), "master", "the new primary was demoted");
         sleep(Duration::from_millis(200)).await;
     }
-    let stats: String = polestar::lab::query(new, redis::cmd("INFO").arg("commandstats"))
+    let stats: String = polestar_lab::query(new, redis::cmd("INFO").arg("commandstats"))
         .await
         .expect("INFO commandstats");
     for demotion in ["cmdstat_replicaof", "cmdstat_slaveof", "cmdstat_client|pause"] {
@@ -1117,7 +1093,7 @@ async fn with_a_lying_lister(
 /// How many times `node` refused `command` to polestar's user (`ACL LOG`).
 async fn refused_to_polestar(node: SocketAddr, command: &str) -> i64 {
     let entries: Vec<std::collections::HashMap<String, redis::Value>> =
-        polestar::lab::query(node, redis::cmd("ACL").arg("LOG")).await.unwrap_or_default();
+        polestar_lab::query(node, redis::cmd("ACL").arg("LOG")).await.unwrap_or_default();
     let text = |v: Option<&redis::Value>| match v {
         Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
         Some(redis::Value::SimpleString(s)) => s.clone(),
@@ -1137,7 +1113,7 @@ async fn refused_to_polestar(node: SocketAddr, command: &str) -> i64 {
 async fn deny_polestar(node: SocketAddr, command: &str) {
     let mut acl = redis::cmd("ACL");
     acl.arg("SETUSER").arg("polestar").arg(format!("-{command}"));
-    polestar::lab::query::<String>(node, &acl).await.expect("ACL SETUSER");
+    polestar_lab::query::<String>(node, &acl).await.expect("ACL SETUSER");
 }
 
 /// Regression (issue 25, SPEC "Sources of truth": credentials only to nodes the trust model
@@ -1206,7 +1182,7 @@ async fn a_switchover_sends_no_credentials_to_a_replica_only_its_sentinel_lists(
     // Nothing failed over, and the fence is lifted: a write on the primary goes through.
     let mut set = redis::cmd("SET");
     set.arg("after-the-switchover").arg("1");
-    let write = timeout(Duration::from_secs(2), polestar::lab::query::<String>(primary, &set));
+    let write = timeout(Duration::from_secs(2), polestar_lab::query::<String>(primary, &set));
     assert!(matches!(write.await, Ok(Ok(_))), "the primary is still fenced");
     assert_eq!(env.lab.primary().await.expect("the lab's primary"), primary);
 }

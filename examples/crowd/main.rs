@@ -30,7 +30,7 @@ mod probe;
 mod stamp;
 
 use anyhow::{Context, bail};
-use polestar::lab::{Lab, LabOptions};
+use polestar_lab::{Lab, LabOptions};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};

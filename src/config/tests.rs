@@ -205,7 +205,7 @@ fn nodes_tls_defaults_to_sentinels_tls_and_a_bad_pem_is_named() {
 #[test]
 fn a_server_key_that_does_not_match_its_certificate_is_named() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let certs = crate::lab::tls::Certs::generate(dir.path()).expect("openssl makes certificates");
+    let certs = polestar_lab::tls::Certs::generate(dir.path()).expect("openssl makes certificates");
     let text = format!(
         "sentinels: {{addresses: ['127.0.0.1:26379']}}\n\
          http: {{listen: '127.0.0.1:0', tls: {{cert_file: {}, key_file: {}}}}}",

@@ -17,6 +17,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
+use polestar_lab::conf::{self, Listen, Monitor};
+use polestar_lab::{Flavor, Kind};
 
 use crate::netns::{self, Host, Net, field, get_json, run, until};
 
@@ -37,11 +39,11 @@ pub struct Cluster {
     pub app: Host,
     generations: Mutex<HashMap<String, u32>>,
     /// Redis or Valkey.
-    flavor: polestar::lab::Flavor,
+    flavor: Flavor,
 }
 
 impl Cluster {
-    pub async fn start(flavor: &polestar::lab::Flavor) -> anyhow::Result<Cluster> {
+    pub async fn start(flavor: &Flavor) -> anyhow::Result<Cluster> {
         let net = Net::new()?;
         let db = (1..=3).map(|i| net.host(&format!("d{i}"), 10 + i)).collect::<Result<_, _>>()?;
         let sentinels =
@@ -106,19 +108,10 @@ impl Cluster {
     }
 
     fn write_redis_conf(&self, i: usize) -> anyhow::Result<()> {
-        let dir = self.net.dir.path().join(format!("redis-{i}"));
-        std::fs::create_dir_all(&dir)?;
-        let mut conf = format!(
-            "bind {ip}\nprotected-mode no\nport {REDIS_PORT}\ndaemonize no\ndir {d}\nsave \"\"\n\
-             appendonly no\nrepl-diskless-sync yes\nrepl-diskless-sync-delay 0\n\
-             repl-ping-replica-period 1\n",
-            ip = self.db[i].ip,
-            d = dir.display()
-        );
-        if i > 0 {
-            conf.push_str(&format!("replicaof {} {REDIS_PORT}\n", self.db[0].ip));
-        }
-        std::fs::write(dir.join("redis.conf"), conf)?;
+        let listen = self.listen(self.db[i].ip, REDIS_PORT, &format!("redis-{i}"));
+        let primary = (i > 0).then(|| self.db[0].ip.to_string());
+        let text = conf::data_node(&listen, primary.as_deref().map(|ip| (ip, REDIS_PORT)));
+        conf::write(&listen.dir, Kind::Server, &text)?;
         Ok(())
     }
 
@@ -126,26 +119,22 @@ impl Cluster {
     pub fn start_redis(&self, i: usize) -> anyhow::Result<()> {
         let conf = self.net.dir.path().join(format!("redis-{i}/redis.conf"));
         let label = self.next_label(&format!("redis-{i}"));
-        let (program, extra) = self.flavor.server_command();
-        let mut args = vec![conf.to_str().unwrap_or("")];
-        args.extend_from_slice(extra);
-        self.net.spawn(&self.db[i], &label, program.to_str().unwrap_or(""), &args)?;
+        self.net.spawn_server(&self.db[i], &label, &self.flavor, Kind::Server, &conf)?;
         Ok(())
     }
 
     fn write_sentinel_conf(&self, i: usize) -> anyhow::Result<()> {
-        let dir = self.net.dir.path().join(format!("sentinel-{i}"));
-        std::fs::create_dir_all(&dir)?;
-        let conf = format!(
-            "bind {ip}\nprotected-mode no\nport {SENTINEL_PORT}\ndaemonize no\ndir {d}\n\
-             sentinel monitor {MASTER} {p} {REDIS_PORT} {QUORUM}\n\
-             sentinel down-after-milliseconds {MASTER} {DOWN_AFTER_MS}\n\
-             sentinel failover-timeout {MASTER} 5000\nsentinel parallel-syncs {MASTER} 2\n",
-            ip = self.sentinels[i].ip,
-            d = dir.display(),
-            p = self.db[0].ip
-        );
-        std::fs::write(dir.join("sentinel.conf"), conf)?;
+        let listen = self.listen(self.sentinels[i].ip, SENTINEL_PORT, &format!("sentinel-{i}"));
+        let monitor = Monitor {
+            name: MASTER.into(),
+            host: self.db[0].ip.to_string(),
+            port: REDIS_PORT,
+            quorum: QUORUM,
+            down_after: Duration::from_millis(DOWN_AFTER_MS),
+            failover_timeout: Duration::from_millis(5000),
+            parallel_syncs: 2,
+        };
+        conf::write(&listen.dir, Kind::Sentinel, &conf::sentinel(&listen, &monitor))?;
         Ok(())
     }
 
@@ -154,11 +143,14 @@ impl Cluster {
         let conf = self.net.dir.path().join(format!("sentinel-{i}/sentinel.conf"));
         let label = self.next_label(&format!("sentinel-{i}"));
         let host = &self.sentinels[i];
-        let (program, extra) = self.flavor.sentinel_command();
-        let mut args = vec![conf.to_str().unwrap_or("")];
-        args.extend_from_slice(extra);
-        self.net.spawn(host, &label, program.to_str().unwrap_or(""), &args)?;
+        self.net.spawn_server(host, &label, &self.flavor, Kind::Sentinel, &conf)?;
         Ok(())
+    }
+
+    /// Where a process on `ip` listens: `port`, its directory `name` in the network's; it logs
+    /// to its output (`<label>.log`).
+    fn listen(&self, ip: IpAddr, port: u16, name: &str) -> Listen {
+        Listen { ip, port, dir: self.net.dir.path().join(name), logfile: None }
     }
 
     fn sentinels_yaml(&self) -> String {

@@ -109,7 +109,7 @@ pub struct Settings {
     /// No new fault starts after this.
     pub duration: Duration,
     /// Redis or Valkey.
-    pub flavor: polestar::lab::Flavor,
+    pub flavor: polestar_lab::Flavor,
 }
 
 impl Settings {

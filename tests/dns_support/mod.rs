@@ -388,7 +388,7 @@ impl Knot {
         if !knotd {
             return None;
         }
-        let port = polestar::lab::free_service_port().expect("a port for knotd");
+        let port = polestar_lab::free_service_port().expect("a port for knotd");
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         Some(Self { addr, zone: zone.to_string(), dir: tempfile::tempdir().unwrap() })
     }

@@ -11,7 +11,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use polestar::lab::Flavor;
+use polestar_lab::conf::{self, Listen, Monitor};
+use polestar_lab::{Flavor, Kind};
 
 use super::{Host, Net, field, until};
 
@@ -106,48 +107,38 @@ impl Cluster {
         primary: Option<std::net::IpAddr>,
     ) -> anyhow::Result<()> {
         let host = &self.db[i];
-        let dir = self.net.dir.path().join(format!("redis-{i}"));
-        std::fs::create_dir_all(&dir)?;
-        let mut conf = format!(
-            "bind {ip}\nprotected-mode no\nport 6379\ndaemonize no\ndir {d}\nsave \"\"\nappendonly no\n\
-             repl-diskless-sync yes\nrepl-diskless-sync-delay 0\nrepl-ping-replica-period 1\n",
-            ip = host.ip,
-            d = dir.display()
-        );
-        if let Some(primary) = primary {
-            conf.push_str(&format!("replicaof {primary} 6379\n"));
-        }
-        conf.push_str(&self.node_conf);
-        let path = dir.join("redis.conf");
-        std::fs::write(&path, conf)?;
-        let (program, extra) = self.flavor.server_command();
-        let mut args = vec![path.to_str().unwrap_or("")];
-        args.extend_from_slice(extra);
-        self.net.spawn(host, &format!("redis-{i}"), program.to_str().unwrap_or(""), &args)?;
+        let listen = self.listen(host, 6379, &format!("redis-{i}"));
+        let primary = primary.map(|ip| ip.to_string());
+        let text = conf::data_node(&listen, primary.as_deref().map(|ip| (ip, 6379)));
+        let path = conf::write(&listen.dir, Kind::Server, &(text + &self.node_conf))?;
+        self.net.spawn_server(host, &format!("redis-{i}"), &self.flavor, Kind::Server, &path)?;
         Ok(())
     }
 
     fn spawn_sentinel(&self, i: usize, down_after_ms: u64) -> anyhow::Result<()> {
         let host = &self.db[i];
-        let dir = self.net.dir.path().join(format!("sentinel-{i}"));
-        std::fs::create_dir_all(&dir)?;
-        let conf = format!(
-            "bind {ip}\nprotected-mode no\nport 26379\ndaemonize no\ndir {d}\n\
-             sentinel monitor mymaster {p} 6379 2\n\
-             sentinel down-after-milliseconds mymaster {down_after_ms}\n\
-             sentinel failover-timeout mymaster 5000\nsentinel parallel-syncs mymaster 1\n",
-            ip = host.ip,
-            d = dir.display(),
-            p = self.db[0].ip
-        );
-        let path = dir.join("sentinel.conf");
-        std::fs::write(&path, conf + &self.sentinel_conf)?;
+        let listen = self.listen(host, 26379, &format!("sentinel-{i}"));
+        let monitor = Monitor {
+            name: "mymaster".into(),
+            host: self.db[0].ip.to_string(),
+            port: 6379,
+            quorum: 2,
+            down_after: Duration::from_millis(down_after_ms),
+            failover_timeout: Duration::from_millis(5000),
+            parallel_syncs: 1,
+        };
+        let text = conf::sentinel(&listen, &monitor) + &self.sentinel_conf;
+        let path = conf::write(&listen.dir, Kind::Sentinel, &text)?;
         let label = format!("sentinel-{i}");
-        let (program, extra) = self.flavor.sentinel_command();
-        let mut args = vec![path.to_str().unwrap_or("")];
-        args.extend_from_slice(extra);
-        self.net.spawn(host, &label, program.to_str().unwrap_or(""), &args)?;
+        self.net.spawn_server(host, &label, &self.flavor, Kind::Sentinel, &path)?;
         Ok(())
+    }
+
+    /// Where a process of `host` listens: its address, `port`, its directory `name` in the
+    /// network's; it logs to its output (`<label>.log`).
+    fn listen(&self, host: &Host, port: u16, name: &str) -> Listen {
+        let dir = self.net.dir.path().join(name);
+        Listen { ip: host.ip, port, dir, logfile: None }
     }
 
     /// `redis-cli` against `host:port`, from inside `host`'s namespace.

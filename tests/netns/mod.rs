@@ -2,9 +2,10 @@
 //! in 10.77.0.0/24 (used only inside these namespaces), so that faults look like production:
 //! a SIGSTOPped redis-server, or a host whose link goes down (no RST, no FIN).
 //!
-//! Names start with `pst<pid>x<n>`: a run cleans what runs whose process is gone left behind
-//! (namespaces, bridges, the processes inside), and [`Net`]'s `Drop` removes everything it made,
-//! also when a test panics. Traffic stays on the bridge.
+//! Processes start through the lab crate's [`Launch`], as every lab's do, under
+//! `ip netns exec`. Names start with `pst<pid>x<n>`: a run cleans what runs whose process is
+//! gone left behind (namespaces, bridges, the processes inside), and [`Net`]'s `Drop` removes
+//! everything it made, also when a test panics. Traffic stays on the bridge.
 #![allow(dead_code)]
 
 pub mod client;
@@ -14,8 +15,8 @@ pub mod measure;
 use std::fs::File;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -23,6 +24,7 @@ use std::time::Duration;
 use nix::sched::{CloneFlags, setns};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use polestar_lab::{Flavor, Kind, Launch};
 use tokio::time::{Instant, sleep};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_polestar");
@@ -116,16 +118,29 @@ impl Net {
         program: &str,
         args: &[&str],
     ) -> anyhow::Result<u32> {
+        self.start(host, label, Launch::program(program, self.dir.path()).args(args))
+    }
+
+    /// Starts a data node or Sentinel of `flavor` on `config` inside the host's namespace, the
+    /// way every lab starts one ([`Launch::server`]); output to `<dir>/<label>.log`.
+    pub fn spawn_server(
+        &self,
+        host: &Host,
+        label: &str,
+        flavor: &Flavor,
+        kind: Kind,
+        config: &Path,
+    ) -> anyhow::Result<u32> {
+        self.start(host, label, Launch::server(flavor, kind, config))
+    }
+
+    /// Runs `launch` in the host's namespace, working in the network's directory, its output in
+    /// a fresh `<label>.log`; the process is `label`'s from now on.
+    fn start(&self, host: &Host, label: &str, launch: Launch) -> anyhow::Result<u32> {
         let log = self.dir.path().join(format!("{label}.log"));
-        let out = File::create(&log)?;
-        let child = Command::new("ip")
-            .args(["netns", "exec", &host.ns, program])
-            .args(args)
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()?;
+        File::create(&log)?;
+        let launch = launch.dir(self.dir.path()).output(&log).in_namespace(&host.ns);
+        let child = launch.spawn()?;
         let pid = child.id();
         self.lock_procs().push((label.to_string(), child, log));
         Ok(pid)

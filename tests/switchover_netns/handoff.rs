@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use polestar_lab::Kind;
+use polestar_lab::conf::{self, Listen};
 use serde_json::Value;
 
 use super::{RATE, TOKEN, events_of, lag, listed_healthy, writer};
@@ -367,18 +369,9 @@ async fn max_lag_cli(lab: &Lab<'_>) -> anyhow::Result<()> {
 async fn setup(cluster: &Cluster) -> anyhow::Result<Lab<'_>> {
     let ctl = &cluster.ctl;
     let dir = cluster.net.dir.path().join("other");
-    std::fs::create_dir_all(&dir)?;
-    let conf = format!(
-        "bind {ip}\nprotected-mode no\nport {OTHER_PORT}\ndaemonize no\ndir {d}\nsave \"\"\nappendonly no\n",
-        ip = ctl.ip,
-        d = dir.display()
-    );
-    let path = dir.join("redis.conf");
-    std::fs::write(&path, conf)?;
-    let (program, extra) = cluster.flavor.server_command();
-    let mut args = vec![path.to_str().unwrap_or("")];
-    args.extend_from_slice(extra);
-    cluster.net.spawn(ctl, "redis-other", program.to_str().unwrap_or(""), &args)?;
+    let listen = Listen { ip: ctl.ip, port: OTHER_PORT, dir: dir.clone(), logfile: None };
+    let path = conf::write(&dir, Kind::Server, &conf::data_node(&listen, None))?;
+    cluster.net.spawn_server(ctl, "redis-other", &cluster.flavor, Kind::Server, &path)?;
     let other = SocketAddr::new(ctl.ip, OTHER_PORT);
     until("the other master's node", Duration::from_secs(20), || async {
         (cluster.cli(ctl, OTHER_PORT, &["PING"]).trim() == "PONG").then_some(())

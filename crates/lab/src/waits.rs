@@ -8,8 +8,8 @@ use std::time::Duration;
 use anyhow::{Context, bail, ensure};
 use tokio::time::{Instant, sleep};
 
-use super::query::{info_fields, pairs, query, sentinel};
-use super::{Lab, POLL};
+use crate::query::{info_fields, pairs, query, sentinel};
+use crate::{Lab, POLL};
 
 impl Lab {
     /// Polls `check` until it succeeds; on the deadline fails with its last error and the logs.

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use super::query::{query, sentinel};
-use super::{Lab, Slot};
+use crate::query::{query, sentinel};
+use crate::{Lab, Slot};
 
 /// How long `failover` keeps retrying while Sentinel is not ready for one (`NOGOODSLAVE` while
 /// replicas resynchronise after a previous failover, `INPROG` while one is still running).

@@ -1,19 +1,31 @@
-//! A real local Redis (or Valkey: [`Flavor`]) cluster for the demo and the integration tests:
-//! N `redis-server` (one primary, N-1 replicas) and M `redis-sentinel` on free 127.0.0.1 ports, each with its own
-//! directory, config and log in a temp dir, with Sentinel timings fast enough for tests.
+//! Real Redis and Valkey processes on this machine for polestar's integration tests, benches
+//! and `polestar demo`, so that every claim about failover is checked against the real thing,
+//! not a fake. A workspace member of its own: no part of the polestar library, a
+//! dev-dependency of the tests and examples, and behind the binary's default `demo` feature.
 //!
-//! It exists so that every claim about failover is checked against the real thing, not a fake:
-//! the fault helpers kill, hang (SIGSTOP) and restart processes the way production fails.
-//! Everything it started is killed and reaped on drop, also during a panic; the processes of
-//! labs whose owner died without dropping are cleaned by the next `Lab::start` (see
+//! - [`Lab`]: a cluster on loopback, N `redis-server` (one primary, N-1 replicas) and M
+//!   `redis-sentinel` (or Valkey: [`Flavor`]) on free 127.0.0.1 ports, each with its own
+//!   directory, config and log in a temp dir, with Sentinel timings fast enough for tests. The
+//!   fault helpers kill, hang (SIGSTOP) and restart processes the way production fails.
+//! - [`Server`]: one data node or Sentinel on loopback that a test configures itself.
+//! - The pieces the namespace labs of the tests use too, so that every process is started one
+//!   way: [`conf`] (config files), [`Launch`] (the program of a [`Flavor`], its directory, its
+//!   log), [`ports`] (port choice), [`leftovers`] (cleaning up after a dead owner).
+//!
+//! Everything a lab or a server started is killed and reaped on drop, also during a panic; the
+//! processes of labs whose owner died without dropping are cleaned by the next start (see
 //! [`leftovers`]).
 
 mod accessors;
-mod conf;
+pub mod conf;
 mod faults;
+mod flavor;
+mod launch;
 pub mod leftovers;
+pub mod ports;
 mod process;
 mod query;
+mod server;
 pub mod tls;
 mod waits;
 
@@ -21,18 +33,16 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tokio::time::{Instant, sleep};
 
-pub use process::{Flavor, VALKEY_ENV, free_service_port};
-use process::{Kind, Proc};
+pub use flavor::{Flavor, Kind, VALKEY_ENV};
+pub use launch::Launch;
+pub use ports::{free_port, free_ports_from, free_service_port};
+use process::{Holder, Proc};
 pub use query::query;
+pub use server::{Server, ServerOptions};
 
 /// How often the waits poll.
 const POLL: Duration = Duration::from_millis(100);
-/// How long one process may take to answer `PING` after it was spawned.
-const PROCESS_UP: Duration = Duration::from_secs(20);
-/// Attempts at finding a free port for a process.
-const PORT_ATTEMPTS: usize = 5;
 /// Log lines per process shown when a wait fails.
 const TAIL_LINES: usize = 25;
 
@@ -132,55 +142,40 @@ impl Lab {
 
     async fn launch_all(&self) -> anyhow::Result<()> {
         for i in 0..self.opts.nodes {
-            let dir = self.dir.path().join(format!("node-{i}"));
-            self.lock().nodes.push(Proc::new(Kind::Server, self.opts.flavor.clone(), dir));
             self.launch(Slot::Node(i)).await?;
         }
         self.wait_replication(self.opts.converge_deadline).await?;
         for i in 0..self.opts.sentinels {
-            let dir = self.dir.path().join(format!("sentinel-{i}"));
-            self.lock().sentinels.push(Proc::new(Kind::Sentinel, self.opts.flavor.clone(), dir));
             self.launch(Slot::Sentinel(i)).await?;
         }
         self.wait_converged(self.opts.converge_deadline).await
     }
 
-    /// Picks a port, writes the config, starts the process and waits for `PING`, trying other
-    /// ports if the chosen one was taken in the meantime.
+    /// Adds the process of `slot` and starts it: the first node is the primary that the other
+    /// nodes replicate and the Sentinels monitor.
     async fn launch(&self, slot: Slot) -> anyhow::Result<()> {
-        for _ in 0..PORT_ATTEMPTS {
-            self.prepare(slot)?;
-            match self.wait_up(slot).await {
-                Ok(()) => return Ok(()),
-                Err(e) if !self.with(slot, |p| Ok(p.port_was_taken()))? => return Err(e),
-                Err(_) => continue,
-            }
-        }
-        bail!("no free port found for {slot:?} after {PORT_ATTEMPTS} attempts")
+        self.add(slot);
+        let primary = match slot {
+            Slot::Node(0) => None,
+            _ => self.lock().nodes.first().map(|n| n.port),
+        };
+        let opts = &self.opts;
+        process::launch(&self.at(slot), |p| conf_of(slot, primary, p, opts)).await
     }
 
-    fn prepare(&self, slot: Slot) -> anyhow::Result<()> {
-        let primary = self.lock().nodes.first().map(|n| n.port);
-        let certs = self.certs.as_ref();
-        self.with(slot, |p| {
-            if certs.is_some() {
-                tls::unregister(p.port);
-            }
-            p.port = process::free_port()?;
-            let mut text = match (slot, primary) {
-                (Slot::Node(0), _) => conf::server(p, None, &self.opts),
-                (Slot::Node(_), primary) => conf::server(p, primary, &self.opts),
-                (Slot::Sentinel(_), Some(primary)) => conf::sentinel(p, primary, &self.opts),
-                (Slot::Sentinel(_), None) => bail!("sentinels need a node to monitor"),
-            };
-            if let Some(certs) = certs {
-                // The last `port` line wins: the plain port is closed.
-                text.push_str(&certs.conf_lines(p.port));
-                tls::register(p.port, certs.client_tls());
-            }
-            process::write_config(p, &text)?;
-            p.spawn()
-        })
+    /// A new process for `slot`, in its own directory of the lab's.
+    fn add(&self, slot: Slot) {
+        let (kind, name) = match slot {
+            Slot::Node(i) => (Kind::Server, format!("node-{i}")),
+            Slot::Sentinel(i) => (Kind::Sentinel, format!("sentinel-{i}")),
+        };
+        let mut proc = Proc::new(kind, self.opts.flavor.clone(), self.dir.path().join(name));
+        proc.certs = self.certs.clone();
+        let mut procs = self.lock();
+        match slot {
+            Slot::Node(_) => procs.nodes.push(proc),
+            Slot::Sentinel(_) => procs.sentinels.push(proc),
+        }
     }
 
     /// Restarts a killed process on its own (possibly rewritten) config and port.
@@ -189,25 +184,7 @@ impl Lab {
             p.kill();
             p.spawn()
         })?;
-        self.wait_up(slot).await.map_err(|e| self.explain(e))
-    }
-
-    /// Waits until the process answers `PING`; fails at once if it exits.
-    async fn wait_up(&self, slot: Slot) -> anyhow::Result<()> {
-        let deadline = Instant::now() + PROCESS_UP;
-        let addr = self.with(slot, |p| Ok(p.addr()))?;
-        loop {
-            if let Some(status) = self.with(slot, |p| Ok(p.exited()))? {
-                bail!("{slot:?} on {addr} exited at start ({status})");
-            }
-            if query::<String>(addr, &redis::cmd("PING")).await.is_ok() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("{slot:?} on {addr} did not answer PING within {PROCESS_UP:?}");
-            }
-            sleep(POLL).await;
-        }
+        process::wait_up(&self.at(slot)).await.map_err(|e| self.explain(e))
     }
 
     fn lock(&self) -> MutexGuard<'_, Procs> {
@@ -224,21 +201,50 @@ impl Lab {
         f(self.lock().get(slot)?)
     }
 
+    /// The process in `slot`, for the start in `process`.
+    fn at(&self, slot: Slot) -> At<'_> {
+        At { lab: self, slot }
+    }
+
     /// Adds every process's log tail to an error, for the test failure message.
     fn explain(&self, error: anyhow::Error) -> anyhow::Error {
         error.context(format!("lab logs (tail):\n{}", self.logs_tail(TAIL_LINES)))
     }
 }
 
+/// The config of the process in `slot`; `primary` is the first node's port (none for itself).
+fn conf_of(
+    slot: Slot,
+    primary: Option<u16>,
+    p: &Proc,
+    opts: &LabOptions,
+) -> anyhow::Result<String> {
+    Ok(match (slot, primary) {
+        (Slot::Node(_), primary) => conf::lab_node(&p.listen(), primary, opts),
+        (Slot::Sentinel(_), Some(primary)) => conf::lab_sentinel(&p.listen(), primary, opts),
+        (Slot::Sentinel(_), None) => bail!("sentinels need a node to monitor"),
+    })
+}
+
+/// One process of a lab, reached through the lab's lock.
+struct At<'a> {
+    lab: &'a Lab,
+    slot: Slot,
+}
+
+impl Holder for At<'_> {
+    fn with<T>(&self, f: impl FnOnce(&mut Proc) -> anyhow::Result<T>) -> anyhow::Result<T> {
+        self.lab.with(self.slot, f)
+    }
+}
+
 impl Drop for Lab {
+    /// The Sentinels first, so that none reacts to the nodes' end; each `Proc` reaps its child.
     fn drop(&mut self) {
         let mut guard = self.lock();
         let procs = &mut *guard;
         for p in procs.sentinels.iter_mut().chain(procs.nodes.iter_mut()) {
             p.kill();
-            if self.certs.is_some() {
-                tls::unregister(p.port);
-            }
         }
     }
 }

@@ -4,17 +4,18 @@
 //! the HTTPS API, and a second CA that signed none of them (for the "wrong CA" tests).
 //!
 //! In a TLS lab every process listens with `port 0` and `tls-port`, requires client
-//! certificates and replicates over TLS; [`query`](super::query) dials the ports registered
-//! here over TLS.
+//! certificates and replicates over TLS; [`query`](crate::query) dials the ports registered
+//! here over TLS, with polestar's client certificate.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::{Context, bail, ensure};
-
-use crate::config::Tls;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{ClientConfig, RootCertStore};
 
 #[derive(Clone, Debug)]
 pub struct Certs {
@@ -49,14 +50,22 @@ impl Certs {
         })
     }
 
-    /// What polestar's config says to talk to the lab: the CA and the client certificate.
-    pub fn client_tls(&self) -> Tls {
-        Tls {
-            enabled: true,
-            ca_file: Some(self.ca.clone()),
-            cert_file: Some(self.client_cert.clone()),
-            key_file: Some(self.client_key.clone()),
+    /// A client of the lab's processes: trusts the lab's CA, presents polestar's certificate
+    /// (ring, the provider polestar uses).
+    pub fn client_config(&self) -> anyhow::Result<Arc<ClientConfig>> {
+        let mut roots = RootCertStore::empty();
+        for cert in certificates(&self.ca)? {
+            roots.add(cert).with_context(|| format!("{}: not a CA", self.ca.display()))?;
         }
+        let chain = certificates(&self.client_cert)?;
+        let key = PrivateKeyDer::from_pem_file(&self.client_key)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", self.client_key.display()))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)?;
+        Ok(Arc::new(config))
     }
 
     /// The `redis.conf` / `sentinel.conf` lines of a TLS-only process on `port`.
@@ -69,6 +78,11 @@ impl Certs {
             self.ca.display(),
         )
     }
+}
+
+fn certificates(file: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let all = CertificateDer::pem_file_iter(file).and_then(|certs| certs.collect());
+    all.map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))
 }
 
 fn openssl(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
@@ -129,17 +143,17 @@ fn sign(
     Ok(())
 }
 
-/// Ports of the running TLS labs, with how to dial them.
-static TLS_PORTS: Mutex<Option<HashMap<u16, Tls>>> = Mutex::new(None);
+/// Ports of the running TLS labs, with the certificates to dial them.
+static TLS_PORTS: Mutex<Option<HashMap<u16, Certs>>> = Mutex::new(None);
 
-fn ports() -> MutexGuard<'static, Option<HashMap<u16, Tls>>> {
+fn ports() -> MutexGuard<'static, Option<HashMap<u16, Certs>>> {
     // Only map operations under the lock: a poisoned map is still consistent.
     TLS_PORTS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// `port` is a TLS lab process's: [`query`](super::query) dials it with `tls`.
-pub fn register(port: u16, tls: Tls) {
-    ports().get_or_insert_with(HashMap::new).insert(port, tls);
+/// `port` is a TLS lab process's: [`query`](crate::query) dials it with `certs`.
+pub fn register(port: u16, certs: Certs) {
+    ports().get_or_insert_with(HashMap::new).insert(port, certs);
 }
 
 pub fn unregister(port: u16) {
@@ -149,6 +163,6 @@ pub fn unregister(port: u16) {
 }
 
 /// How to dial `port`, if it is a TLS lab process's.
-pub fn for_port(port: u16) -> Option<Tls> {
+pub fn for_port(port: u16) -> Option<Certs> {
     ports().as_ref()?.get(&port).cloned()
 }

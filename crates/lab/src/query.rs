@@ -16,14 +16,14 @@ use redis::FromRedisValue;
 pub const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Sends `cmd` to `addr` and parses the reply, failing after [`TIMEOUT`].
-/// A TLS lab's process ([`super::tls`]) is dialled over TLS with the lab's client certificate.
+/// A TLS lab's process ([`crate::tls`]) is dialled over TLS with the lab's client certificate.
 pub async fn query<T: FromRedisValue>(addr: SocketAddr, cmd: &redis::Cmd) -> anyhow::Result<T> {
     let client = redis::Client::open(format!("redis://{addr}/"))
         .with_context(|| format!("{addr}: bad address"))?;
-    let tls = super::tls::for_port(addr.port());
+    let certs = crate::tls::for_port(addr.port());
     let exchange = async {
-        let mut conn = match tls {
-            Some(tls) => tls_connection(addr, &tls).await?,
+        let mut conn = match certs {
+            Some(certs) => tls_connection(addr, &certs).await?,
             None => client.get_multiplexed_async_connection().await?,
         };
         anyhow::Ok(cmd.query_async::<T>(&mut conn).await?)
@@ -37,9 +37,9 @@ pub async fn query<T: FromRedisValue>(addr: SocketAddr, cmd: &redis::Cmd) -> any
 /// RESP2 (as the plain connections speak) over TLS, verified against the lab's CA.
 async fn tls_connection(
     addr: SocketAddr,
-    tls: &crate::config::Tls,
+    certs: &crate::tls::Certs,
 ) -> anyhow::Result<redis::aio::MultiplexedConnection> {
-    let config = crate::tls::client_config(tls)?;
+    let config = certs.client_config()?;
     let tcp = tokio::net::TcpStream::connect(addr).await?;
     let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
     let stream = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await?;

@@ -6,9 +6,9 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use super::process::Run;
-use super::query::{self, pairs, query, sentinel};
-use super::{Lab, LabOptions};
+use crate::process::Run;
+use crate::query::{self, pairs, query, sentinel};
+use crate::{Lab, LabOptions};
 
 impl Lab {
     pub fn options(&self) -> &LabOptions {
@@ -20,7 +20,7 @@ impl Lab {
     }
 
     /// The certificates of a TLS lab (`LabOptions::tls`).
-    pub fn certs(&self) -> Option<&super::tls::Certs> {
+    pub fn certs(&self) -> Option<&crate::tls::Certs> {
         self.certs.as_ref()
     }
 
