@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26, item 5: AGENTS agent-equivalents following one release polestar over HTTP with
+# Crowds (bench/README.md): AGENTS agent-equivalents following one release polestar over HTTP with
 # the agent token (a real lab of 3 nodes and 3 Sentinels, a real `SENTINEL FAILOVER`). Each
 # does what src/agent/mod.rs's follower does: holds `GET /v1/events/stream`, reads
 # `GET /v1/masters` on a second, kept-alive connection at the start, after every chunk that

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 4's figures on a real local cluster (3 redis-server, 3 redis-sentinel on loopback, the
-# real polestar binary with DNS and drain on):
+# Planned-failover figures (docs/failover.md) on a real local cluster (3 redis-server,
+# 3 redis-sentinel on loopback, the real polestar binary with DNS and drain on):
 #  1. over ROUNDS planned failovers (SENTINEL FAILOVER), recovery of an INCR writer and of a
 #     BLPOP-0 client that find the primary through polestar's DNS name (from the command and
 #     from the leader's +promoted-slave), and acknowledged writes lost;

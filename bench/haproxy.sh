@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 5's comparison: recovery of a persistent writer and a BLPOP-0 client (fault -> first
-# success on the new primary) when the primary hangs (SIGSTOP) or its host goes dark (link down),
-# with polestar (node-side sweep for hung, client-side sweep for dark) and with HAProxy role
-# checks (inter 500ms fall 2 rise 1, on-marked-down shutdown-sessions), side by side, in
-# network namespaces (10.77.0.0/24, private to this machine). Needs root.
+# polestar against HAProxy (docs/failover.md, "Socket sweeping"): recovery of a persistent writer
+# and a BLPOP-0 client (fault -> first success on the new primary) when the primary hangs (SIGSTOP)
+# or its host goes dark (link down), with polestar (node-side sweep for hung, client-side sweep for
+# dark) and with HAProxy role checks (inter 500ms fall 2 rise 1, on-marked-down shutdown-sessions),
+# side by side, in network namespaces (10.77.0.0/24, private to this machine). Needs root.
 #
 #   bench/haproxy.sh [ROUNDS]      rounds per case and method (default 3)
 #   BENCH_DOWN_AFTER_MS=1000 ...   Sentinel down-after-milliseconds (default 2000)

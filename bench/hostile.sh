@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 14's attacks against the real polestar binary on loopback (a flooding fake Sentinel
-# beside a real lab; 3000 anonymous SSE/long-polls; 2000 slow bodies; 1100 clients holding
-# DNS TCP connections; a UDP burst from one address), each measured twice in the same run:
-# the real work's latency (slowest of a few) and polestar's peak RSS (VmRSS), unloaded and
+# The attacks of tests/hostile_load.rs (docs/limits.md) against the real polestar binary on loopback
+# (a flooding fake Sentinel beside a real lab; 3000 anonymous SSE/long-polls; 2000 slow bodies; 1100
+# clients holding DNS TCP connections; a UDP burst from one address), each measured twice in the
+# same run: the real work's latency (slowest of a few) and polestar's peak RSS (VmRSS), unloaded and
 # under the attack, side by side.
 #
 #   bench/hostile.sh

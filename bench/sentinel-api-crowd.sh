@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26, item 5: SUBSCRIBERS subscribers of `+switch-master` on one release polestar's
+# Crowds (bench/README.md): SUBSCRIBERS subscribers of `+switch-master` on one release polestar's
 # Sentinel endpoint (a real lab of 3 nodes and 3 Sentinels, a real `SENTINEL FAILOVER`):
 # polestar's RSS before, attached, after the switch and at its peak; when each subscriber
 # heard the switch, from polestar's publication (the `switch` event's time_ms) and from the

@@ -1,4 +1,4 @@
-//! Every spawned task has an owner that awaits it or restarts it (STYLE 11). This is the
+//! Every spawned task has an owner that awaits it or restarts it, so none ends unseen. This is the
 //! restarting kind: a long-lived task that must run until shutdown (the Sentinel decider)
 //! and that, should it end before (a panic: a bug, never network input), is started afresh
 //! with a log line rather than leaving the process up but deaf.

@@ -1,7 +1,7 @@
-//! Agents (issue 13): an agent follows several upstream polestars (any one that answers
-//! suffices), over https verified against `upstream.ca_file`, with the agent token; a wrong
-//! token is refused with 401 and the agent says so; the upstream's HTTPS certificate is
-//! reloaded on SIGHUP. Real Sentinels, the real binary for the upstream and the agent.
+//! Agents (docs/trust.md, "Upstreams (for an agent)"): an agent follows several upstream polestars
+//! (any one that answers suffices), over https verified against `upstream.ca_file`, with the agent
+//! token; a wrong token is refused with 401 and the agent says so; the upstream's HTTPS certificate
+//! is reloaded on SIGHUP. Real Sentinels, the real binary for the upstream and the agent.
 
 use crate::common;
 
@@ -378,13 +378,13 @@ async fn wait_reads(script: &fake::Script, phase: usize, agent: &Polestar) {
     }
 }
 
-/// Issue 25, item 3: an agent with node credentials and `sweep.remote` follows three upstreams,
-/// one of which lies in the two steps that once moved an agent (first the attacker's node X
-/// among the replicas, then X promoted at the next epoch, then X replaced by Y, the change that
-/// would make the agent sweep X and probe its `ROLE` with the node credentials). X and Y are
-/// listeners of the test that record every byte: neither is ever connected to. The control:
-/// the real failover that all three then serve makes the agent probe the old primary P (also
-/// a recorder), and P does receive the credentials, so the recorders would have seen them.
+/// Regression (docs/decisions.md D26): an agent with node credentials and `sweep.remote` follows
+/// three upstreams, one of which lies in the two steps that once moved an agent (first the
+/// attacker's node X among the replicas, then X promoted at the next epoch, then X replaced by Y,
+/// the change that would make the agent sweep X and probe its `ROLE` with the node credentials). X
+/// and Y are listeners of the test that record every byte: neither is ever connected to. The
+/// control: the real failover that all three then serve makes the agent probe the old primary P
+/// (also a recorder), and P does receive the credentials, so the recorders would have seen them.
 #[tokio::test]
 async fn sweep_probes_send_no_credentials_to_a_node_no_majority_named() {
     use fake::{Script, master};
@@ -464,12 +464,12 @@ async fn sweep_probes_send_no_credentials_to_a_node_no_majority_named() {
     }
 }
 
-/// Issue 25, item 2, measured before: Sentinels at current epoch 5000 (one counter for every
-/// master), a `SENTINEL FAILOVER` of a master at config epoch 0 gives 5001; the central
-/// polestar followed in 1.44 s, an agent following it never did (still epoch 0, the old
-/// primary, state `ok`). Past 2^32 (a forged hello can push every real Sentinel there), the
-/// agent's ceiling refused every real failover for good. Real Sentinels started at that
-/// current epoch, the real binary for the central polestar and the agent.
+/// Regression (no bound on the epoch: docs/decisions.md D4), measured before: Sentinels at
+/// current epoch 5000 (one counter for every master), a `SENTINEL FAILOVER` of a master at config
+/// epoch 0 gives 5001; the central polestar followed in 1.44 s, an agent following it never did
+/// (still epoch 0, the old primary, state `ok`). Past 2^32 (a forged hello can push every real
+/// Sentinel there), the agent's ceiling refused every real failover for good. Real Sentinels
+/// started at that current epoch, the real binary for the central polestar and the agent.
 async fn an_agent_follows_a_failover_whose_epoch_jumps_to(current_epoch: u64) {
     let opts = LabOptions { current_epoch, ..LabOptions::default() };
     let lab = Lab::start(opts).await.expect("the lab starts");

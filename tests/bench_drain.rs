@@ -1,8 +1,9 @@
-//! Issue 4's figures, as a measurement (not a check), on the loopback lab with the real binary:
-//! over several planned failovers (`SENTINEL FAILOVER`), how long an INCR writer and a
-//! `BLPOP 0` client that find the primary through polestar's DNS name (SRV) take to succeed on
-//! the new primary, from the failover command and from the leader's `+promoted-slave` as a
-//! subscriber on every Sentinel saw it; and how many acknowledged INCRs the final primary lacks.
+//! The planned-failover figures (`bench/drain.sh`; docs/failover.md, "Timeline of a failover from O
+//! to N"), as a measurement (not a check), on the loopback lab with the real binary: over several
+//! planned failovers (`SENTINEL FAILOVER`), how long an INCR writer and a `BLPOP 0` client that
+//! find the primary through polestar's DNS name (SRV) take to succeed on the new primary, from the
+//! failover command and from the leader's `+promoted-slave` as a subscriber on every Sentinel saw
+//! it; and how many acknowledged INCRs the final primary lacks.
 //!
 //! Both clients behave like Lettuce (`netns/client.rs`, here on the loopback lab): one
 //! persistent connection, no read timeout, re-resolve and reconnect only on an error (socket

@@ -1,7 +1,8 @@
-//! Issue 5's comparison, as a measurement (not a check): the fault cases of `sweep_netns.rs`
-//! (hung primary: SIGSTOP of redis-server; dark primary host: its link down, no RST, no FIN),
-//! each with a persistent INCR writer and a `BLPOP 0` client on the application host, measured
-//! from the fault to the first success on the new primary:
+//! The comparison with HAProxy (docs/failover.md, "Socket sweeping"; bench/haproxy.sh), as a
+//! measurement (not a check): the fault cases of `sweep_netns.rs` (hung primary: SIGSTOP of
+//! redis-server; dark primary host: its link down, no RST, no FIN), each with a persistent INCR
+//! writer and a `BLPOP 0` client on the application host, measured from the fault to the first
+//! success on the new primary:
 //!
 //! - **polestar**: clients find the primary over polestar's HTTP API; a node-side polestar
 //!   (`sweep.local_ports`) beside the hung redis-server, or a client-side one (`sweep.remote`) on
@@ -85,7 +86,7 @@ struct Round {
 // HAProxy, on the application host of the shared cluster (`netns/cluster.rs`).
 
 /// HAProxy on the application host, listening on 127.0.0.1:6380 there, in front of the three
-/// redis-servers with the role checks issue 5 names.
+/// redis-servers with the usual role checks (see `bench/haproxy.sh`).
 fn start_haproxy(cluster: &Cluster) -> anyhow::Result<()> {
     let servers: String = cluster
         .db

@@ -1,12 +1,12 @@
-//! The measurement, as a benchmark (ignored; `bench/switchover.sh` runs it): the same
-//! shaped links (`tbf` at 40 Mbit/s toward both replicas), the same writer (`SETRANGE` 4 KiB
-//! plus `RPUSH` of an increasing id, each acknowledged before the next, [`PACE`] steps a
-//! second at most), and a planned
-//! failover started once the replicas are [`TARGET_LAG`] behind (within [`BAND`]), so that every
-//! way of starting it meets the same lag: a plain `SENTINEL FAILOVER` on a Sentinel (polestar
-//! running, fencing at `+selected-slave`), polestar's switchover, and on Valkey 9 also
-//! Valkey's own `SENTINEL FAILOVER ... COORDINATED`. On Redis 7.0, Valkey 8.1 and Valkey 9.1
-//! (polestar's switchover uses `COORDINATED` there), in one run. Prints one Markdown table.
+//! The switchover-under-lag measurement (bench/README.md, "Planned switchover under lag"), as a
+//! benchmark (ignored; `bench/switchover.sh` runs it): the same shaped links (`tbf` at 40 Mbit/s
+//! toward both replicas), the same writer (`SETRANGE` 4 KiB plus `RPUSH` of an increasing id, each
+//! acknowledged before the next, [`PACE`] steps a second at most), and a planned failover started
+//! once the replicas are [`TARGET_LAG`] behind (within [`BAND`]), so that every way of starting it
+//! meets the same lag: a plain `SENTINEL FAILOVER` on a Sentinel (polestar running, fencing at
+//! `+selected-slave`), polestar's switchover, and on Valkey 9 also Valkey's own `SENTINEL FAILOVER
+//! ... COORDINATED`. On Redis 7.0, Valkey 8.1 and Valkey 9.1 (polestar's switchover uses
+//! `COORDINATED` there), in one run. Prints one Markdown table.
 //!
 //! The lag is the primary's `master_repl_offset` minus the furthest replica's own
 //! `slave_repl_offset` ([`lag`]).
@@ -28,7 +28,7 @@ const TARGET_LAG: u64 = 8_000_000;
 /// How far from [`TARGET_LAG`] the lag may be when a failover starts, in bytes (the lag grows
 /// by about 8.5 MB/s, and one reading of it takes up to a few hundred milliseconds).
 const BAND: u64 = 2_000_000;
-/// The writer's steps a second: the scenario, on any machine.
+/// The writer's steps a second: the reported scenario, on any machine.
 const PACE: u32 = 3_300;
 
 #[derive(Clone, Copy, PartialEq, Eq)]

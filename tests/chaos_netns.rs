@@ -1,7 +1,8 @@
-//! Chaos in network namespaces (issue 7): polestar on every side of a Sentinel deployment while
-//! a seeded schedule of faults runs, with clients writing through it. The short run is part of
-//! CI; the long soak is `bench/chaos.sh [SEED] [FAULTS] [MINUTES]`. Both print a table per
-//! fault kind and append it to `target/chaos-report.txt`. Needs root (namespaces, iptables).
+//! Chaos in network namespaces (bench/README.md, "Chaos soak"): polestar on every side of a
+//! Sentinel deployment while a seeded schedule of faults runs, with clients writing through it. The
+//! short run is part of CI; the long soak is `bench/chaos.sh [SEED] [FAULTS] [MINUTES]`. Both print
+//! a table per fault kind and append it to `target/chaos-report.txt`. Needs root (namespaces,
+//! iptables).
 
 use crate::chaos;
 

@@ -1,4 +1,4 @@
-//! The README's "Tested with" tables, generated from the client tests' runs (issue 21).
+//! The README's "Tested with" tables, generated from the client tests' runs.
 //!
 //! `clients_netns::` and `clients_sentinel::` append one JSON row per client and run to
 //! `target/client-results/*.jsonl` (client, version, runtime, server, resolver, path, fault,

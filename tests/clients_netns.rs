@@ -1,15 +1,15 @@
-//! Real client libraries behind a caching resolver (issues 15 and 21), in the network-namespace
-//! lab: the application host `ap` runs unbound as its system resolver (a stub zone for
-//! `redis.test.` pointing at the central polestar's DNS, `/etc/netns/<ns>/resolv.conf` naming
-//! it), and ioredis, redis-py and Valkey GLIDE clients that connect to `cache.redis.test` by
-//! name through getaddrinfo ([`APPS`]: the libraries' defaults and the settings the README
-//! gives, each writer one write every 10-20 ms, and BLPOP readers). Beside the defaults:
-//! redis-py with the README's retry both with `single_connection_client=True` and with its
-//! pool, and ioredis with `disconnectTimeout: 50`, which the README says plays no part by
-//! name (checked: [`disconnect_timeout_costs_nothing`]). Deployment as the README recommends: a central polestar (DNS, drain), a node-side
-//! polestar beside the first primary (`sweep.local_ports`) and an agent on the application host
-//! (`upstream`, `sweep.remote`). Faults: planned failover, hung primary (SIGSTOP), dark host
-//! (link down).
+//! Real client libraries behind a caching resolver (README, "Tested with"), in the
+//! network-namespace lab: the application host `ap` runs unbound as its system resolver (a stub
+//! zone for `redis.test.` pointing at the central polestar's DNS, `/etc/netns/<ns>/resolv.conf`
+//! naming it), and ioredis, redis-py and Valkey GLIDE clients that connect to `cache.redis.test` by
+//! name through getaddrinfo ([`APPS`]: the libraries' defaults and the settings the README gives,
+//! each writer one write every 10-20 ms, and BLPOP readers). Beside the defaults: redis-py with the
+//! README's retry both with `single_connection_client=True` and with its pool, and ioredis with
+//! `disconnectTimeout: 50`, which the README says plays no part by name (checked:
+//! [`disconnect_timeout_costs_nothing`]). Deployment as the README recommends: a central polestar
+//! (DNS, drain), a node-side polestar beside the first primary (`sweep.local_ports`) and an agent
+//! on the application host (`upstream`, `sweep.remote`). Faults: planned failover, hung primary
+//! (SIGSTOP), dark host (link down).
 //!
 //! The promise checked: 0 acknowledged writes lost and every client back on the new primary
 //! within Sentinel's `+switch-master` + the DNS TTL + 0.5 s. The pinned control (clients given
@@ -633,9 +633,9 @@ async fn real_clients_hung_primary_through_unbound_are_back_within_ttl() {
     scenario(Fault::Hung, Mode::Polestar).await;
 }
 
-/// Also the end-to-end check of the agent's sweep through `drain.window` (issue 15, found 5):
-/// unbound names the dark old primary after the grace, and connections opened then must be
-/// aborted, not left to the library's connect timeout.
+/// Also the end-to-end check of the agent's sweep through `drain.window` (docs/failover.md, "Socket
+/// sweeping", client side): unbound names the dark old primary after the grace, and connections
+/// opened then must be aborted, not left to the library's connect timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_clients_dark_primary_through_unbound_are_back_within_ttl() {
     scenario(Fault::Dark, Mode::Polestar).await;
@@ -662,7 +662,7 @@ async fn control_real_clients_pinned_dark_primary() {
     scenario(Fault::Dark, Mode::Pinned).await;
 }
 
-/// Found with ioredis behind unbound (issue 15, found 5): the agent stopped sweeping at
+/// Found with ioredis behind unbound (docs/decisions.md D13): the agent stopped sweeping at
 /// `drain.grace` (1.5 s then), unbound still named the dark old primary until 1.9 s after the
 /// flip, and the connections opened in that gap hung for the library's connect timeout. Here a
 /// connection to the dark old primary is opened well after the grace (2.5 s by default now), as

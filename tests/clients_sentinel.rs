@@ -1,10 +1,11 @@
-//! Sentinel-aware client libraries with the settings the README gives (issue 21), through
-//! polestar's Sentinel endpoint on a planned failover: redis-py's `Sentinel.master_for` with its
-//! default (no retry inside redis-py), with the README's redialing connection class and retry,
-//! and with the by-name retry alone (the advice that used to be given: measured, not promised),
-//! and node-redis 5's `createSentinel` with its defaults. And the two settings the README warns
-//! about, each beside the advice: redis-py's `single_connection_client=True` (planned failover)
-//! and ioredis's default `disconnectTimeout` (hung primary).
+//! Sentinel-aware client libraries with the settings the README gives ("Sentinel protocol
+//! endpoint", "Client settings that matter"), through polestar's Sentinel endpoint on a planned
+//! failover: redis-py's `Sentinel.master_for` with its default (no retry inside redis-py), with the
+//! README's redialing connection class and retry, and with the by-name retry alone (the advice that
+//! used to be given: measured, not promised), and node-redis 5's `createSentinel` with its
+//! defaults. And the two settings the README warns about, each beside the advice: redis-py's
+//! `single_connection_client=True` (planned failover) and ioredis's default `disconnectTimeout`
+//! (hung primary).
 //!
 //! Each client prints `ack <seq> <unix-ms> <port>` / `err ...` lines (tests/clients/
 //! sentinel_writer.py, sentinel_writer_node_redis.js). Each run prints `CLIENTS_SENTINEL ...`

@@ -1,10 +1,10 @@
-//! The fence holds until the demotion has run (issue 21): polestar pauses writes on the old
-//! primary at the promotion and, once the promotion is confirmed, demotes it (`REPLICAOF` the
-//! new primary). The demotion first asks the new primary `ROLE` on a connection it opens then;
-//! while it waits, the fence loop renews nothing. Found on a loaded machine
-//! (`clients_sentinel::`, 12 busy loops on polestar's core): a demotion took 1.5 s, the pause
-//! (1 s, renewed every 250 ms) lapsed before `REPLICAOF`, and the old primary acknowledged four
-//! writes 1.8–2.1 s after the promotion that the demotion then lost.
+//! The fence holds until the demotion has run (docs/decisions.md D10, D11): polestar pauses writes
+//! on the old primary at the promotion and, once the promotion is confirmed, demotes it
+//! (`REPLICAOF` the new primary). The demotion first asks the new primary `ROLE` on a connection it
+//! opens then; while it waits, the fence loop renews nothing. Found on a loaded machine
+//! (`clients_sentinel::`, 12 busy loops on polestar's core): a demotion took 1.5 s, the pause (1 s,
+//! renewed every 250 ms) lapsed before `REPLICAOF`, and the old primary acknowledged four writes
+//! 1.8–2.1 s after the promotion that the demotion then lost.
 //!
 //! Here the new primary's host drops the central polestar's new connections (SYN) from the
 //! flip for a few seconds, so that every demotion attempt waits its whole connect deadline

@@ -1,6 +1,6 @@
-//! Issue 2's discovery contract against real Sentinels and the real binary: what the HTTP API
-//! says about a master, and that it follows every kind of failover, never goes backwards, and
-//! survives losing and regaining Sentinels.
+//! The discovery contract (README, "HTTP API"; docs/deciding.md) against real Sentinels and the
+//! real binary: what the HTTP API says about a master, and that it follows every kind of failover,
+//! never goes backwards, and survives losing and regaining Sentinels.
 
 use crate::common;
 
@@ -312,10 +312,10 @@ async fn without_a_masters_list_every_monitored_master_is_served() {
     assert_eq!(primary_of(&m), Some(primary));
 }
 
-/// Regression (issue 7, scale): the start-up `ROLE` check of a primary (the first Sentinel's
-/// report comes before a majority) left its connection open for the life of the process: at
-/// 1,000 masters, 1,000 idle connections and most of polestar's memory. An idle polestar now
-/// holds no connection to any data node (its connections are named `polestar`).
+/// Regression (found at scale, bench/README.md "Scale"): the start-up `ROLE` check of a primary
+/// (the first Sentinel's report comes before a majority) left its connection open for the life of
+/// the process: at 1,000 masters, 1,000 idle connections and most of polestar's memory. An idle
+/// polestar now holds no connection to any data node (its connections are named `polestar`).
 #[tokio::test]
 async fn an_idle_polestar_keeps_no_connection_to_data_nodes() {
     let env = Env::start().await;

@@ -1,6 +1,6 @@
-//! Issue 3's promise against real Sentinels and the real binary: the DNS name follows every
-//! kind of failover (planned, primary killed), the SRV/TXT answers and the SOA serial move with
-//! it, and DNS and the API never disagree once settled.
+//! The DNS promise (README, "DNS") against real Sentinels and the real binary: the DNS name follows
+//! every kind of failover (planned, primary killed), the SRV/TXT answers and the SOA serial move
+//! with it, and DNS and the API never disagree once settled.
 
 use crate::common;
 use crate::dns_support;

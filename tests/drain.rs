@@ -1,5 +1,5 @@
-//! Fence and drain against real `redis-server` processes (issue 4): each test starts its own
-//! servers on free loopback ports, drives the `Coordinator` with the signals the Sentinel side
+//! Fence and drain (docs/failover.md) against real `redis-server` processes: each test starts its
+//! own servers on free loopback ports, drives the `Coordinator` with the signals the Sentinel side
 //! sends, and watches real client connections close (or stay).
 
 use std::collections::BTreeMap;
@@ -418,9 +418,9 @@ async fn polestar_ids(server: &Server) -> Vec<u64> {
     named.filter_map(|l| l.strip_prefix("id=")?.split(' ').next()?.parse().ok()).collect()
 }
 
-/// Issue 21: the link the fence needs is opened at the first sign of a failover, so the fence
-/// at the promotion is one round trip on it, not a connection opened then (on a loaded machine
-/// that came after Sentinel promoted the replica, and writes were lost). A link the node
+/// The link the fence needs (docs/decisions.md D9) is opened at the first sign of a failover, so
+/// the fence at the promotion is one round trip on it, not a connection opened then (on a loaded
+/// machine that came after Sentinel promoted the replica, and writes were lost). A link the node
 /// closed meanwhile (its `timeout`) is replaced at once, not one fence interval later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fence_goes_over_the_link_opened_at_the_first_sign_of_the_failover() {
@@ -466,8 +466,8 @@ async fn the_fence_goes_over_the_link_opened_at_the_first_sign_of_the_failover()
     assert_eq!(h.count("node_unreachable"), 0, "the closed link cost a fence attempt");
 }
 
-/// Issue 11: one Sentinel's `+selected-slave` and nothing after it (the leader died, an event
-/// was lost) fenced the primary for the whole window.
+/// Regression (docs/failover.md, "How a fence ends"): one Sentinel's `+selected-slave` and nothing
+/// after it (the leader died, an event was lost) fenced the primary for the whole window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_that_no_promotion_follows_is_lifted_within_seconds() {
     let old = Server::start(&[]).await;
@@ -495,10 +495,10 @@ async fn a_fence_that_no_promotion_follows_is_lifted_within_seconds() {
     assert!(old.ask(&["ROLE"]).await.contains("master"));
 }
 
-/// Regression (issue 25): the decider's own give-up (`FENCE_WITHOUT_FLIP` with no flip) sent
-/// `CLIENT UNPAUSE`, which lifts every polestar's pause, also the fence of another polestar
-/// that saw the flip. Given up, the pause is left to lapse; another's (here the test's own,
-/// 4 s) still holds the write.
+/// Regression (docs/decisions.md D12): the decider's own give-up (`FENCE_WITHOUT_FLIP` with no
+/// flip) sent `CLIENT UNPAUSE`, which lifts every polestar's pause, also the fence of another
+/// polestar that saw the flip. Given up, the pause is left to lapse; another's (here the test's
+/// own, 4 s) still holds the write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn giving_up_a_promotion_leaves_another_polestars_fence_in_place() {
     let old = Server::start(&[]).await;
@@ -590,8 +590,8 @@ async fn a_client_back_inside_the_grace_is_killed_again_a_reader_after_it_is_lef
     assert!(old.ask(&["ROLE"]).await.contains("slave"), "not demoted");
 }
 
-/// Build 2 of issue 12: a client that caches the old address (or pins it) writes into the
-/// demoted node, gets `READONLY`, and is killed until the window ends so that it resolves
+/// Stale writers (docs/decisions.md D14): a client that caches the old address (or pins it) writes
+/// into the demoted node, gets `READONLY`, and is killed until the window ends so that it resolves
 /// again; a reader of the same node stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_writers_are_killed_until_the_window_ends_readers_stay() {
@@ -622,8 +622,8 @@ async fn stale_writers_are_killed_until_the_window_ends_readers_stay() {
     assert_eq!(closed(late, Duration::from_millis(1500)).await, None, "killed after the window");
 }
 
-/// Issue 11: an abort after a provisional flip reverted DNS but left the fence and the drain
-/// of the real primary running.
+/// Regression (docs/failover.md, "An abort"): an abort after a provisional flip reverted DNS but
+/// left the fence and the drain of the real primary running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abort_after_a_provisional_flip_undoes_the_fence_and_the_drain() {
     let old = Server::start(&[]).await;
@@ -746,8 +746,9 @@ async fn an_old_primary_promoted_again_is_never_demoted_by_a_late_signal() {
     assert_eq!(h.count("demote"), 1);
 }
 
-/// Issue 11: the returning-node drain checked neither the epoch nor an ongoing failover, so it
-/// could fence and drain the replica being promoted before it was published.
+/// Regression (docs/failover.md, "A returning old primary"): the returning-node drain checked
+/// neither the epoch nor an ongoing failover, so it could fence and drain the replica being
+/// promoted before it was published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_replica_being_promoted_is_never_taken_for_a_returning_primary() {
     let primary = Server::start(&[]).await;
@@ -787,7 +788,7 @@ async fn the_replica_being_promoted_is_never_taken_for_a_returning_primary() {
     );
 }
 
-/// Build 3 of issue 12: several polestars fence the same node. One that saw only the
+/// Several polestars fence the same node (docs/decisions.md D12). One that saw only the
 /// promotion lets its fence lapse instead of sending `CLIENT UNPAUSE`, so the fence of another
 /// that saw the flip holds until that one demotes the node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -852,8 +853,9 @@ async fn the_drain_is_paced_by_rate() {
     assert!(last > Duration::from_secs(2) && last < Duration::from_secs(6), "last after {last:?}");
 }
 
-/// Build 3 of issue 12: two polestars draining the same node kill the same clients in the same
-/// order (by id, from the same listing), so together they disconnect at about one rate.
+/// Several polestars (docs/failover.md, "Several polestars"): two polestars draining the same node
+/// kill the same clients in the same order (by id, from the same listing), so together they
+/// disconnect at about one rate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_polestars_draining_one_node_kill_at_about_one_rate() {
     let old = Server::start(&[]).await;
@@ -1010,8 +1012,8 @@ async fn disabled_draining_touches_nothing() {
     assert!(h.events.since(None).is_empty());
 }
 
-/// The figure issue 4 asks for: 10,000 clients at the default rate (2000/s). Run with
-/// `cargo test --test tests drain:: -- --ignored --nocapture`.
+/// The figure docs/limits.md quotes for `drain.rate`: 10,000 clients at the default rate (2000/s).
+/// Run with `cargo test --test tests drain:: -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "opens 10,000 connections; a measurement, not a check"]
 async fn ten_thousand_clients_at_the_default_rate() {

@@ -1,7 +1,7 @@
-//! Issue 4's promise end to end, with real Sentinels, the real binary and real clients: on a
-//! planned failover every client of the old primary but the spared ones is cut after the DNS
-//! flip (never before), a writer that re-resolves polestar's DNS name after an error ends up on
-//! the new primary without losing an acknowledged write, a returning old primary is fenced
+//! The failover (docs/failover.md) end to end, with real Sentinels, the real binary and real
+//! clients: on a planned failover every client of the old primary but the spared ones is cut after
+//! the DNS flip (never before), a writer that re-resolves polestar's DNS name after an error ends
+//! up on the new primary without losing an acknowledged write, a returning old primary is fenced
 //! and drained, and losing every Sentinel pauses and kills nothing.
 
 use crate::common;
@@ -195,12 +195,13 @@ async fn planned_failover_on(opts: LabOptions) {
     env.lab.wait_converged(FAILOVER * 2).await.expect("Sentinels and replicas converge again");
 }
 
-/// Issue 21: Sentinel sends the chosen replica `SLAVEOF NO ONE` about 100 ms after
-/// `+selected-slave`, and every write the old primary acknowledges after that is lost. A fence
-/// that opened its connection at `+selected-slave` (TCP, `HELLO`, naming, `ROLE`, the pause:
-/// four or five round trips) came after it on a loaded machine, and writes were lost (the
-/// clients_sentinel test). The link is opened at `+try-failover`, a tick or more before the
-/// leader selects the replica: the fence at the promotion is one round trip on it.
+/// Why the fence's link opens early (docs/decisions.md D9): Sentinel sends the chosen replica
+/// `SLAVEOF NO ONE` about 100 ms after `+selected-slave`, and every write the old primary
+/// acknowledges after that is lost. A fence that opened its connection at `+selected-slave` (TCP,
+/// `HELLO`, naming, `ROLE`, the pause: four or five round trips) came after it on a loaded machine,
+/// and writes were lost (the clients_sentinel test). The link is opened at `+try-failover`, a tick
+/// or more before the leader selects the replica: the fence at the promotion is one round trip on
+/// it.
 #[tokio::test]
 async fn the_fence_of_a_planned_failover_is_one_round_trip_on_a_link_opened_at_try_failover() {
     let env = start().await;
@@ -279,8 +280,8 @@ async fn losing_every_sentinel_pauses_and_kills_nothing() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 12: whatever the client caches, the old primary acknowledges no write after the
-// promotion (it is demoted), and a caching client is back on the new primary within its
+// Whatever the client caches (docs/decisions.md D10, D14), the old primary acknowledges no write
+// after the promotion (it is demoted), and a caching client is back on the new primary within its
 // cache time.
 
 /// How a writer finds the primary.
@@ -526,8 +527,9 @@ async fn a_returning_old_primary_with_a_pinned_writer_loses_at_most_one_write() 
     }
 }
 
-/// Build 3 of issue 12: one polestar beside each Sentinel is the normal deployment. Two
-/// against the same cluster fence, drain and demote the same node: the same results.
+/// One polestar beside each Sentinel is the normal deployment (docs/failover.md, "Several
+/// polestars"). Two against the same cluster fence, drain and demote the same node: the same
+/// results.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_polestars_lose_no_write_whatever_the_client_caches() {
     let env = start().await;
@@ -559,7 +561,7 @@ async fn two_polestars_lose_no_write_whatever_the_client_caches() {
 
 // ---------------------------------------------------------------------------------------------
 // The same writer through HAProxy with role checks (bench/haproxy.sh's configuration), on the
-// loopback lab: a measurement for issue 12's table, not a check.
+// loopback lab: a measurement for the README's "Measured" table, not a check.
 
 /// HAProxy in front of the lab's nodes (`tcp-check` `PING` and `role:master`, `inter 500ms
 /// fall 2 rise 1`, `on-marked-down shutdown-sessions`), killed on drop.

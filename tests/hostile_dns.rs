@@ -237,12 +237,11 @@ fn query_id(socket: &UdpSocket) -> u16 {
     socket.local_addr().unwrap().port()
 }
 
-/// Found 1 of issue 26: with the default `dns.rate_limit` a fleet's reconnect storm (500
-/// cache-less stubs on 100 addresses of one /24 asking for the primary at once, as after a
-/// drain) left a third of the queries unanswered for a second or more (one limited answer in
-/// two was dropped), and glibc waits 5 s before it asks again. With the defaults of the
-/// documented config every query of three such rounds is answered, over UDP or (truncated)
-/// over TCP at once.
+/// Regression (docs/decisions.md D22): with the default `dns.rate_limit` a fleet's reconnect storm
+/// (500 cache-less stubs on 100 addresses of one /24 asking for the primary at once, as after a
+/// drain) left a third of the queries unanswered for a second or more (one limited answer in two
+/// was dropped), and glibc waits 5 s before it asks again. With the defaults of the documented
+/// config every query of three such rounds is answered, over UDP or (truncated) over TCP at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconnect_storm_from_one_subnet_is_answered_in_full_with_the_default_rate_limit() {
     let totals = storm(100).await;
@@ -250,10 +249,10 @@ async fn a_reconnect_storm_from_one_subnet_is_answered_in_full_with_the_default_
     assert_eq!(totals.get(&StubOutcome::ClosedOverTcp), None, "TCP retries closed: {totals:?}");
 }
 
-/// Issue 26, part two, item 4: the same storm from a fleet behind one NAT address. Past the
-/// rate, 400 of each round's answers are truncated and all 400 stubs retry over TCP at once
-/// from that one address, past its 32 connections: each must still get its answer (it was
-/// closed without one, and glibc then fails the lookup).
+/// Regression (docs/limits.md, "DNS", TCP connections): the same storm from a fleet behind one NAT
+/// address. Past the rate, 400 of each round's answers are truncated and all 400 stubs retry over
+/// TCP at once from that one address, past its 32 connections: each must still get its answer (it
+/// was closed without one, and glibc then fails the lookup).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconnect_storm_behind_one_nat_address_is_answered_in_full_over_tcp_too() {
     let totals = storm(1).await;

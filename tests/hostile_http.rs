@@ -370,10 +370,10 @@ async fn waiting_failovers_have_a_cap_of_their_own(server: &Server) {
     assert!(error_of(&body).contains("too many admin"), "{body}");
 }
 
-/// Found 3 of issue 26: anonymous clients (32 addresses of 512 keep-alive connections) took
-/// every connection slot before any token was read, so agents and the admin API were locked
-/// out. Scaled down here (32 addresses of 8 take the 256 anonymous slots): a token holder's
-/// connection is still served at once, an anonymous one gets 503 JSON and is closed.
+/// Regression (docs/decisions.md D23): anonymous clients (32 addresses of 512 keep-alive
+/// connections) took every connection slot before any token was read, so agents and the admin API
+/// were locked out. Scaled down here (32 addresses of 8 take the 256 anonymous slots): a token
+/// holder's connection is still served at once, an anonymous one gets 503 JSON and is closed.
 #[tokio::test]
 async fn anonymous_connections_cannot_lock_out_token_holders() {
     const ADDRESSES: u8 = 32;
@@ -417,7 +417,7 @@ async fn anonymous_connections_cannot_lock_out_token_holders() {
     drop(held);
 }
 
-/// Issue 26, part two, item 5: the probation pool (scaled down to 8) kept full by silent
+/// Regression (docs/limits.md, "HTTP"): the probation pool (scaled down to 8) kept full by silent
 /// connections from many addresses, each reconnecting the moment it is closed, with as many
 /// again waiting in the listen backlog (the ratio of the defaults: 1,024 on probation, a
 /// backlog of 1,024). A token holder's request is served within about twice the probation

@@ -1,8 +1,8 @@
-//! Hostile load held while the real work goes on (issue 14): each test keeps one attack up
-//! against the real polestar binary and checks, during it, the work that must not be locked
-//! out: a real failover followed, agents with the token served, the admin API, AXFR from an
-//! allowed address. Memory is read from `/proc/<pid>/status` (`VmRSS`). Every attack is bounded
-//! in count, bytes and time, and talks to loopback only.
+//! Hostile load held while the real work goes on (docs/limits.md; docs/decisions.md D20 to D24):
+//! each test keeps one attack up against the real polestar binary and checks, during it, the work
+//! that must not be locked out: a real failover followed, agents with the token served, the admin
+//! API, AXFR from an allowed address. Memory is read from `/proc/<pid>/status` (`VmRSS`). Every
+//! attack is bounded in count, bytes and time, and talks to loopback only.
 
 use crate::common;
 
@@ -234,8 +234,8 @@ fn flood_verdict(flooded_kb: u64, grown_kb: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// The figures measured on the buffered link (before issue 14) fail; the bounded link's pass;
-/// a flood too weak to tell fails as such, whatever polestar did.
+/// The figures measured on the buffered link (before the bounded queue of docs/decisions.md D20)
+/// fail; the bounded link's pass; a flood too weak to tell fails as such, whatever polestar did.
 #[test]
 fn the_flood_verdict_fails_a_buffering_link_and_a_flood_too_weak_to_tell() {
     let mb = |n: u64| n * 1024;
@@ -249,11 +249,11 @@ fn the_flood_verdict_fails_a_buffering_link_and_a_flood_too_weak_to_tell() {
     assert!(weak.contains("too weak"), "{weak}");
 }
 
-/// Found 1 of issue 14: a Sentinel flooding pub/sub messages grew polestar to 2.16 GB in 24 s
-/// (an unbounded push channel) and stalled the subscription's PING. Beside the lab's three
-/// real Sentinels, a fake one floods for a fixed time and on through a real failover:
-/// polestar's memory grows by a bounded amount, far below what was flooded, and the failover
-/// is published within seconds of the Sentinels' switch.
+/// Regression (docs/decisions.md D20): a Sentinel flooding pub/sub messages grew polestar to
+/// 2.16 GB in 24 s (an unbounded push channel) and stalled the subscription's PING. Beside the
+/// lab's three real Sentinels, a fake one floods for a fixed time and on through a real failover:
+/// polestar's memory grows by a bounded amount, far below what was flooded, and the failover is
+/// published within seconds of the Sentinels' switch.
 #[tokio::test]
 async fn a_flooding_sentinel_costs_bounded_memory_and_delays_no_failover() {
     let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
@@ -350,11 +350,11 @@ async fn hold_anonymous(http: SocketAddr, master: &str, n: usize) -> Vec<TcpStre
     held
 }
 
-/// Found 2 of issue 14: the 1024 long-poll/SSE slots were shared and needed no token, so one
-/// host holding them locked new agents out and made `POST .../failover?wait=` answer 503.
-/// While 3000 anonymous connections hold (or try to hold) streams and long-polls, an agent
-/// with the token gets the state and its stream at once, and a waiting failover through the
-/// admin API answers with the new primary.
+/// Regression (docs/decisions.md D23): the 1024 long-poll/SSE slots were shared and needed no
+/// token, so one host holding them locked new agents out and made `POST .../failover?wait=` answer
+/// 503. While 3000 anonymous connections hold (or try to hold) streams and long-polls, an agent
+/// with the token gets the state and its stream at once, and a waiting failover through the admin
+/// API answers with the new primary.
 #[tokio::test]
 async fn anonymous_streams_holding_every_shared_slot_lock_out_no_agent_and_no_failover() {
     const ANONYMOUS: usize = 3000;
@@ -409,10 +409,10 @@ async fn anonymous_streams_holding_every_shared_slot_lock_out_no_agent_and_no_fa
     drop((held, stream));
 }
 
-/// Found 3 of issue 14: no body-read timeout, and the drain body was read before the token
-/// was checked: an unauthenticated slow body was held for 40 s and more. Without the token a
-/// slow body is refused before it is read; with it, the body must arrive within the timeout;
-/// `/healthz` stays fast throughout.
+/// Regression (docs/limits.md, "HTTP"): no body-read timeout, and the drain body was read before
+/// the token was checked: an unauthenticated slow body was held for 40 s and more. Without the
+/// token a slow body is refused before it is read; with it, the body must arrive within the
+/// timeout; `/healthz` stays fast throughout.
 #[tokio::test]
 async fn slow_bodies_are_cut_by_the_timeout_and_healthz_stays_fast() {
     const SLOW: usize = 400;
@@ -587,10 +587,9 @@ impl Drop for HeldTcp {
     }
 }
 
-/// Found 4 of issue 14: 1024 clients each sending one query every 8 s held every DNS TCP
-/// slot; new TCP queries and AXFR from secondaries timed out. While 1024 such clients (and
-/// then 1100) hold on, a fresh TCP query is answered and an AXFR from `dns.transfer_allow`
-/// completes.
+/// Regression (docs/limits.md, "DNS"): 1024 clients each sending one query every 8 s held every DNS
+/// TCP slot; new TCP queries and AXFR from secondaries timed out. While 1024 such clients (and then
+/// 1100) hold on, a fresh TCP query is answered and an AXFR from `dns.transfer_allow` completes.
 #[tokio::test]
 async fn held_dns_tcp_connections_lock_out_no_fresh_query_and_no_axfr() {
     polestar::limits::raise_open_files(); // this process holds 1100 sockets too
@@ -699,12 +698,11 @@ async fn udp_burst(
 /// type (`dns::rrl`, fixed windows of a second).
 const RATE: usize = 100;
 
-/// Found 5 of issue 14: no response-rate limiting, so polestar amplified a spoofed flood
-/// 2–3× (25× for a name with many replicas). A burst of 3000 queries for one name from one
-/// address gets at most the rate in full answers per second it spans, and truncated ones (so
-/// a real resolver retries over TCP, no larger than the queries) past it; a client of another
-/// prefix asking meanwhile is unaffected. The bounds follow how long this machine took to send
-/// the burst.
+/// Regression (docs/decisions.md D22): no response-rate limiting, so polestar amplified a spoofed
+/// flood 2–3× (25× for a name with many replicas). A burst of 3000 queries for one name from one
+/// address gets at most the rate in full answers per second it spans, and truncated ones (so a real
+/// resolver retries over TCP, no larger than the queries) past it; a client of another prefix
+/// asking meanwhile is unaffected. The bounds follow how long this machine took to send the burst.
 #[tokio::test]
 async fn a_udp_burst_from_one_address_is_rate_limited_with_slips_and_others_are_unaffected() {
     let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
@@ -740,8 +738,9 @@ async fn a_udp_burst_from_one_address_is_rate_limited_with_slips_and_others_are_
         "the burst took {sent_in:?}: too slow to tell a rate limit of {RATE}/s"
     );
     assert!(full <= RATE * windows, "{full} full answers to one address's burst in {sent_in:?}");
-    // Every limited answer slips by default (issue 26): none is dropped on purpose, so all that
-    // was over the rate comes back truncated, less what the test's socket buffer may have lost.
+    // Every limited answer slips by default (docs/decisions.md D22): none is dropped on purpose, so
+    // all that was over the rate comes back truncated, less what the test's socket buffer may have
+    // lost.
     let over = 3000 - full.min(3000);
     assert!(
         truncated >= over / 2,
@@ -963,7 +962,7 @@ async fn bench_udp_burst() -> Row {
     }
 }
 
-/// `bench/hostile.sh`: every attack of issue 14 against the real binary, the real work's
+/// `bench/hostile.sh`: every attack of this file against the real binary, the real work's
 /// latency (slowest of a few) and polestar's peak RSS, unloaded and under the attack.
 #[tokio::test]
 #[ignore = "a benchmark: bench/hostile.sh runs it"]

@@ -1,5 +1,6 @@
-//! `/metrics` after a real failover, read with a Prometheus text-format parser: every SPEC
-//! metric has its HELP and TYPE, and the values agree with the API and the lab.
+//! `/metrics` after a real failover, read with a Prometheus text-format parser: every metric the
+//! README's HTTP API table lists has its HELP and TYPE, and the values agree with the API and the
+//! lab.
 
 use crate::common;
 
@@ -136,7 +137,8 @@ async fn scrape(env: &Env) -> Exposition {
     Exposition::parse(&body).unwrap_or_else(|e| env.fail(&format!("{e:#}\n{body}")))
 }
 
-/// Every SPEC metric family that exists from the start has HELP text and the right TYPE.
+/// Every documented metric family (README, "HTTP API") that exists from the start has HELP text and
+/// the right TYPE.
 fn check_families(env: &Env, e: &Exposition) {
     let families = [
         ("polestar_sentinel_up", "gauge"),
@@ -237,7 +239,7 @@ async fn primary_changes_total_was_missing_before_the_first_failover() {
     }
     let drain = e.kind.get("polestar_drain_killed_total").map(String::as_str);
     assert_eq!(drain, Some("counter"), "drain_killed_total has its TYPE");
-    // Issue 19: the switchover's series too, before the first switchover.
+    // The switchover's series too, before the first switchover.
     for outcome in ["failed_over", "not_caught_up", "too_far_behind", "refused"] {
         check("polestar_switchovers_total", &[("master", &master), ("outcome", outcome)]);
     }

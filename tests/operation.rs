@@ -1,6 +1,6 @@
-//! Issue 6's operation contract against the real binary and a real cluster: systemd
-//! notifications (through a fake `NOTIFY_SOCKET`), SIGHUP reloads that never drop service,
-//! SIGTERM during a long-poll, and JSON logs.
+//! The operation contract (README, "Operating polestar") against the real binary and a real
+//! cluster: systemd notifications (through a fake `NOTIFY_SOCKET`), SIGHUP reloads that never drop
+//! service, SIGTERM during a long-poll, and JSON logs.
 
 use crate::common;
 
@@ -352,12 +352,12 @@ async fn drain_status(d: &Daemon, master: &str, node: std::net::SocketAddr) -> u
     response.await.expect("POST drain").status().as_u16()
 }
 
-/// SIGHUP applies the `drain` and `sweep` sections, not only masters (SPEC "Operation"): the
-/// manual drain refused while draining is off is accepted after a reload turns it on; and
+/// SIGHUP applies the `drain` and `sweep` sections, not only masters (README, "Reload and stop"):
+/// the manual drain refused while draining is off is accepted after a reload turns it on; and
 /// client-side sweeping turned on by a later reload (draining off again) aborts this host's
 /// connection to the old primary at the next failover: `ECONNABORTED`, which only a socket
-/// destroyed by the kernel gives (a server closing or `CLIENT KILL` gives EOF or a reset).
-/// Needs the permission to destroy sockets (root).
+/// destroyed by the kernel gives (a server closing or `CLIENT KILL` gives EOF or a reset). Needs
+/// the permission to destroy sockets (root).
 #[tokio::test]
 async fn sighup_applies_drain_and_sweep_settings() {
     let (lab, mut config, d, master) = with_token("t").await;

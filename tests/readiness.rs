@@ -566,13 +566,13 @@ async fn polestar_commands(addr: std::net::SocketAddr) -> Vec<String> {
     list.lines().filter(ours).map(|line| field(line, "cmd=")).collect()
 }
 
-/// Issue 24, regression (`links_started_before_they_were_given_heard`): the Sentinel links
-/// were started before the decider was given the place for their records, so the readiness
-/// poll asked every Sentinel `SENTINEL MASTER` of every master every round instead of taking
-/// what the links had read. Once the links have reconciled, a round asks `INFO`, then per
-/// master `REPLICAS` (it has replicas) and `CKQUORUM`, never `MASTER`: the poll's last
-/// command on every Sentinel is `CKQUORUM`, round after round (without the links' records
-/// it is `REPLICAS`, after `CKQUORUM` and `MASTER`).
+/// Regression (`links_started_before_they_were_given_heard`, docs/decisions.md D27): the Sentinel
+/// links were started before the decider was given the place for their records, so the readiness
+/// poll asked every Sentinel `SENTINEL MASTER` of every master every round instead of taking what
+/// the links had read. Once the links have reconciled, a round asks `INFO`, then per master
+/// `REPLICAS` (it has replicas) and `CKQUORUM`, never `MASTER`: the poll's last command on every
+/// Sentinel is `CKQUORUM`, round after round (without the links' records it is `REPLICAS`, after
+/// `CKQUORUM` and `MASTER`).
 #[tokio::test]
 async fn the_readiness_poll_takes_the_links_records_instead_of_asking_again() {
     let env = start().await;

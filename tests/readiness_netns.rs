@@ -1,11 +1,11 @@
-//! Replication lag injected for real (issue 20): in a namespace cluster, the link toward one
-//! replica is shaped with `tbf` and a bounded writer fills the primary faster than that link
-//! carries, until the replica lags past `readiness.max_lag`. The other replica has
-//! `replica-priority 0`, so the lagging one is the only one a failover could promote: the
-//! verdict then names `no_promotable_replica` with the lag, `polestar_replica_lag_bytes` shows
-//! it, `dig` leaves the replica out of `replicas.<label>` (`dns.replica_max_lag`), and the
-//! load-balancer check answers non-200 for it; all of it undone once the shaping is removed.
-//! Needs root. The delays measured are printed (`readiness: ...`).
+//! Replication lag injected for real (README, "Will it fail over?"): in a namespace cluster, the
+//! link toward one replica is shaped with `tbf` and a bounded writer fills the primary faster than
+//! that link carries, until the replica lags past `readiness.max_lag`. The other replica has
+//! `replica-priority 0`, so the lagging one is the only one a failover could promote: the verdict
+//! then names `no_promotable_replica` with the lag, `polestar_replica_lag_bytes` shows it, `dig`
+//! leaves the replica out of `replicas.<label>` (`dns.replica_max_lag`), and the load-balancer
+//! check answers non-200 for it; all of it undone once the shaping is removed. Needs root. The
+//! delays measured are printed (`readiness: ...`).
 //!
 //! Also the failover phases of a primary whose link goes dark, timed in
 //! `polestar_failover_seconds` (`phases: ...`).

@@ -1,6 +1,7 @@
-//! The Sentinel protocol endpoint (issue 16) against real processes: a loopback lab, the
-//! polestar binary, `redis-cli`, and the real client libraries (redis-py `Sentinel`, ioredis
-//! `{sentinels, name}`; `bash tests/deps.sh` installs them) writing through failovers.
+//! The Sentinel protocol endpoint (README, "Sentinel protocol endpoint") against real processes: a
+//! loopback lab, the polestar binary, `redis-cli`, and the real client libraries (redis-py
+//! `Sentinel`, ioredis `{sentinels, name}`; `bash tests/deps.sh` installs them) writing through
+//! failovers.
 //!
 //! The client tests print `SENTINEL_API <case> <client> via <endpoint>: ...` lines: from the
 //! promotion (the new primary first answering `ROLE` master) to each client's first write
@@ -534,7 +535,7 @@ fn primary_down_frames(master: &str, old: SocketAddr) -> (String, String) {
     (sdown, odown)
 }
 
-/// Issue 16: a hung primary's own `+sdown` and `+odown`, as the configured Sentinels announce
+/// A hung primary's own `+sdown` and `+odown`, as the configured Sentinels announce
 /// them, reach polestar's `PSUBSCRIBE *` subscribers in Sentinel's format, once each although
 /// three Sentinels announce `+sdown`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -687,7 +688,7 @@ async fn a_flood_of_subscribers_stays_within_the_cap_and_costs_bounded_memory() 
         Ok(())
     })
     .await;
-    // Issue 26, part two, item 4: the refusals at the cap were counted and never logged.
+    // Regression: the refusals at the cap were counted and never logged.
     assert!(env.ps.logged("every connection is taken (sentinel_api.max_connections)"), "logged");
 }
 

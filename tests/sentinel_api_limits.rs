@@ -1,8 +1,8 @@
-//! The Sentinel endpoint's limits against the real binary and a real failover (issue 26):
-//! small input before AUTH, the authentication timeout, requests taken as they arrive,
-//! hostile patterns that neither cost a flip its time nor get messages they do not match, the
-//! idle timeout that a pooled real client outlives while subscribers are never idle-closed;
-//! and, on the endpoint served in-process over real sockets, the per-address and total
+//! The Sentinel endpoint's limits against the real binary and a real failover (docs/limits.md,
+//! "Sentinel endpoint"): small input before AUTH, the authentication timeout, requests taken as
+//! they arrive, hostile patterns that neither cost a flip its time nor get messages they do not
+//! match, the idle timeout that a pooled real client outlives while subscribers are never
+//! idle-closed; and, on the endpoint served in-process over real sockets, the per-address and total
 //! connection caps and the shared input budget.
 
 use crate::common::{Env, FAILOVER, PolestarConfig};
@@ -150,7 +150,7 @@ async fn hostile_patterns_get_only_their_matches_and_everyone_hears_the_switch()
     assert_eq!(heard, SUBSCRIBERS);
 }
 
-/// Issue 26, part two, item 3: the idle timeout closes a client that subscribes to nothing
+/// The idle timeout (`sentinel_api.idle_timeout`) closes a client that subscribes to nothing
 /// (here after 1 s), which redis-py's `Sentinel` (it keeps its connection pooled between two
 /// questions) outlives: it finds the connection closed and asks again on a new one; a
 /// subscriber silent far past the timeout is never closed and hears the failover.
@@ -236,7 +236,7 @@ async fn connect_from(to: SocketAddr, from: [u8; 4]) -> TcpStream {
     socket.connect(to).await.expect("connect")
 }
 
-/// Issue 26, part two, item 6: the per-address cap over the wire. One address holds 256
+/// The per-address cap over the wire (docs/limits.md, "Sentinel endpoint"). One address holds 256
 /// connections; its next is told Redis's `-ERR max number of clients reached` and closed while
 /// another address still gets in; past `max_connections` every address is told the same, and
 /// a connection that ends makes room.
@@ -280,11 +280,11 @@ async fn an_address_past_its_share_and_a_full_endpoint_say_max_clients_and_close
     server.stop().await;
 }
 
-/// Issue 26, part two, item 3: incomplete requests draw on one budget shared by every
-/// connection (scaled down here to 64 KiB): past it a client is told so and closed, not
-/// served silently nothing; whole requests (the honest kind) are answered all the while; a
-/// request over `MAX_REQUEST` is a protocol error; and an incomplete one is closed once
-/// `REQUEST_TIMEOUT` has passed, which gives its share of the budget back.
+/// Incomplete requests draw on one budget shared by every connection (scaled down here to 64 KiB):
+/// past it a client is told so and closed, not served silently nothing; whole requests (the honest
+/// kind) are answered all the while; a request over `MAX_REQUEST` is a protocol error; and an
+/// incomplete one is closed once `REQUEST_TIMEOUT` has passed, which gives its share of the budget
+/// back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn incomplete_requests_share_a_budget_and_have_their_time() {
     use polestar::sentinel_api::{FREE_INPUT, MAX_REQUEST, REQUEST_TIMEOUT};

@@ -1,4 +1,4 @@
-//! Socket sweeping across network namespaces (SPEC "Failover behaviour" step 5): a hung or dark
+//! Socket sweeping across network namespaces (docs/failover.md, "Socket sweeping"): a hung or dark
 //! primary, a Lettuce-like client with one persistent connection and no timeouts, and how long
 //! it takes that client to write to the new primary. Needs root (namespaces, CAP_NET_ADMIN).
 //!
@@ -296,7 +296,7 @@ async fn sentinels_unreachable(cluster: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Regression (issue 11, item 5): on every planned failover the node-side sweep reset the
+/// Regression (docs/decisions.md D16): on every planned failover the node-side sweep reset the
 /// central polestar's connections to the old primary (its ROLE checks failed with broken pipe,
 /// raising `node_unreachable`, and its drain killed nothing): they come from a host that is
 /// neither a data node nor a Sentinel. The node's own `CLIENT LIST` names them `polestar`.

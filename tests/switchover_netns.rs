@@ -19,7 +19,8 @@ mod handoff;
 mod refused;
 
 const TOKEN: &str = "switchover-test-token";
-/// As in the issue's scenario: a writer builds megabytes of lag within a second or two.
+/// As in the reported scenario (bench/README.md, "Planned switchover under lag"): a writer builds
+/// megabytes of lag within a second or two.
 pub const RATE: &str = "40mbit";
 
 /// What the writer was acknowledged, and when.
@@ -42,7 +43,7 @@ pub fn writer(
     writer_at(app, key, primary_url, stop, acked, limit, None)
 }
 
-/// [`writer`] at most `pace` steps a second (the bench: the issue's 3,300, whatever the
+/// [`writer`] at most `pace` steps a second (the bench: 3,300, whatever the
 /// machine, so that the lag grows alike from run to run).
 pub fn writer_at(
     app: &Host,
@@ -653,17 +654,17 @@ async fn events_of(cluster: &Cluster, host: &Host, since: u64) -> Vec<Value> {
     events.and_then(|e| e.as_array().cloned()).unwrap_or_default()
 }
 
-/// Regression (issue 19): with Valkey 9.1 and two polestars (the SPEC's deployment runs one
-/// beside each Sentinel), a coordinated failover is fenced by no polestar, whichever way it
-/// starts: polestar's switchover through one of them, or an operator's own `SENTINEL FAILOVER
-/// mymaster COORDINATED`. Only the polestar that asked for one used to know it was
-/// coordinated; every other polestar fenced the old primary at the leader's
-/// `+selected-slave` (a `fence` event), and a pause there holds the leader's `FAILOVER TO`
-/// behind its hello `PUBLISH` on the same link, which stalls the failover or makes it time
-/// out. Now each polestar reads the leader's own `coordinated_failover` flag at the start.
-/// Each round, under the writer and with both replicas lagging: the failover completes (both
-/// polestars and the Sentinels name the new primary, `FAILOVER` ran on the old one), no
-/// acknowledged write is lost, no polestar fenced the old primary, and both still drain it.
+/// Regression (docs/decisions.md D18): with Valkey 9.1 and two polestars (the normal deployment
+/// runs one beside each Sentinel: docs/failover.md, "Several polestars"), a coordinated failover is
+/// fenced by no polestar, whichever way it starts: polestar's switchover through one of them, or an
+/// operator's own `SENTINEL FAILOVER mymaster COORDINATED`. Only the polestar that asked for one
+/// used to know it was coordinated; every other polestar fenced the old primary at the leader's
+/// `+selected-slave` (a `fence` event), and a pause there holds the leader's `FAILOVER TO` behind
+/// its hello `PUBLISH` on the same link, which stalls the failover or makes it time out. Now each
+/// polestar reads the leader's own `coordinated_failover` flag at the start. Each round, under the
+/// writer and with both replicas lagging: the failover completes (both polestars and the Sentinels
+/// name the new primary, `FAILOVER` ran on the old one), no acknowledged write is lost, no polestar
+/// fenced the old primary, and both still drain it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn valkey9_coordinated_failovers_are_fenced_by_no_polestar() {
     let _serial = SERIAL.lock().await;

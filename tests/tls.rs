@@ -1,9 +1,9 @@
-//! TLS to Sentinels and data nodes (issue 13) against a TLS-only lab: every redis-server and
-//! redis-sentinel listens on `tls-port` only (`port 0`), requires client certificates and
-//! replicates over TLS, with certificates made by `openssl` in the lab's directory. polestar
-//! follows a failover, fences the old primary and kills its TLS clients, and DNS follows; a
-//! wrong CA or a missing client certificate is a reported, retried error (no panic, `/readyz`
-//! 503 with the reason, `/healthz` 200) until the configuration is fixed and reloaded.
+//! TLS to Sentinels and data nodes (docs/trust.md, "Credentials") against a TLS-only lab: every
+//! redis-server and redis-sentinel listens on `tls-port` only (`port 0`), requires client
+//! certificates and replicates over TLS, with certificates made by `openssl` in the lab's
+//! directory. polestar follows a failover, fences the old primary and kills its TLS clients, and
+//! DNS follows; a wrong CA or a missing client certificate is a reported, retried error (no panic,
+//! `/readyz` 503 with the reason, `/healthz` 200) until the configuration is fixed and reloaded.
 
 use crate::common;
 

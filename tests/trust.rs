@@ -1,7 +1,8 @@
-//! Issue 11's trust model against real Sentinels and the real binary: only the configured
-//! Sentinels are evidence. A Sentinel that anyone can make the real ones list (a forged hello
-//! `PUBLISH`ed on a data node) is shown and never believed, contacted or sent credentials; a
-//! configured Sentinel that lies about the epoch is outvoted and cannot freeze polestar.
+//! The trust model (docs/trust.md, "Sentinels") against real Sentinels and the real binary: only
+//! the configured Sentinels are evidence. A Sentinel that anyone can make the real ones list (a
+//! forged hello `PUBLISH`ed on a data node) is shown and never believed, contacted or sent
+//! credentials; a configured Sentinel that lies about the epoch is outvoted and cannot freeze
+//! polestar.
 
 use crate::common;
 
@@ -304,7 +305,7 @@ async fn listing(lab: &Lab, addr: SocketAddr) -> usize {
     n
 }
 
-/// Regression (issue 11, critical): a forged hello made the real Sentinels list a fake one;
+/// Regression (docs/decisions.md D2): a forged hello made the real Sentinels list a fake one;
 /// polestar connected to it with the Sentinel credentials, took its report (the master at an
 /// unrelated redis-server, epoch 999) on that server's `ROLE` answer, published it, fenced and
 /// drained the real primary, and then ignored the next real failover (a lower epoch).
@@ -474,7 +475,7 @@ async fn sentinels_name(lab: &Lab, addr: SocketAddr) -> usize {
     n
 }
 
-/// Regression (issue 25, item 1): any client of the primary published a hello one epoch ahead
+/// Regression (docs/decisions.md D5): any client of the primary published a hello one epoch ahead
 /// naming an unrelated node as the master; every real Sentinel adopted it, and polestar
 /// served the unrelated node, fenced, drained and demoted the real primary into a replica of
 /// it (before Sentinel itself did) and sent it the node credentials. Now: the last good
@@ -655,14 +656,14 @@ async fn promote(replica: SocketAddr) {
     polestar_lab::query::<String>(replica, &no_one).await.expect("REPLICAOF NO ONE");
 }
 
-/// Regression (issue 25, item 6), with a scripted leader among two real Sentinels: the leader
-/// sent `SLAVEOF NO ONE` and polestar flipped to the replica on its `ROLE`; the leader died
-/// before `+promoted-slave`, so no Sentinel learned the new configuration, and the real ones
-/// turned the node back into a replica of the old primary (`+convert-to-slave`, their own
-/// doing, some seconds later). polestar went on publishing that replica for good. Now the flip
-/// is withdrawn (on the conversion, or before it: the leader is gone while the others keep
-/// reporting the old primary, `a_lost_event_...` below), and stays withdrawn once the
-/// Sentinels have made the node a replica again.
+/// Regression (docs/deciding.md, "Withdrawal and giving up"), with a scripted leader among two real
+/// Sentinels: the leader sent `SLAVEOF NO ONE` and polestar flipped to the replica on its `ROLE`;
+/// the leader died before `+promoted-slave`, so no Sentinel learned the new configuration, and the
+/// real ones turned the node back into a replica of the old primary (`+convert-to-slave`, their own
+/// doing, some seconds later). polestar went on publishing that replica for good. Now the flip is
+/// withdrawn (on the conversion, or before it: the leader is gone while the others keep reporting
+/// the old primary, `a_lost_event_...` below), and stays withdrawn once the Sentinels have made the
+/// node a replica again.
 #[tokio::test]
 async fn a_provisional_flip_whose_leader_dies_is_withdrawn_when_the_others_convert_the_node_back() {
     let (env, leader, primary, epoch) = with_scripted_sentinel(false, false).await;
@@ -705,14 +706,14 @@ async fn hide_role_from_the_sentinels(node: SocketAddr) {
     polestar_lab::query::<String>(node, &acl).await.expect("ACL SETUSER default -info");
 }
 
-/// Issue 25 (SPEC "Sources of truth": withdrawal without the event), with a scripted leader
-/// among two real Sentinels: the leader promotes a replica (polestar flips provisionally),
-/// then dies before `+promoted-slave`; the real Sentinels never learn that the node claims
-/// master (they cannot read its `INFO`), so no `+convert-to-slave` or any other event comes.
+/// Regression (withdrawal without the event: docs/deciding.md, "Withdrawal and giving up"), with a
+/// scripted leader among two real Sentinels: the leader promotes a replica (polestar flips
+/// provisionally), then dies before `+promoted-slave`; the real Sentinels never learn that the node
+/// claims master (they cannot read its `INFO`), so no `+convert-to-slave` or any other event comes.
 /// A flip was withdrawn only on such an event, and this one stayed published for good. Now the
-/// leader is gone while the two real Sentinels, a majority of three, keep reporting the old
-/// primary at the old epoch: the flip is withdrawn once that lasts `CONTRADICTED_FLIP` (8 s),
-/// the node still answering master.
+/// leader is gone while the two real Sentinels, a majority of three, keep reporting the old primary
+/// at the old epoch: the flip is withdrawn once that lasts `CONTRADICTED_FLIP` (8 s), the node
+/// still answering master.
 #[tokio::test]
 async fn a_lost_event_leaves_no_provisional_flip_published_when_the_leader_dies() {
     let (env, leader, primary, epoch) = with_scripted_sentinel(false, false).await;
@@ -742,12 +743,11 @@ async fn a_lost_event_leaves_no_provisional_flip_published_when_the_leader_dies(
     }
 }
 
-/// Issue 25 (SPEC "Sources of truth": withdrawal without the event), with a scripted leader
-/// that stays alive, still reporting its failover in progress: after polestar's provisional
-/// flip, the promoted node is made a replica of the old primary again (an abort, a
-/// reconfiguration) and no event about it reaches polestar. It kept publishing a replica. Now
-/// the provisional primary is asked `ROLE` every second, and its answer of replica withdraws
-/// the flip.
+/// Regression (withdrawal without the event: docs/deciding.md, "Withdrawal and giving up"), with a
+/// scripted leader that stays alive, still reporting its failover in progress: after polestar's
+/// provisional flip, the promoted node is made a replica of the old primary again (an abort, a
+/// reconfiguration) and no event about it reaches polestar. It kept publishing a replica. Now the
+/// provisional primary is asked `ROLE` every second, and its answer of replica withdraws the flip.
 #[tokio::test]
 async fn a_lost_event_leaves_no_provisional_flip_published_when_the_node_is_a_replica_again() {
     let (env, leader, primary, epoch) = with_scripted_sentinel(false, false).await;
@@ -788,7 +788,7 @@ async fn reload_with_label(env: &Env, label: &str) {
     .await;
 }
 
-/// Regression (issue 25, a reload during a provisional flip), with a scripted leader among two
+/// Regression (a reload during a provisional flip), with a scripted leader among two
 /// real Sentinels and a real SIGHUP: polestar flipped provisionally to the replica the leader
 /// promotes (epoch E+1); a reload that restarts the Sentinel watcher came next, then the leader
 /// aborted the failover, and the old watcher withdrew the flip during the new one's warm-up.
@@ -826,12 +826,13 @@ async fn a_reload_during_a_provisional_flip_that_is_then_aborted_never_publishes
     assert_eq!(m["dns_name"], "reloaded", "the new watcher took over: {m}");
 }
 
-/// Issue 25, item 5, with real Sentinels and a scripted configured one that missed the
-/// failover: after a real failover, it reports the new primary as a returning replica of the
-/// old one (`-sdown slave <new> @ m <old>`, then `+convert-to-slave`), as a Sentinel does when
-/// a partition heals before it learns the new epoch. The published primary is never sent
-/// `REPLICAOF`, fenced or drained. (The Sentinel is scripted: making a real one report exactly
-/// this in the moment before it learns the new epoch is a race the test cannot hold.)
+/// A stale Sentinel after a partition heals (docs/decisions.md D7), with real Sentinels and a
+/// scripted configured one that missed the failover: after a real failover, it reports the new
+/// primary as a returning replica of the old one (`-sdown slave <new> @ m <old>`, then
+/// `+convert-to-slave`), as a Sentinel does when a partition heals before it learns the new epoch.
+/// The published primary is never sent `REPLICAOF`, fenced or drained. (The Sentinel is scripted:
+/// making a real one report exactly this in the moment before it learns the new epoch is a race the
+/// test cannot hold.)
 #[tokio::test]
 async fn a_sentinel_that_missed_the_failover_gets_the_new_primary_no_replicaof() {
     let (env, stale, old, _) = with_scripted_sentinel(true, false).await;
@@ -898,7 +899,7 @@ async fn wait_agent(
     .clone()
 }
 
-/// Issue 25, item 3: a withdrawn provisional flip reaches agents. The central polestar flips
+/// A withdrawn provisional flip reaches agents (docs/decisions.md D26). The central polestar flips
 /// to a replica on the scripted leader's `SLAVEOF NO ONE` (epoch E+1), the leader dies before
 /// `+promoted-slave`, the real Sentinels turn the node back and the central polestar withdraws
 /// the flip (the old primary at epoch E, `withdrawn` naming the flip). An agent following it
@@ -959,7 +960,7 @@ async fn blockers(env: &Env) -> anyhow::Result<(Vec<String>, String, serde_json:
     Ok((reasons, details, verdict))
 }
 
-/// Issue 20, bad input: a configured Sentinel that answers garbage to `SENTINEL CKQUORUM`,
+/// Bad input: a configured Sentinel that answers garbage to `SENTINEL CKQUORUM`,
 /// then to `INFO`, makes the readiness verdict a blocker that shows the reply (`ckquorum`,
 /// `sentinel_tilt`), never a panic; polestar keeps serving the primary, and the blocker
 /// clears once the Sentinel answers sensibly again.
@@ -1116,15 +1117,14 @@ async fn deny_polestar(node: SocketAddr, command: &str) {
     polestar_lab::query::<String>(node, &acl).await.expect("ACL SETUSER");
 }
 
-/// Regression (issue 25, SPEC "Sources of truth": credentials only to nodes the trust model
-/// allows): when the published primary gives no `INFO`, the readiness poll asks the replicas
-/// their own offsets, with the node credentials, and it asked every replica that any ONE
-/// configured Sentinel listed, every round: a lying configured Sentinel got the credentials
-/// sent to a node of its choice. Now only the replicas polestar publishes (named by a majority
-/// of the Sentinels' lists) are asked. X is a listener that records every byte; the primary
-/// and one real replica refuse `INFO` to polestar's user, so that the replica's `ACL LOG`
-/// counts the rounds in which polestar asked it (the control: it did ask, with the
-/// credentials, the replicas it should).
+/// Regression (credentials only to nodes the trust model allows: docs/trust.md, "Data nodes"): when
+/// the published primary gives no `INFO`, the readiness poll asks the replicas their own offsets,
+/// with the node credentials, and it asked every replica that any ONE configured Sentinel listed,
+/// every round: a lying configured Sentinel got the credentials sent to a node of its choice. Now
+/// only the replicas polestar publishes (named by a majority of the Sentinels' lists) are asked. X
+/// is a listener that records every byte; the primary and one real replica refuse `INFO` to
+/// polestar's user, so that the replica's `ACL LOG` counts the rounds in which polestar asked it
+/// (the control: it did ask, with the credentials, the replicas it should).
 #[tokio::test]
 async fn readiness_sends_no_credentials_to_a_replica_only_one_sentinel_lists() {
     let x = Recorder::start().await;
@@ -1145,7 +1145,7 @@ async fn readiness_sends_no_credentials_to_a_replica_only_one_sentinel_lists() {
     assert!(!x.received(NODE_SECRET.as_bytes()), "X got the node credentials");
 }
 
-/// Regression (issue 25, as above): a switchover (`POST .../failover`) opened a connection,
+/// Regression (as above): a switchover (`POST .../failover`) opened a connection,
 /// with the node credentials, to every replica the chosen Sentinel (the first configured one
 /// that answers) listed as one it could promote, whoever else listed it. Now only the
 /// replicas polestar publishes are connected to; for another, only what the primary says it

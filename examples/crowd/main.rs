@@ -1,4 +1,5 @@
-//! Crowds on one release polestar (issue 26, item 5), all on loopback, every count bounded:
+//! Crowds on one release polestar (bench/README.md, "Crowds"), all on loopback, every count
+//! bounded:
 //!
 //! - `crowd sentinel N`: a real lab (3 nodes, 3 Sentinels), polestar with its Sentinel
 //!   endpoint, N subscribers of `+switch-master`, then a real failover (`SENTINEL FAILOVER`).

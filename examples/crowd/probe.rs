@@ -1,8 +1,7 @@
-//! An honest DNS and HTTP client beside the crowd (issue 26, item 2: the fan-out must not
-//! stall DNS or HTTP): every [`INTERVAL`] one UDP query for the master's name and one
-//! `GET /v1/masters/{name}/primary` on a kept-alive connection, each timed, on a thread and a
-//! runtime of their own at normal priority (the crowd's own threads are reniced), so a probe
-//! waits on polestar, not on the crowd's readers.
+//! An honest DNS and HTTP client beside the crowd (the fan-out must not stall DNS or HTTP): every
+//! [`INTERVAL`] one UDP query for the master's name and one `GET /v1/masters/{name}/primary` on a
+//! kept-alive connection, each timed, on a thread and a runtime of their own at normal priority
+//! (the crowd's own threads are reniced), so a probe waits on polestar, not on the crowd's readers.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -217,7 +217,8 @@ fn a_server_key_that_does_not_match_its_certificate_is_named() {
     assert!(problems[0].contains("do not go together"), "{problems:?}");
 }
 
-/// Issue 26: an endpoint reachable beyond loopback without a password is warned about.
+/// A Sentinel endpoint reachable beyond loopback without a password is warned about (docs/trust.md,
+/// "Sentinel-endpoint clients").
 #[test]
 fn a_sentinel_api_beyond_loopback_without_a_password_is_a_warning() {
     let text = |listen: &str| {
@@ -231,8 +232,8 @@ fn a_sentinel_api_beyond_loopback_without_a_password_is_a_warning() {
     assert!(local.warnings.is_empty(), "{:?}", local.warnings);
 }
 
-/// Issue 25 item 3: an agent sent its token over plain http, and swept sockets on answers
-/// anyone on the path could forge; `check` accepted both.
+/// Regression (docs/decisions.md D26): an agent sent its token over plain http, and swept sockets
+/// on answers anyone on the path could forge; `check` accepted both.
 #[test]
 fn an_http_upstream_with_a_token_or_sweep_remote_is_refused_unless_allowed() {
     let dir = tempfile::tempdir().expect("temp dir");

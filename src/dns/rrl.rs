@@ -238,7 +238,8 @@ mod tests {
         assert_eq!(verdicts(&mut l, [10, 0, 0, 1], 1, later), [Verdict::Answer], "a new second");
     }
 
-    /// Found 1 of issue 26: NXDOMAIN was keyed by name, so random names escaped the limit.
+    /// Regression (docs/decisions.md D22): NXDOMAIN was keyed by name, so random names escaped the
+    /// limit.
     #[test]
     fn nxdomain_and_refused_are_limited_per_zone_not_per_name() {
         let now = Instant::now();
@@ -266,8 +267,8 @@ mod tests {
         assert!(v.iter().all(|v| *v == Verdict::Answer));
     }
 
-    /// Found 1 of issue 26: a full table limited every new key, so a flood of many prefixes
-    /// made honest new clients lose answers.
+    /// Regression (docs/decisions.md D22): a full table limited every new key, so a flood of many
+    /// prefixes made honest new clients lose answers.
     #[test]
     fn a_full_table_forgets_its_oldest_key_and_answers_a_new_client() {
         let now = Instant::now();

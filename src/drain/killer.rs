@@ -224,7 +224,7 @@ mod tests {
     use super::*;
     use crate::config;
 
-    /// Regression (issue 25): `CLIENT LIST` with `age=18446744073709551615` overflowed the
+    /// Regression: `CLIENT LIST` with `age=18446744073709551615` overflowed the
     /// connection-time arithmetic and killed that node's drain episode for good.
     #[test]
     fn a_client_listed_with_the_largest_age_does_not_kill_the_drain() {

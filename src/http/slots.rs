@@ -19,9 +19,9 @@ use super::auth::Caller;
 
 /// Long-polls and event streams of anonymous callers, shared by all of them.
 pub const ANONYMOUS_WAITERS: usize = 1024;
-/// Long-polls and event streams of agents presenting the agent token: one upstream serves
-/// this many agents (an agent holds one stream), whatever anonymous clients hold. Issue 26
-/// asks for 10,000 agents on one polestar (`bench/agents-crowd.sh`).
+/// Long-polls and event streams of agents presenting the agent token: one upstream serves this many
+/// agents (an agent holds one stream), whatever anonymous clients hold. Sized for 10,000 agents on
+/// one polestar (docs/limits.md, "HTTP"; `bench/agents-crowd.sh`).
 pub const AGENT_WAITERS: usize = 16_384;
 /// Waiting failovers and long-polls of the admin token's holders.
 pub const ADMIN_WAITERS: usize = 64;

@@ -3,7 +3,7 @@
 //! around it: it turns what the links and the `ROLE` watches report into [`Evidence`], and
 //! carries out the [`Action`]s (publish the snapshot, signal the drain side, watch a node).
 //!
-//! The rule (SPEC, "Sources of truth"):
+//! The rule (docs/deciding.md; the reasons: docs/decisions.md D1 to D8):
 //! - Only configured Sentinels are evidence. The type says so: every piece of evidence names
 //!   a [`SentinelId`], the index of a configured address; a Sentinel polestar merely
 //!   discovered has no id and never reaches this module.

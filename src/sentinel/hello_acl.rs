@@ -1,8 +1,8 @@
-//! The start-up warning of issue 25: a data node whose `default` user may `PUBLISH` on
-//! `__sentinel__:hello` lets any unauthenticated client move every Sentinel to a node of its
-//! choice with one forged hello. polestar refuses such a primary (see `core`'s lineage), but
-//! Sentinel itself still demotes the real primary; only the ACL prevents that, so polestar
-//! says so, once per node.
+//! The hello ACL warning (docs/trust.md, "Sentinels", forged hellos): a data node whose `default`
+//! user may `PUBLISH` on `__sentinel__:hello` lets any unauthenticated client move every Sentinel
+//! to a node of its choice with one forged hello. polestar refuses such a primary (see `core`'s
+//! lineage), but Sentinel itself still demotes the real primary; only the ACL prevents that, so
+//! polestar says so, once per node.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

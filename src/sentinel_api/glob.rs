@@ -319,7 +319,8 @@ mod tests {
         }
     }
 
-    /// Found 2 of issue 26: the matcher cost pattern × channel steps (or, recursing, worse).
+    /// Regression (a hostile pattern): the matcher cost pattern × channel steps (or, recursing,
+    /// worse).
     #[test]
     fn hostile_patterns_cost_linear_steps() {
         let channel = vec![b'a'; 10_000];

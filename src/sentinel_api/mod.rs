@@ -295,7 +295,8 @@ fn now_nanos() -> u128 {
 mod tests {
     use super::*;
 
-    /// Found 2 of issue 26: no per-client cap, so one host could take every connection.
+    /// Regression (docs/limits.md, "Sentinel endpoint"): no per-client cap, so one host could take
+    /// every connection.
     #[test]
     fn one_address_holds_at_most_its_share_and_others_still_get_in() {
         let slots = Slots {

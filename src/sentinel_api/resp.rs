@@ -430,7 +430,7 @@ mod tests {
         assert!(matches!(one(two.as_bytes()), Ok(Some(_))), "16,000 bytes fit in 16 KiB");
     }
 
-    /// Found 2 of issue 26: the input was parsed again from the start after every read.
+    /// Regression: the input was parsed again from the start after every read.
     #[test]
     fn a_request_split_across_reads_is_taken_as_it_arrives() {
         let mut parser = Parser::default();

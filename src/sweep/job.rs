@@ -92,7 +92,7 @@ enum Probe {
     Answers,
 }
 
-/// Whether the job sweeps another round (both sides, SPEC "Failover behaviour" steps 4 and 6).
+/// Whether the job sweeps another round (both sides; docs/failover.md, "Socket sweeping").
 /// The node side sweeps through `drain.window` until its node answers as a replica. The client
 /// side sweeps unconditionally until `drain.grace` (a stale DNS cache may still name O), then,
 /// through `drain.window`, only while O is useless to every client: silent (dark or hung: a

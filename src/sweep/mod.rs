@@ -1,4 +1,4 @@
-//! Kernel socket sweeping (SPEC "Failover behaviour" step 5): when a master's primary moves
+//! Kernel socket sweeping (docs/failover.md, "Socket sweeping"): when a master's primary moves
 //! from O to N, destroy this host's TCP sockets that still tie clients to O.
 //!
 //! `CLIENT KILL` needs O to answer; a stopped redis-server or a dark host does not. The kernel

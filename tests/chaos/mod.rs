@@ -1,7 +1,7 @@
-//! The chaos soak (issue 7): the namespace deployment of [`cluster`] with polestar on all
-//! sides, Lettuce-like clients writing and reading through polestar's DNS name and the agent's
-//! HTTP API, a monitor comparing what polestar says with what the Sentinels say, and a seeded
-//! schedule of faults. The seed alone reproduces the schedule (which faults, in which order,
+//! The chaos soak (bench/README.md, "Chaos soak"): the namespace deployment of [`cluster`] with
+//! polestar on all sides, Lettuce-like clients writing and reading through polestar's DNS name and
+//! the agent's HTTP API, a monitor comparing what polestar says with what the Sentinels say, and a
+//! seeded schedule of faults. The seed alone reproduces the schedule (which faults, in which order,
 //! which Sentinel, the pauses between them); timings on a shared machine still vary.
 
 pub mod clients;
@@ -167,7 +167,7 @@ async fn run(cluster: &Cluster, settings: &Settings) -> anyhow::Result<Report> {
         clients::start(app, "r1-dns", dns.clone(), Mode::Reader, stop.clone()),
         clients::start(app, "b1-agent", agent.clone(), Mode::Blocked, stop.clone()),
         // Caches the answer as the JVM does by default: never back within seconds, but it
-        // must lose nothing (the old primary is demoted; issue 12).
+        // must lose nothing (the old primary is demoted: docs/decisions.md D10).
         clients::start_caching(
             app,
             "w4-dns-cache30",

@@ -140,7 +140,7 @@ impl Report {
         }
     }
 
-    /// Where the run missed the goals: a stuck client, a wrong answer beyond the
+    /// Where the run missed the soak's goals: a stuck client, a wrong answer beyond the
     /// grace, an acknowledged write lost on a planned failover.
     pub fn violations(&self) -> Vec<String> {
         let mut out = Vec::new();

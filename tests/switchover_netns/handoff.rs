@@ -158,7 +158,7 @@ impl Lab<'_> {
     }
 }
 
-/// Regression (issue 19, items 3 and 4): every refusal of a handoff, against real servers and
+/// Regression (docs/failover.md, "Handoff"): every refusal of a handoff, against real servers and
 /// Sentinels, answers a 4xx whose JSON error names the problem, and fences nothing (a write to
 /// either master's primary is acknowledged within 750 ms right after each): no token (401),
 /// a wrong one (401), a polestar without an admin token (403), an unknown node (404), a node

@@ -92,7 +92,7 @@ fn an_equal_epoch_with_another_primary_or_no_replica_is_refused() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The majority rule (issue 25, items 2 and 3), as a table over `decide`.
+// The agents' majority rule (docs/deciding.md, "Agents"), as a table over `decide`.
 
 const A: &str = "10.0.0.1"; // the primary
 const R: &str = "10.0.0.2"; // its replica
@@ -185,8 +185,8 @@ fn a_change_of_primary_needs_a_majority_of_the_configured_upstreams() {
     }
 }
 
-/// Issue 25 item 3: with several `upstream.urls`, the highest epoch from any one won, and the
-/// "was a replica" check read the replica list that same upstream sent.
+/// Regression (docs/decisions.md D26): with several `upstream.urls`, the highest epoch from any one
+/// won, and the "was a replica" check read the replica list that same upstream sent.
 #[test]
 fn one_upstream_adds_the_attackers_node_to_the_replicas_at_e_plus_1_then_promotes_it_at_e_plus_2() {
     let honest = at(A, 5, &[R]);
@@ -209,8 +209,8 @@ fn one_upstream_adds_the_attackers_node_to_the_replicas_at_e_plus_1_then_promote
     }
 }
 
-/// Issue 25 item 3: one upstream promoting a replica at e+1, then at e+2 (the same replica or
-/// another node), is one voice of three however often it speaks.
+/// One upstream promoting a replica at e+1, then at e+2 (the same replica or another node), is one
+/// voice of three however often it speaks (docs/decisions.md D26).
 #[test]
 fn one_upstream_promoting_a_replica_at_e_plus_1_then_at_e_plus_2_moves_nothing() {
     let honest = at(A, 5, &[R]);
@@ -226,8 +226,8 @@ fn one_upstream_promoting_a_replica_at_e_plus_1_then_at_e_plus_2_moves_nothing()
     }
 }
 
-/// Issue 25 item 3: a withdrawn provisional flip went back to a lower epoch, and agents
-/// refused it and kept serving the replica the failover had given up.
+/// Regression (docs/decisions.md D26): a withdrawn provisional flip went back to a lower epoch, and
+/// agents refused it and kept serving the replica the failover had given up.
 #[test]
 fn agents_refused_the_lower_epoch_of_a_withdrawn_provisional_flip_and_kept_a_replica() {
     let provisional = at(R, 6, &[]);
@@ -311,8 +311,8 @@ fn a_failover_while_the_upstreams_list_no_replicas_is_still_followed() {
     assert!(refused.iter().any(|r| r.contains("not a replica")), "{refused:?}");
 }
 
-/// Issue 25 (item 6): with two upstreams configured, one lying and one honest, the majority is
-/// two: nothing moves, whichever the liar names.
+/// With two upstreams configured, one lying and one honest, the majority is two: nothing moves,
+/// whichever the liar names (docs/trust.md, "Upstreams (for an agent)").
 #[test]
 fn two_upstreams_one_lying_move_nothing() {
     let now = at(A, 5, &[R]);
@@ -330,10 +330,10 @@ fn two_upstreams_one_lying_move_nothing() {
     }
 }
 
-/// Regression (issue 25, item 6): `combine` listed only the masters some answering upstream
-/// has, so a master one answering upstream omitted (still loading it, or lying) while the
-/// others were down vanished from the agent: no DNS answer, no HTTP answer. It keeps the last
-/// state (stale) until a majority of the configured upstreams answer without it.
+/// Regression: `combine` listed only the masters some answering upstream has, so a master one
+/// answering upstream omitted (still loading it, or lying) while the others were down vanished from
+/// the agent: no DNS answer, no HTTP answer. It keeps the last state (stale) until a majority of
+/// the configured upstreams answer without it.
 #[test]
 fn a_master_one_answering_upstream_omits_while_the_others_are_down_is_kept() {
     let other =
@@ -355,9 +355,9 @@ fn a_master_one_answering_upstream_omits_while_the_others_are_down_is_kept() {
     assert_eq!(primary(&loading).as_deref(), Some("10.0.0.1:6379"));
 }
 
-/// Issue 25 (item 2): Sentinel's epoch is one counter for every master, and a forged hello can
-/// push every real Sentinel past any ceiling. The agent capped epochs at 2^32 and then refused
-/// every real failover for good, while its upstreams followed them.
+/// Regression (no ceiling on the epoch: docs/decisions.md D4): Sentinel's epoch is one counter for
+/// every master, and a forged hello can push every real Sentinel past any ceiling. The agent capped
+/// epochs at 2^32 and then refused every real failover for good, while its upstreams followed them.
 #[test]
 fn every_upstream_past_two_to_the_32_is_followed() {
     let past = (1u64 << 32) + 5000;
@@ -394,7 +394,7 @@ fn named_view(ip: &str, hostname: &str, epoch: u64, replicas: &[(&str, &str)]) -
     v
 }
 
-/// Issue 25 (item 2's last sentence), the agent's lineage: a replica whose IP changed (its
+/// Regression, the agent's lineage (docs/deciding.md, "Agents"): a replica whose IP changed (its
 /// hostname announced) was refused as the new primary ("not a replica"), and an address the
 /// agent published once passed forever, whoever holds it now. The lineage knows a node by its
 /// hostname too (its old address is then no longer it) and forgets what it has not published

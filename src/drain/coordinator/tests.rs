@@ -17,9 +17,9 @@ fn node(port: u16) -> Node {
     Node { ip: IpAddr::V4(Ipv4Addr::LOCALHOST), port, hostname: None }
 }
 
-/// Regression (issue 25, item 4): a reload mid-failover started a new watcher whose first
-/// majority (still the old primary) was a flip to it, which stopped the episode fencing it:
-/// the old primary took writes again while the leader promoted the replica.
+/// Regression (docs/deciding.md, "Start-up, restarts and reloads"): a reload mid-failover started a
+/// new watcher whose first majority (still the old primary) was a flip to it, which stopped the
+/// episode fencing it: the old primary took writes again while the leader promoted the replica.
 #[tokio::test]
 async fn a_reload_mid_failover_does_not_lift_the_fence_of_the_old_primary() {
     let mut c = coordinator();
@@ -69,10 +69,10 @@ fn a_coordinated_failovers_promotion_is_fenced_by_no_polestar() {
     }
 }
 
-/// Regression (issue 19): only the polestar that asked for a coordinated failover skipped its
-/// fence; every other polestar fenced the old primary at the leader's `+selected-slave`,
-/// which held the leader's `FAILOVER TO` behind its hello `PUBLISH` until the failover timed
-/// out. The leader's word now reaches every polestar: no episode, no fence.
+/// Regression (docs/decisions.md D18): only the polestar that asked for a coordinated failover
+/// skipped its fence; every other polestar fenced the old primary at the leader's
+/// `+selected-slave`, which held the leader's `FAILOVER TO` behind its hello `PUBLISH` until the
+/// failover timed out. The leader's word now reaches every polestar: no episode, no fence.
 #[tokio::test]
 async fn a_promotion_the_leader_runs_coordinated_starts_no_fence() {
     let mut c = coordinator();

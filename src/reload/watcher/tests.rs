@@ -143,9 +143,9 @@ fn primary(s: &Snapshot) -> Option<(u16, u64)> {
     Some((m.primary.as_ref()?.port, m.epoch?))
 }
 
-/// Regression (issue 25, item 4): a reload mid-failover took over with the new watcher's
-/// first picture (the old primary, epoch 1) over the flip the old watcher had published
-/// (epoch 2): a lower epoch was published.
+/// Regression (docs/deciding.md, "Start-up, restarts and reloads"): a reload mid-failover took over
+/// with the new watcher's first picture (the old primary, epoch 1) over the flip the old watcher
+/// had published (epoch 2): a lower epoch was published.
 #[test]
 fn a_reload_mid_failover_never_publishes_a_lower_epoch() {
     let mut floors = floors(&at(7002, 2));
@@ -231,7 +231,7 @@ async fn reload_over(
     watch.await.expect("the recorder ends with the channel")
 }
 
-/// Regression (issue 25, a reload during a provisional flip): the old watcher had flipped to
+/// Regression (a reload during a provisional flip): the old watcher had flipped to
 /// 7002 at epoch 2 provisionally; a SIGHUP started the new watcher, whose first majority is
 /// 7001 at epoch 1; the failover aborted during the warm-up and the old watcher withdrew the
 /// flip. The floors had been copied when the warm-up began, so the takeover put the withdrawn

@@ -161,8 +161,8 @@ fn reports_publish_only_with_a_majority_at_a_higher_epoch() {
     }
 }
 
-/// Regression (issue 11, forged hello): one Sentinel reporting an unrelated node at an absurd
-/// epoch is one report, never a majority; it must not move nor freeze polestar.
+/// Regression (a forged hello, docs/decisions.md D4): one Sentinel reporting an unrelated node at
+/// an absurd epoch is one report, never a majority; it must not move nor freeze polestar.
 #[test]
 fn one_sentinel_at_an_absurd_epoch_neither_publishes_nor_freezes() {
     let q = Quorum { epochs: [(0, 1), (1, 1), (2, 999)].into(), ..quorum(1) };
@@ -405,7 +405,7 @@ fn a_majority_of_another_node_replaces_a_provisional_flip() {
     assert_eq!(signals, [S::Flipped { new: 7003, epoch: 3, provisional: false }]);
 }
 
-/// Found with node-redis 5 (issue 21): after polestar's flip the master stayed in state
+/// Found with node-redis 5 (docs/decisions.md D6): after polestar's flip the master stayed in state
 /// `failover` until Sentinel's `+switch-master`, so the Sentinel endpoint flagged the new
 /// primary `failover_in_progress`, and node-redis, which skips such a master, came back 2.5 s
 /// after the flip instead of at once.

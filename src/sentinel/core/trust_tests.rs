@@ -1,5 +1,6 @@
-//! Issue 25's sequences: a forged hello that moves every Sentinel, a stale Sentinel after a
-//! partition heals. Each test is named after the sequence it pins.
+//! The trust model's sequences (docs/trust.md, "Sentinels"; docs/deciding.md): a forged hello that
+//! moves every Sentinel, a stale Sentinel after a partition heals, a provisional flip whose leader
+//! dies or aborts. Each test is named after the sequence it pins.
 
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ fn suspected(actions: &[Action]) -> usize {
     actions.iter().filter(|a| matches!(a, Action::Suspected(_))).count()
 }
 
-/// Regression (issue 25, item 1): every Sentinel adopted a forged hello one epoch ahead naming
+/// Regression (docs/decisions.md D5): every Sentinel adopted a forged hello one epoch ahead naming
 /// an unrelated node, and polestar published it (then fenced, drained and demoted the real
 /// primary toward it).
 #[test]
@@ -103,7 +104,7 @@ fn the_first_primary_needs_no_lineage() {
     assert_eq!(published(&state), Some((9999, 1)));
 }
 
-/// Regression (issue 25, item 5): after a partition healed, a Sentinel that missed the
+/// Regression (docs/decisions.md D7): after a partition healed, a Sentinel that missed the
 /// failover reported `-sdown slave <new> @ m <old>` while polestar (which had lost the
 /// others) still published the old primary: the new primary was fenced and demoted.
 #[test]
@@ -145,10 +146,11 @@ fn converted(from: SentinelId, port: u16, to: u16) -> Evidence {
     Evidence::Converted { from, node: node(port), to: addr(to) }
 }
 
-/// Regression (issue 25, item 6): the leader sent `SLAVEOF NO ONE` and polestar flipped to
-/// 7002 on its `ROLE`, then the leader died before `+promoted-slave`. No Sentinel ever learned
-/// the new configuration; the others turned 7002 back into a replica of 7001, and polestar
-/// went on publishing a replica (its promotion counted as flipped, so no timeout ended it).
+/// Regression (docs/deciding.md, "Withdrawal and giving up"): the leader sent `SLAVEOF NO ONE` and
+/// polestar flipped to 7002 on its `ROLE`, then the leader died before `+promoted-slave`. No
+/// Sentinel ever learned the new configuration; the others turned 7002 back into a replica of 7001,
+/// and polestar went on publishing a replica (its promotion counted as flipped, so no timeout ended
+/// it).
 #[test]
 fn a_provisional_flip_whose_leader_dies_is_withdrawn_when_the_others_convert_the_node_back() {
     let q = quorum(2);
@@ -207,13 +209,13 @@ fn a_conversion_without_a_majority_for_the_old_primary_withdraws_nothing() {
     }
 }
 
-/// Issue 25 (the abort's `CLIENT UNPAUSE`): Sentinel 0 flipped 7002 provisionally, then
-/// Sentinel 1 was elected at a newer epoch and promotes 7003 (Sentinel runs such attempts side
-/// by side until the higher epoch wins); then Sentinel 0 aborts its own, older attempt. The
-/// abort names no epoch. It withdrew the flip, dropped Sentinel 1's promotion and signalled a
-/// Sentinel abort, whose `CLIENT UNPAUSE` lifts every pause on the node, those other
-/// polestars hold for Sentinel 1's failover, which did not abort. Now the flip is withdrawn,
-/// the newer promotion stays watched, and what was fenced is left to lapse.
+/// Regression (the abort's `CLIENT UNPAUSE`, docs/decisions.md D12): Sentinel 0 flipped 7002
+/// provisionally, then Sentinel 1 was elected at a newer epoch and promotes 7003 (Sentinel runs
+/// such attempts side by side until the higher epoch wins); then Sentinel 0 aborts its own, older
+/// attempt. The abort names no epoch. It withdrew the flip, dropped Sentinel 1's promotion and
+/// signalled a Sentinel abort, whose `CLIENT UNPAUSE` lifts every pause on the node, those other
+/// polestars hold for Sentinel 1's failover, which did not abort. Now the flip is withdrawn, the
+/// newer promotion stays watched, and what was fenced is left to lapse.
 #[test]
 fn an_abort_of_an_older_attempt_lifts_no_fence_of_the_newer_one() {
     let q = quorum(3);
@@ -250,12 +252,12 @@ fn failing(from: SentinelId, port: u16, epoch: u64) -> Evidence {
     }
 }
 
-/// Issue 25 (SPEC "Sources of truth", withdrawal without the event): a provisional flip was
-/// withdrawn only on an abort or a non-leader's `+convert-to-slave`. Events can be lost: a
-/// flip whose leader is gone while a majority keeps reporting the old primary at the old
-/// epoch, or whose node answers `ROLE` replica again, stayed published (DNS named a replica).
-/// Each row starts from the flip to 7002 at epoch 2 (leader 0), applies its evidence at t0,
-/// then a tick at t0 + `after`: what is published then, and whether it is still provisional.
+/// Regression (withdrawal without the event: docs/deciding.md, "Withdrawal and giving up"): a
+/// provisional flip was withdrawn only on an abort or a non-leader's `+convert-to-slave`. Events
+/// can be lost: a flip whose leader is gone while a majority keeps reporting the old primary at the
+/// old epoch, or whose node answers `ROLE` replica again, stayed published (DNS named a replica).
+/// Each row starts from the flip to 7002 at epoch 2 (leader 0), applies its evidence at t0, then a
+/// tick at t0 + `after`: what is published then, and whether it is still provisional.
 #[test]
 fn a_lost_event_leaves_no_provisional_flip_published() {
     let q = quorum(2);
@@ -334,10 +336,10 @@ fn named(hostname: &str, last: u8, port: u16) -> Node {
     Node { ip: [127, 0, 0, last].into(), port, hostname: Some(hostname.into()) }
 }
 
-/// Issue 25 (item 2's last sentence): "a new primary was a replica" compared addresses, so a
-/// replica whose IP changed (a pod or VM back with a new address, its hostname announced by
-/// the Sentinels) was refused as the new primary, and an address the Sentinels dropped long
-/// ago passed forever, whoever holds it now. The lineage knows a node by its hostname too, and
+/// Regression (docs/deciding.md, "Lineage and suspect"): "a new primary was a replica" compared
+/// addresses, so a replica whose IP changed (a pod or VM back with a new address, its hostname
+/// announced by the Sentinels) was refused as the new primary, and an address the Sentinels dropped
+/// long ago passed forever, whoever holds it now. The lineage knows a node by its hostname too, and
 /// forgets what no configured Sentinel has listed for `LINEAGE_TTL` while they report.
 #[test]
 fn was_a_replica_survives_a_changed_ip_and_an_old_address_does_not_pass_forever() {

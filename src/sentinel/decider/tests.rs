@@ -65,8 +65,9 @@ async fn a_majority_of_configured_sentinels_publishes() {
     assert_eq!(primary(&mut d), Some((7001, 3)));
 }
 
-/// Regression (issue 11, forged hello): a peer the configured Sentinels list is shown, with no
-/// link, no vote and no role check; it goes away when no configured Sentinel lists it.
+/// Regression (a forged hello, docs/decisions.md D2): a peer the configured Sentinels list is
+/// shown, with no link, no vote and no role check; it goes away when no configured Sentinel lists
+/// it.
 #[tokio::test]
 async fn discovered_sentinels_are_shown_never_linked_and_forgotten() {
     let (mut d, _r) = decider();
@@ -88,10 +89,10 @@ async fn discovered_sentinels_are_shown_never_linked_and_forgotten() {
     assert!(master(&mut d).sentinels.discovered.is_empty(), "no configured Sentinel lists it");
 }
 
-/// Found 4 of issue 26: forged hellos (200 fake peers in under 2 s) grew the discovered list
-/// without bound (`/v1/masters` outgrew an agent's answer limit) and each fake recorded an
-/// event, which made every agent read the state again. The list shown is bounded and no event
-/// is recorded for it.
+/// Regression (docs/decisions.md D25): forged hellos (200 fake peers in under 2 s) grew the
+/// discovered list without bound (`/v1/masters` outgrew an agent's answer limit) and each fake
+/// recorded an event, which made every agent read the state again. The list shown is bounded and no
+/// event is recorded for it.
 #[tokio::test]
 async fn forged_hellos_neither_grow_the_discovered_list_nor_wake_agents() {
     let (mut d, _r) = decider();
@@ -171,8 +172,9 @@ async fn a_link_task_that_ends_is_restarted() {
     assert!(!d.links[0].task.is_finished(), "a new link task runs");
 }
 
-/// Issue 16: three Sentinels' `+sdown` of the primary are one `+sdown`, `+odown` is recorded
-/// once per episode, and none of it moves the publication.
+/// A primary's own down events (docs/deciding.md, "The evidence"): three Sentinels' `+sdown` of the
+/// primary are one `+sdown`, `+odown` is recorded once per episode, and none of it moves the
+/// publication.
 #[tokio::test]
 async fn a_primarys_down_is_recorded_once_per_transition() {
     let (mut d, _r) = decider();
@@ -235,7 +237,7 @@ fn a_primary_published_again_starts_a_new_down_episode() {
     assert!(downs.note(&a, &sdown), "published again, its next down is news");
 }
 
-/// Regression (issue 25, item 6): a polestar started while it reached one Sentinel of three
+/// Regression (docs/decisions.md D3): a polestar started while it reached one Sentinel of three
 /// counted the majority over the Sentinels that had ever answered, and followed that one.
 #[tokio::test]
 async fn a_polestar_started_reaching_one_of_three_sentinels_does_not_follow_it_alone() {
@@ -315,8 +317,9 @@ fn marks_add_up_until_every_master_is_marked() {
     assert_eq!(dirty, Dirty::Clean, "taken by a snapshot");
 }
 
-/// Issue 24: a tick of idle masters (no promotion under way) changes nothing, so it neither
-/// runs their rule nor publishes; a report that changes one master republishes only it.
+/// Idle cost (bench/README.md, "Scale"; docs/decisions.md D21): a tick of idle masters (no
+/// promotion under way) changes nothing, so it neither runs their rule nor publishes; a report that
+/// changes one master republishes only it.
 #[tokio::test]
 async fn an_idle_tick_publishes_nothing_and_a_change_rebuilds_only_its_master() {
     let (mut d, reader) = decider();

@@ -181,9 +181,9 @@ fn metric_names_are_a_bounded_set() {
     assert_eq!(name("FLUSHALL"), "other");
 }
 
-/// Found 2 of issue 26: 256 patterns of 64 KiB each (16 MiB a connection, matched against
-/// every channel at every flip) were accepted. Patterns are capped in count, and the names
-/// of a connection's subscriptions in total bytes.
+/// Regression (docs/limits.md, "Sentinel endpoint"): 256 patterns of 64 KiB each (16 MiB a
+/// connection, matched against every channel at every flip) were accepted. Patterns are capped in
+/// count, and the names of a connection's subscriptions in total bytes.
 #[test]
 fn patterns_are_capped_in_count_and_subscriptions_in_bytes() {
     let s = &mut open();

@@ -81,7 +81,7 @@ fn the_local_target_spares_replicas_and_sentinels() {
     assert!(!target.selects(&sock("10.0.0.1:40000", "10.0.0.9:6379")));
 }
 
-/// Regression (issue 11, item 5): the node-side sweep reset the central polestar's and the
+/// Regression (docs/decisions.md D16): the node-side sweep reset the central polestar's and the
 /// Sentinels' links to the old primary every interval (its ROLE checks failed with broken
 /// pipe, its drain found nothing to kill) because they came from hosts it did not spare.
 #[test]
