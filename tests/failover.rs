@@ -7,6 +7,7 @@
 use crate::common;
 use crate::netns::client::{Client, Log, Target};
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -206,16 +207,48 @@ async fn planned_failover_on(opts: LabOptions) {
 async fn the_fence_of_a_planned_failover_is_one_round_trip_on_a_link_opened_at_try_failover() {
     let env = start().await;
     let old = env.lab.primary().await.expect("primary");
+    // The leader's announcements as they reach a client beside polestar (the lab asks the
+    // first Sentinel): the fence's margin, printed (it is timing, not asserted).
+    let leader = env.lab.sentinel_addrs()[0];
+    let heard = tokio::spawn(announcements(leader, &["+elected-leader", "+selected-slave"]));
+    sleep(Duration::from_millis(200)).await;
     env.failover().await;
     let fences = events_of(&env, "fence").await;
     let fence = fences.iter().find(|e| e["node"] == old.to_string());
     let fence =
         fence.unwrap_or_else(|| env.fail(&format!("the old primary was not fenced: {fences:?}")));
     eprintln!("fence of {old}: {fence}");
+    let heard = timeout(Duration::from_secs(5), heard).await;
+    if let (Ok(Ok(Ok(times))), Some(fenced)) = (heard, fence["time_ms"].as_u64()) {
+        let after = |ch: &str| times.get(ch).map(|t| fenced as i64 - *t as i64);
+        eprintln!(
+            "fence set {:?} ms after +elected-leader, {:?} ms after +selected-slave",
+            after("+elected-leader"),
+            after("+selected-slave")
+        );
+    }
     assert_eq!(
         fence["round_trips"], 1,
         "the fence did not go over a link opened before the promotion: {fence}"
     );
+}
+
+/// The wall-clock millisecond each of `channels` first reached a subscriber of `sentinel`,
+/// once every one of them was heard.
+async fn announcements(
+    sentinel: SocketAddr,
+    channels: &[&str],
+) -> anyhow::Result<BTreeMap<String, u64>> {
+    let client = redis::Client::open(format!("redis://{sentinel}/"))?;
+    let mut pubsub = client.get_async_pubsub().await?;
+    pubsub.subscribe(channels).await?;
+    let mut times = BTreeMap::new();
+    let mut messages = pubsub.on_message();
+    while times.len() < channels.len() {
+        let Some(message) = futures::StreamExt::next(&mut messages).await else { break };
+        times.entry(message.get_channel_name().to_string()).or_insert_with(now_ms);
+    }
+    Ok(times)
 }
 
 #[tokio::test]

@@ -106,7 +106,7 @@ fn check_event(event: &Event) {
             well_formed(old);
             well_formed(new);
         }
-        Event::FailoverStarted { master }
+        Event::FailoverStarted { master, .. }
         | Event::FailoverEnded { master, .. }
         | Event::Changed { master } => assert!(!master.is_empty()),
         Event::NewEpoch(_) | Event::Topology => {}

@@ -179,6 +179,9 @@ pub struct State {
     pub lineage: Lineage,
     /// The configured Sentinels name a primary that was refused (see [`Suspect`]).
     pub suspect: Option<Suspect>,
+    /// The configured leader whose `+elected-leader` fenced the published primary, until its
+    /// `+selected-slave` (a [`Promotion`] then) or the end of its failover.
+    pub elected: Option<SentinelId>,
 }
 
 impl Default for State {
@@ -193,6 +196,7 @@ impl Default for State {
             listed: BTreeMap::new(),
             lineage: Lineage::default(),
             suspect: None,
+            elected: None,
         }
     }
 }
@@ -374,9 +378,10 @@ pub enum Evidence {
     },
     /// `from` no longer monitors this master, or is unreachable: its report is void.
     Gone { from: SentinelId },
-    /// `+try-failover` / `+elected-leader`: `from` starts a failover; `coordinated`: as Valkey
-    /// 9's coordinated one (`SENTINEL FAILOVER <master> COORDINATED`, its record's flag).
-    FailoverStarted { from: SentinelId, coordinated: bool },
+    /// `+try-failover` / `+elected-leader` (`elected`): `from` starts a failover or leads it;
+    /// `coordinated`: as Valkey 9's coordinated one (`SENTINEL FAILOVER <master> COORDINATED`,
+    /// its record's flag).
+    FailoverStarted { from: SentinelId, coordinated: bool, elected: bool },
     /// `+selected-slave` (`target: None`) or `+failover-state-send-slaveof-noone` (`target`:
     /// the replica resolved, with the failover's epoch).
     Promoting { from: SentinelId, replica: Addr, target: Option<Candidate>, at: Instant },
@@ -459,7 +464,12 @@ pub fn decide(
             d.prune_lineage(now.at);
         }
         Evidence::Gone { from } => d.gone(from),
-        Evidence::FailoverStarted { from, coordinated } => d.failover_started(from, coordinated),
+        Evidence::FailoverStarted { from, coordinated, elected } => {
+            d.failover_started(from, coordinated);
+            if elected {
+                d.elected(from, coordinated);
+            }
+        }
         Evidence::Promoting { from, replica, target, at } => d.promoting(from, replica, target, at),
         Evidence::Promoted { from, target, at } => d.promoted(from, target, at),
         Evidence::FailoverEnded { from, aborted } => d.failover_ended(from, aborted),
@@ -551,6 +561,25 @@ impl Decision<'_> {
         }
     }
 
+    /// The leader won its election: it selects the replica at its next timer tick and sends it
+    /// `SLAVEOF NO ONE` at the tick after. The published primary is fenced now, two ticks
+    /// before the promotion rather than the one `+selected-slave` leaves, so a fence that
+    /// reaches the node late (a loaded host) still lands before the replica takes writes
+    /// (docs/decisions.md D9). Only a confirmed primary that the leader itself reports as the
+    /// master: the replica it will choose is then certainly another node. An abort lifts the
+    /// fence; a leader that goes silent leaves it to lapse (`FENCE_HOLD`).
+    fn elected(&mut self, from: SentinelId, coordinated: bool) {
+        let Publication::Confirmed { primary, .. } = &self.state.publication else { return };
+        let leader_names_it = self.state.reports.get(&from).is_some_and(|r| r.node == primary.node);
+        if self.state.promotion.is_some() || !leader_names_it {
+            return;
+        }
+        self.state.elected = Some(from);
+        let (master, old, at) = (self.master.to_string(), primary.node.clone(), self.now.at);
+        let fence = Signal::Promoting { master, old, new: None, at, coordinated };
+        self.actions.push(Action::Signal(fence));
+    }
+
     fn promoting(
         &mut self,
         from: SentinelId,
@@ -559,6 +588,7 @@ impl Decision<'_> {
         at: Instant,
     ) {
         self.state.failover.insert(from);
+        self.state.elected = None;
         let fenced = self.state.publication.node().filter(|n| !names(n, &replica)).cloned();
         let promotion = self.state.promotion.take().filter(|p| p.leader == from);
         let promotion = promotion.unwrap_or_else(|| Promotion {
@@ -638,6 +668,7 @@ impl Decision<'_> {
     fn failover_ended(&mut self, from: SentinelId, aborted: bool) {
         self.state.failover.remove(&from);
         self.state.coordinated.remove(&from);
+        let fenced_at_election = self.state.elected.take_if(|l| *l == from).is_some();
         let leads = self.state.promotion.as_ref().is_some_and(|p| p.leader == from);
         let provisional_by = match &self.state.publication {
             Publication::Provisional { leader, .. } => Some(*leader),
@@ -655,7 +686,7 @@ impl Decision<'_> {
             }
             return;
         }
-        if leads || provisional_by == Some(from) {
+        if leads || provisional_by == Some(from) || fenced_at_election {
             // The abort names no epoch. When another leader's promotion has replaced this
             // one's (a newer attempt, run side by side until the higher epoch wins), it ends
             // only the older attempt: its flip is withdrawn, but a `CLIENT UNPAUSE` would
@@ -672,6 +703,7 @@ impl Decision<'_> {
     /// withdrawal, an older attempt's abort; see [`Signal::Aborted`]).
     fn abort(&mut self, gave_up: bool, why: &'static str) {
         self.state.promotion = None;
+        self.state.elected = None;
         let current = std::mem::replace(&mut self.state.publication, Publication::Unknown);
         self.state.publication = match current {
             Publication::Provisional { primary, before, .. } => {

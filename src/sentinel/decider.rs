@@ -309,9 +309,16 @@ impl Decider {
             Observation::NotSentinel { link, reason } => self.not_a_sentinel(link, &reason),
             Observation::Report(report) => self.report(report),
             Observation::Epoch { link, epoch } => self.epoch(link, epoch),
-            Observation::Failover { link: from, master, in_progress, aborted, coordinated } => {
+            Observation::Failover {
+                link: from,
+                master,
+                in_progress,
+                aborted,
+                coordinated,
+                elected,
+            } => {
                 let evidence = if in_progress {
-                    Evidence::FailoverStarted { from, coordinated }
+                    Evidence::FailoverStarted { from, coordinated, elected }
                 } else {
                     Evidence::FailoverEnded { from, aborted }
                 };

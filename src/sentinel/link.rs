@@ -301,7 +301,7 @@ impl Link {
                 state.last_epoch = Some(epoch);
                 self.send(Observation::Epoch { link, epoch });
             }
-            Event::FailoverStarted { master } => {
+            Event::FailoverStarted { master, elected } => {
                 if let Some(epoch) = state.last_epoch {
                     state.remember(&master, epoch);
                 }
@@ -319,6 +319,7 @@ impl Link {
                         in_progress,
                         aborted,
                         coordinated,
+                        elected,
                     }))
                 }));
             }
@@ -353,6 +354,7 @@ impl Link {
                     in_progress: false,
                     aborted,
                     coordinated: false,
+                    elected: false,
                 }));
                 return scope;
             }

@@ -28,8 +28,9 @@ impl Addr {
 pub enum Event {
     /// `+new-epoch <epoch>` (also the epoch of `+vote-for-leader <runid> <epoch>`).
     NewEpoch(u64),
-    /// This Sentinel started or leads a failover (`+try-failover`, `+elected-leader`).
-    FailoverStarted { master: String },
+    /// This Sentinel started a failover (`+try-failover`) or won its election and leads it
+    /// (`+elected-leader`, `elected`: it selects the replica at its next timer tick).
+    FailoverStarted { master: String, elected: bool },
     /// The leader chose the replica and is promoting it (`+selected-slave`,
     /// `+failover-state-send-slaveof-noone`): time to fence the old primary.
     /// `sent`: the leader has sent `SLAVEOF NO ONE` (`+failover-state-send-slaveof-noone`),
@@ -132,7 +133,9 @@ fn instance_event(channel: &str, payload: &str, i: Instance<'_>) -> Option<Event
                 None => Event::Changed { master },
             }
         }
-        "+try-failover" | "+elected-leader" => Event::FailoverStarted { master },
+        "+try-failover" | "+elected-leader" => {
+            Event::FailoverStarted { master, elected: channel == "+elected-leader" }
+        }
         "+selected-slave" | "+failover-state-send-slaveof-noone" if i.kind == "slave" => {
             let sent = channel == "+failover-state-send-slaveof-noone";
             Event::Promoting { master, replica: i.addr?, sent }
@@ -418,7 +421,11 @@ mod tests {
         let m = "master mymaster 127.0.0.1 7001";
         assert_eq!(
             Event::parse("+elected-leader", m),
-            Some(Event::FailoverStarted { master: "mymaster".into() })
+            Some(Event::FailoverStarted { master: "mymaster".into(), elected: true })
+        );
+        assert_eq!(
+            Event::parse("+try-failover", m),
+            Some(Event::FailoverStarted { master: "mymaster".into(), elected: false })
         );
         assert_eq!(
             Event::parse("-failover-abort-no-good-slave", m),

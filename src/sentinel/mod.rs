@@ -73,6 +73,8 @@ pub enum Observation {
         /// Starting: the Sentinel runs it as Valkey 9's coordinated failover (its record's
         /// `coordinated_failover` flag, read at the start).
         coordinated: bool,
+        /// Starting: the Sentinel won the election and leads it (`+elected-leader`).
+        elected: bool,
     },
     /// The leader is about to promote `replica`.
     Promoting {

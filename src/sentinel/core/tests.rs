@@ -218,7 +218,8 @@ fn coordinated(actions: &[Action]) -> Vec<bool> {
 #[test]
 fn a_promotion_is_coordinated_only_when_its_own_leader_said_so_at_the_start() {
     let q = quorum(2);
-    let started = |from, coordinated| Evidence::FailoverStarted { from, coordinated };
+    let started =
+        |from, coordinated| Evidence::FailoverStarted { from, coordinated, elected: false };
     let ended = Evidence::FailoverEnded { from: 0, aborted: true };
     let not_failing = report(0, 7001, 1);
     let cases: Vec<(&str, Vec<Evidence>, Vec<bool>)> = vec![
@@ -246,6 +247,56 @@ fn a_promotion_is_coordinated_only_when_its_own_leader_said_so_at_the_start() {
         let (_, _, actions) = run(settled(), &q, evidence);
         assert_eq!(coordinated(&actions), expected, "{name}");
     }
+}
+
+fn elected(from: SentinelId) -> Evidence {
+    Evidence::FailoverStarted { from, coordinated: false, elected: true }
+}
+
+/// The leader's `+elected-leader` fences the confirmed primary it reports, one Sentinel tick
+/// earlier than `+selected-slave` would (a starved polestar's late fence lost writes); an
+/// abort before the selection lifts it, a `+try-failover` fences nothing, and neither does an
+/// election while the leader names another node or while a promotion is under way.
+#[test]
+fn the_leaders_election_fences_the_primary_it_reports_and_an_abort_lifts_it() {
+    let q = quorum(2);
+    let tried = Evidence::FailoverStarted { from: 0, coordinated: false, elected: false };
+    let fence = || S::Promoting { old: 7001, new: None };
+    let cases: Vec<(&str, Vec<Evidence>, Vec<S>)> = vec![
+        ("elected", vec![elected(0)], vec![fence()]),
+        ("only tried", vec![tried], vec![]),
+        ("elected, then the selection", vec![elected(0), promoting(0, 7002, None)], {
+            vec![fence(), fence()]
+        }),
+        ("elected, then an abort (no good replica)", vec![elected(0), abort(0)], {
+            vec![fence(), S::Aborted]
+        }),
+        (
+            "elected, the selection, then an abort",
+            vec![elected(0), promoting(0, 7002, None), abort(0)],
+            { vec![fence(), fence(), S::Aborted] },
+        ),
+        ("another Sentinel's abort", vec![elected(0), abort(1)], vec![fence()]),
+        ("the leader names another node", vec![report(0, 7003, 1), elected(0)], vec![]),
+        ("during another leader's promotion", vec![promoting(1, 7002, None), elected(0)], {
+            vec![fence()]
+        }),
+    ];
+    for (name, evidence, expected) in cases {
+        let (state, signals, _) = run(settled(), &q, evidence);
+        let lifted = expected.last() == Some(&S::Aborted);
+        assert!(!lifted || state.elected.is_none(), "{name}: the abort ends it");
+        assert_eq!(signals, expected, "{name}");
+    }
+    let (_, signals, _) = run(flipped(), &q, vec![elected(0)]);
+    assert!(signals.is_empty(), "a provisional primary is never fenced at an election");
+    let (state, signals, _) = run(settled(), &q, vec![elected(0), abort(0), abort(0)]);
+    assert_eq!(signals.len(), 2, "one lift per fence: {signals:?}");
+    assert_eq!(state.elected, None);
+    // A coordinated failover's election is signalled as such: the drain side sets no fence.
+    let coordinated_start = Evidence::FailoverStarted { from: 0, coordinated: true, elected: true };
+    let (_, _, actions) = run(settled(), &q, vec![coordinated_start]);
+    assert_eq!(coordinated(&actions), [true]);
 }
 
 fn flipped() -> State {
@@ -378,7 +429,8 @@ fn returning_nodes_are_signalled_only_outside_a_failover() {
     assert_eq!(signals, [S::Returning { node: 7003, published: 7001 }]);
     let (_, signals, _) = run(settled(), &q, vec![back(7001)]);
     assert!(signals.is_empty(), "the published primary is not returning");
-    let during = vec![Evidence::FailoverStarted { from: 0, coordinated: false }, back(7003)];
+    let tried = Evidence::FailoverStarted { from: 0, coordinated: false, elected: false };
+    let during = vec![tried, back(7003)];
     let (_, signals, _) = run(settled(), &q, during);
     assert!(signals.is_empty(), "a failover is in progress: {signals:?}");
     // The replica being promoted changes role: it is never taken for a returning primary.
