@@ -207,6 +207,8 @@ mod fake {
     pub struct Script {
         pub phase: AtomicUsize,
         pub reads: [AtomicUsize; 8],
+        /// `GET /v1/masters` requests, of every phase.
+        pub gets: AtomicUsize,
         pub answers: std::sync::Mutex<Vec<Value>>,
     }
 
@@ -239,6 +241,7 @@ mod fake {
     async fn masters(State(script): State<Arc<Script>>) -> Body {
         let phase = script.phase.load(Ordering::SeqCst);
         script.reads[phase].fetch_add(1, Ordering::SeqCst);
+        script.gets.fetch_add(1, Ordering::SeqCst);
         let answer = script.answers.lock().unwrap()[phase].clone();
         if !answer.is_null() {
             return Body::from(answer.to_string());
@@ -260,10 +263,50 @@ mod fake {
         Body::from_stream(ticks)
     }
 
+    /// The stream of a polestar with the masters feed: the `polestar-masters` header, and the
+    /// current phase's answer as a full `masters` event at once and every 100 ms (each counted
+    /// as a read of that phase). A full list is a valid event at any point of a stream.
+    async fn feed(State(script): State<Arc<Script>>) -> axum::response::Response {
+        let ticks = futures::stream::unfold((script, 0u64), |(script, n)| async move {
+            if n > 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let phase = script.phase.load(Ordering::SeqCst);
+            let masters = script.answers.lock().unwrap()[phase].clone();
+            script.reads[phase].fetch_add(1, Ordering::SeqCst);
+            let data = json!({"version": n + 1, "masters": masters});
+            let event = format!("event: masters\ndata: {data}\n\n");
+            Some((Ok::<_, std::io::Error>(Bytes::from(event)), (script, n + 1)))
+        });
+        let mut response = axum::response::IntoResponse::into_response(Body::from_stream(ticks));
+        response.headers_mut().insert("polestar-masters", "1".parse().unwrap());
+        response
+    }
+
+    /// How the fake's event stream tells the agent about changes.
+    #[derive(Clone, Copy, Debug)]
+    pub enum Stream {
+        /// An older polestar's: events only, so the agent reads `GET /v1/masters` again.
+        Events,
+        /// With the masters feed: the answer itself, so the agent reads nothing.
+        Feed,
+    }
+
     pub async fn start(script: Arc<Script>) -> (String, tokio::task::JoinHandle<()>) {
+        start_with(script, Stream::Events).await
+    }
+
+    pub async fn start_with(
+        script: Arc<Script>,
+        kind: Stream,
+    ) -> (String, tokio::task::JoinHandle<()>) {
+        let events = match kind {
+            Stream::Events => get(stream),
+            Stream::Feed => get(feed),
+        };
         let app = Router::new()
             .route("/v1/masters", get(masters))
-            .route("/v1/events/stream", get(stream))
+            .route("/v1/events/stream", events)
             .with_state(script);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -385,8 +428,23 @@ async fn wait_reads(script: &fake::Script, phase: usize, agent: &Polestar) {
 /// listeners of the test that record every byte: neither is ever connected to. The control:
 /// the real failover that all three then serve makes the agent probe the old primary P (also
 /// a recorder), and P does receive the credentials, so the recorders would have seen them.
+/// Then all three serve the old primary at the old epoch (a lower epoch, no withdrawal):
+/// refused.
 #[tokio::test]
 async fn sweep_probes_send_no_credentials_to_a_node_no_majority_named() {
+    no_majority_moves_the_agent(fake::Stream::Events).await;
+}
+
+/// The same, from upstreams whose streams carry the masters (issue 26, item 5): the feed
+/// changes how an agent hears an upstream, not what it takes from it.
+#[tokio::test]
+async fn sweep_probes_send_no_credentials_to_a_node_no_majority_named_over_the_masters_feed() {
+    no_majority_moves_the_agent(fake::Stream::Feed).await;
+}
+
+async fn no_majority_moves_the_agent(kind: fake::Stream) {
+    use std::sync::atomic::Ordering;
+
     use fake::{Script, master};
     use serde_json::json;
 
@@ -399,7 +457,7 @@ async fn sweep_probes_send_no_credentials_to_a_node_no_majority_named() {
     let mut tasks = Vec::new();
     for script in &scripts {
         script.set(0, Some(honest.clone()));
-        let (url, task) = fake::start(script.clone()).await;
+        let (url, task) = fake::start_with(script.clone(), kind).await;
         urls.push(url);
         tasks.push(task);
     }
@@ -458,6 +516,22 @@ async fn sweep_probes_send_no_credentials_to_a_node_no_majority_named() {
     for (name, r) in [("X", &x), ("Y", &y)] {
         assert_eq!(r.connections(), 0, "{name} was connected to ({:?})", r.shown());
         assert!(!r.received(SECRET.as_bytes()), "{name} got the node credentials");
+    }
+
+    // All three go back to P at epoch 1, withdrawing nothing: a lower epoch is refused.
+    for script in &scripts {
+        script.set(5, Some(json!([master("mymaster", p.port, 1, &[q.port])])));
+    }
+    for script in &scripts {
+        wait_reads(script, 5, &agent).await;
+    }
+    let m = wait_primary(&agent, "mymaster", &at(&q), Duration::from_secs(1)).await;
+    assert_eq!(m["epoch"], 2, "{m}");
+    assert!(agent.logged("is below the published 2"), "{}", agent.log_tail(40));
+    let gets: usize = scripts.iter().map(|s| s.gets.load(Ordering::SeqCst)).sum();
+    match kind {
+        fake::Stream::Feed => assert_eq!(gets, 0, "the agent read GET /v1/masters"),
+        fake::Stream::Events => assert!(gets > 0, "the agent read no GET /v1/masters"),
     }
     for task in tasks {
         task.abort();
@@ -566,4 +640,69 @@ async fn an_agent_follows_an_upstream_without_the_masters_feed_by_reading_again(
     wait_primary(&agent, "mymaster", "127.0.0.1:16380", FAILOVER).await;
     assert!(script.reads(0) >= 1 && script.reads(1) >= 1, "the agent read the state");
     fake_task.abort();
+}
+
+/// An upstream whose stream carries the masters but sends a change that does not follow from
+/// what it sent before (after version 7, where 1 was the last): the agent applies none of it,
+/// drops the stream and starts again from a new subscription's full list, never reading
+/// `GET /v1/masters`.
+#[tokio::test]
+async fn an_agent_drops_a_stream_whose_change_does_not_follow_and_starts_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::body::{Body, Bytes};
+    use axum::extract::State;
+    use axum::routing::get;
+    use futures::StreamExt;
+    use serde_json::json;
+
+    #[derive(Default)]
+    struct Counts {
+        streams: AtomicUsize,
+        reads: AtomicUsize,
+    }
+    fn event(data: Value) -> Result<Bytes, std::io::Error> {
+        Ok(Bytes::from(format!("event: masters\ndata: {data}\n\n")))
+    }
+    async fn stream(State(counts): State<Arc<Counts>>) -> axum::response::Response {
+        counts.streams.fetch_add(1, Ordering::SeqCst);
+        let full = json!({"version": 1, "masters": [fake::master("mymaster", 16379, 1, &[16380])]});
+        let gap = json!({"version": 8, "after": 7, "masters": [fake::master("mymaster", 16380, 2, &[16379])]});
+        let frames =
+            futures::stream::iter([event(full)]).chain(futures::stream::once(async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                event(gap)
+            }));
+        let frames = frames.chain(futures::stream::pending());
+        let mut response = axum::response::IntoResponse::into_response(Body::from_stream(frames));
+        response.headers_mut().insert("polestar-masters", "1".parse().unwrap());
+        response
+    }
+    async fn masters(State(counts): State<Arc<Counts>>) -> &'static str {
+        counts.reads.fetch_add(1, Ordering::SeqCst);
+        "[]"
+    }
+
+    let counts = Arc::new(Counts::default());
+    let app = axum::Router::new()
+        .route("/v1/events/stream", get(stream))
+        .route("/v1/masters", get(masters))
+        .with_state(counts.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let agent =
+        Polestar::start(&PolestarConfig::agent("mymaster", std::slice::from_ref(&url))).await;
+    wait_primary(&agent, "mymaster", "127.0.0.1:16379", STARTUP).await;
+    let end = Instant::now() + FAILOVER;
+    while counts.streams.load(Ordering::SeqCst) < 3 || !agent.logged("after version 7") {
+        assert!(Instant::now() < end, "the agent did not start again:\n{}", agent.log_tail(30));
+        tokio::time::sleep(POLL).await;
+    }
+    let m = agent.master("mymaster").await.expect("the agent answers");
+    assert_eq!(primary_of_view(&m).as_deref(), Some("127.0.0.1:16379"), "{m}");
+    assert_eq!(counts.reads.load(Ordering::SeqCst), 0, "the agent read GET /v1/masters");
+    server.abort();
 }

@@ -22,10 +22,14 @@ pub struct Served {
 /// A change that does not follow from what was applied before: a missed event, or not a
 /// polestar.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-#[error("the event stream sent a change after version {after} where {at:?} was the last")]
+#[error("the event stream sent a change after version {after}, where it had sent {}", sent(*.at))]
 pub struct Gap {
     pub at: Option<u64>,
     pub after: u64,
+}
+
+fn sent(at: Option<u64>) -> String {
+    at.map_or_else(|| "no full list".into(), |v| format!("version {v}"))
 }
 
 impl Served {
@@ -101,19 +105,25 @@ mod tests {
         let cases: Vec<(Vec<MastersEvent>, Want)> = vec![
             (vec![full.clone()], Ok(vec![("a", 1), ("b", 1)])),
             (
-                vec![full.clone(), event(11, Some(10), &[a2.clone()], &[])],
+                vec![full.clone(), event(11, Some(10), std::slice::from_ref(&a2), &[])],
                 Ok(vec![("a", 2), ("b", 1)]),
             ),
             (
-                vec![full.clone(), event(12, Some(10), &[c1.clone()], &["b"])],
+                vec![full.clone(), event(12, Some(10), std::slice::from_ref(&c1), &["b"])],
                 Ok(vec![("a", 1), ("c", 1)]),
             ),
             // A later full list replaces everything (a master it lacks is gone).
-            (vec![full.clone(), event(20, None, &[c1.clone()], &[])], Ok(vec![("c", 1)])),
-            // A change before any full list, or after another version than the last applied.
-            (vec![event(11, Some(10), &[a2.clone()], &[])], Err(Gap { at: None, after: 10 })),
             (
-                vec![full.clone(), event(12, Some(11), &[a2.clone()], &[])],
+                vec![full.clone(), event(20, None, std::slice::from_ref(&c1), &[])],
+                Ok(vec![("c", 1)]),
+            ),
+            // A change before any full list, or after another version than the last applied.
+            (
+                vec![event(11, Some(10), std::slice::from_ref(&a2), &[])],
+                Err(Gap { at: None, after: 10 }),
+            ),
+            (
+                vec![full.clone(), event(12, Some(11), std::slice::from_ref(&a2), &[])],
                 Err(Gap { at: Some(10), after: 11 }),
             ),
         ];
