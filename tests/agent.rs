@@ -207,6 +207,8 @@ mod fake {
     pub struct Script {
         pub phase: AtomicUsize,
         pub reads: [AtomicUsize; 8],
+        /// `GET /v1/masters` requests, of every phase.
+        pub gets: AtomicUsize,
         pub answers: std::sync::Mutex<Vec<Value>>,
     }
 
@@ -239,6 +241,7 @@ mod fake {
     async fn masters(State(script): State<Arc<Script>>) -> Body {
         let phase = script.phase.load(Ordering::SeqCst);
         script.reads[phase].fetch_add(1, Ordering::SeqCst);
+        script.gets.fetch_add(1, Ordering::SeqCst);
         let answer = script.answers.lock().unwrap()[phase].clone();
         if !answer.is_null() {
             return Body::from(answer.to_string());
@@ -260,10 +263,50 @@ mod fake {
         Body::from_stream(ticks)
     }
 
+    /// The stream of a polestar with the masters feed: the `polestar-masters` header, and the
+    /// current phase's answer as a full `masters` event at once and every 100 ms (each counted
+    /// as a read of that phase). A full list is a valid event at any point of a stream.
+    async fn feed(State(script): State<Arc<Script>>) -> axum::response::Response {
+        let ticks = futures::stream::unfold((script, 0u64), |(script, n)| async move {
+            if n > 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let phase = script.phase.load(Ordering::SeqCst);
+            let masters = script.answers.lock().unwrap()[phase].clone();
+            script.reads[phase].fetch_add(1, Ordering::SeqCst);
+            let data = json!({"version": n + 1, "masters": masters});
+            let event = format!("event: masters\ndata: {data}\n\n");
+            Some((Ok::<_, std::io::Error>(Bytes::from(event)), (script, n + 1)))
+        });
+        let mut response = axum::response::IntoResponse::into_response(Body::from_stream(ticks));
+        response.headers_mut().insert("polestar-masters", "1".parse().unwrap());
+        response
+    }
+
+    /// How the fake's event stream tells the agent about changes.
+    #[derive(Clone, Copy, Debug)]
+    pub enum Stream {
+        /// An older polestar's: events only, so the agent reads `GET /v1/masters` again.
+        Events,
+        /// With the masters feed: the answer itself, so the agent reads nothing.
+        Feed,
+    }
+
     pub async fn start(script: Arc<Script>) -> (String, tokio::task::JoinHandle<()>) {
+        start_with(script, Stream::Events).await
+    }
+
+    pub async fn start_with(
+        script: Arc<Script>,
+        kind: Stream,
+    ) -> (String, tokio::task::JoinHandle<()>) {
+        let events = match kind {
+            Stream::Events => get(stream),
+            Stream::Feed => get(feed),
+        };
         let app = Router::new()
             .route("/v1/masters", get(masters))
-            .route("/v1/events/stream", get(stream))
+            .route("/v1/events/stream", events)
             .with_state(script);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -378,15 +421,30 @@ async fn wait_reads(script: &fake::Script, phase: usize, agent: &Polestar) {
     }
 }
 
-/// Regression (docs/decisions.md D26): an agent with node credentials and `sweep.remote` follows
-/// three upstreams, one of which lies in the two steps that once moved an agent (first the
-/// attacker's node X among the replicas, then X promoted at the next epoch, then X replaced by Y,
-/// the change that would make the agent sweep X and probe its `ROLE` with the node credentials). X
-/// and Y are listeners of the test that record every byte: neither is ever connected to. The
-/// control: the real failover that all three then serve makes the agent probe the old primary P
-/// (also a recorder), and P does receive the credentials, so the recorders would have seen them.
+/// Regression (docs/decisions.md D26): an agent with node credentials and `sweep.remote` follows three upstreams,
+/// one of which lies in the two steps that once moved an agent (first the attacker's node X
+/// among the replicas, then X promoted at the next epoch, then X replaced by Y, the change that
+/// would make the agent sweep X and probe its `ROLE` with the node credentials). X and Y are
+/// listeners of the test that record every byte: neither is ever connected to. The control:
+/// the real failover that all three then serve makes the agent probe the old primary P (also
+/// a recorder), and P does receive the credentials, so the recorders would have seen them.
+/// Then all three serve the old primary at the old epoch (a lower epoch, no withdrawal):
+/// refused.
 #[tokio::test]
 async fn sweep_probes_send_no_credentials_to_a_node_no_majority_named() {
+    no_majority_moves_the_agent(fake::Stream::Events).await;
+}
+
+/// The same, from upstreams whose streams carry the masters (`?masters=only`): the feed
+/// changes how an agent hears an upstream, not what it takes from it.
+#[tokio::test]
+async fn sweep_probes_send_no_credentials_to_a_node_no_majority_named_over_the_masters_feed() {
+    no_majority_moves_the_agent(fake::Stream::Feed).await;
+}
+
+async fn no_majority_moves_the_agent(kind: fake::Stream) {
+    use std::sync::atomic::Ordering;
+
     use fake::{Script, master};
     use serde_json::json;
 
@@ -399,7 +457,7 @@ async fn sweep_probes_send_no_credentials_to_a_node_no_majority_named() {
     let mut tasks = Vec::new();
     for script in &scripts {
         script.set(0, Some(honest.clone()));
-        let (url, task) = fake::start(script.clone()).await;
+        let (url, task) = fake::start_with(script.clone(), kind).await;
         urls.push(url);
         tasks.push(task);
     }
@@ -459,6 +517,22 @@ async fn sweep_probes_send_no_credentials_to_a_node_no_majority_named() {
         assert_eq!(r.connections(), 0, "{name} was connected to ({:?})", r.shown());
         assert!(!r.received(SECRET.as_bytes()), "{name} got the node credentials");
     }
+
+    // All three go back to P at epoch 1, withdrawing nothing: a lower epoch is refused.
+    for script in &scripts {
+        script.set(5, Some(json!([master("mymaster", p.port, 1, &[q.port])])));
+    }
+    for script in &scripts {
+        wait_reads(script, 5, &agent).await;
+    }
+    let m = wait_primary(&agent, "mymaster", &at(&q), Duration::from_secs(1)).await;
+    assert_eq!(m["epoch"], 2, "{m}");
+    assert!(agent.logged("is below the published 2"), "{}", agent.log_tail(40));
+    let gets: usize = scripts.iter().map(|s| s.gets.load(Ordering::SeqCst)).sum();
+    match kind {
+        fake::Stream::Feed => assert_eq!(gets, 0, "the agent read GET /v1/masters"),
+        fake::Stream::Events => assert!(gets > 0, "the agent read no GET /v1/masters"),
+    }
     for task in tasks {
         task.abort();
     }
@@ -508,4 +582,127 @@ async fn an_agent_follows_a_failover_whose_epoch_jumps_by_thousands() {
 #[tokio::test]
 async fn an_agent_follows_a_failover_past_two_to_the_32() {
     an_agent_follows_a_failover_whose_epoch_jumps_to((1 << 32) + 5000).await;
+}
+
+/// `polestar_http_requests_total` of `route` (every code) as `ps` counts it.
+async fn requests(ps: &Polestar, route: &str) -> u64 {
+    let (_, text) = ps.get_text("/metrics").await.expect("metrics");
+    let label = format!("route=\"{route}\"");
+    text.lines()
+        .filter(|l| l.starts_with("polestar_http_requests_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Issue 26, item 5: 10,000 agents on one polestar each read `GET /v1/masters` after every
+/// event (49 us of polestar's CPU per agent per change, p99 0.5 s at 9,800). Now the stream
+/// carries the masters: a real failover reaches the agent from its stream alone, and the
+/// upstream serves the agent no `GET /v1/masters` at all (the old agent read it at the start
+/// and after every event: this fails with it).
+#[tokio::test]
+async fn an_agent_applies_a_failover_from_the_stream_without_reading_the_masters() {
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let central = Polestar::start(&PolestarConfig::for_lab(&lab)).await;
+    let agent = Polestar::start(&PolestarConfig::agent(lab.master_name(), &[central.api()])).await;
+    let old = lab.primary().await.expect("primary");
+    wait_primary(&agent, lab.master_name(), &old.to_string(), STARTUP).await;
+    assert!(agent.logged("from the event stream"), "{}", agent.log_tail(30));
+
+    lab.failover().await.expect("SENTINEL FAILOVER");
+    let new = lab.wait_for_primary_change(old, FAILOVER * 2).await.expect("a new primary");
+    let m = wait_primary(&central, lab.master_name(), &new.to_string(), FAILOVER).await;
+    let a = wait_primary(&agent, lab.master_name(), &new.to_string(), FAILOVER).await;
+    assert_eq!(a["epoch"], m["epoch"], "{a}");
+    let (streams, reads) =
+        (requests(&central, "/v1/events/stream").await, requests(&central, "/v1/masters").await);
+    eprintln!("AGENT FEED: {streams} stream(s), {reads} GET /v1/masters served to the agent");
+    assert!(streams >= 1, "the agent's stream is counted");
+    assert_eq!(reads, 0, "the agent read the state instead of applying the stream");
+    assert!(!agent.logged("refused"), "{}", agent.log_tail(30));
+}
+
+/// A new agent against a polestar without the masters feed (the fake upstream's stream is
+/// the old one: events and no `polestar-masters` header): it falls back to reading
+/// `GET /v1/masters` at the start and on every event, and follows a failover that way.
+#[tokio::test]
+async fn an_agent_follows_an_upstream_without_the_masters_feed_by_reading_again() {
+    use fake::{Script, master};
+    use serde_json::json;
+
+    let script = Arc::new(Script::default());
+    script.set(0, Some(json!([master("mymaster", 16379, 1, &[16380])])));
+    let (url, fake_task) = fake::start(script.clone()).await;
+    let agent =
+        Polestar::start(&PolestarConfig::agent("mymaster", std::slice::from_ref(&url))).await;
+    wait_primary(&agent, "mymaster", "127.0.0.1:16379", STARTUP).await;
+    assert!(agent.logged("the upstream has no feed"), "{}", agent.log_tail(30));
+    script.set(1, Some(json!([master("mymaster", 16380, 2, &[16379])])));
+    wait_primary(&agent, "mymaster", "127.0.0.1:16380", FAILOVER).await;
+    assert!(script.reads(0) >= 1 && script.reads(1) >= 1, "the agent read the state");
+    fake_task.abort();
+}
+
+/// An upstream whose stream carries the masters but sends a change that does not follow from
+/// what it sent before (after version 7, where 1 was the last): the agent applies none of it,
+/// drops the stream and starts again from a new subscription's full list, never reading
+/// `GET /v1/masters`.
+#[tokio::test]
+async fn an_agent_drops_a_stream_whose_change_does_not_follow_and_starts_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::body::{Body, Bytes};
+    use axum::extract::State;
+    use axum::routing::get;
+    use futures::StreamExt;
+    use serde_json::json;
+
+    #[derive(Default)]
+    struct Counts {
+        streams: AtomicUsize,
+        reads: AtomicUsize,
+    }
+    fn event(data: Value) -> Result<Bytes, std::io::Error> {
+        Ok(Bytes::from(format!("event: masters\ndata: {data}\n\n")))
+    }
+    async fn stream(State(counts): State<Arc<Counts>>) -> axum::response::Response {
+        counts.streams.fetch_add(1, Ordering::SeqCst);
+        let full = json!({"version": 1, "masters": [fake::master("mymaster", 16379, 1, &[16380])]});
+        let gap = json!({"version": 8, "after": 7, "masters": [fake::master("mymaster", 16380, 2, &[16379])]});
+        let frames =
+            futures::stream::iter([event(full)]).chain(futures::stream::once(async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                event(gap)
+            }));
+        let frames = frames.chain(futures::stream::pending());
+        let mut response = axum::response::IntoResponse::into_response(Body::from_stream(frames));
+        response.headers_mut().insert("polestar-masters", "1".parse().unwrap());
+        response
+    }
+    async fn masters(State(counts): State<Arc<Counts>>) -> &'static str {
+        counts.reads.fetch_add(1, Ordering::SeqCst);
+        "[]"
+    }
+
+    let counts = Arc::new(Counts::default());
+    let app = axum::Router::new()
+        .route("/v1/events/stream", get(stream))
+        .route("/v1/masters", get(masters))
+        .with_state(counts.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let agent =
+        Polestar::start(&PolestarConfig::agent("mymaster", std::slice::from_ref(&url))).await;
+    wait_primary(&agent, "mymaster", "127.0.0.1:16379", STARTUP).await;
+    let end = Instant::now() + FAILOVER;
+    while counts.streams.load(Ordering::SeqCst) < 3 || !agent.logged("after version 7") {
+        assert!(Instant::now() < end, "the agent did not start again:\n{}", agent.log_tail(30));
+        tokio::time::sleep(POLL).await;
+    }
+    let m = agent.master("mymaster").await.expect("the agent answers");
+    assert_eq!(primary_of_view(&m).as_deref(), Some("127.0.0.1:16379"), "{m}");
+    assert_eq!(counts.reads.load(Ordering::SeqCst), 0, "the agent read GET /v1/masters");
+    server.abort();
 }

@@ -424,6 +424,89 @@ async fn the_event_stream_delivers_live_events_and_resumes_with_last_event_id() 
     assert!(event.contains(&missed.to_string()) && event.contains("stale"), "{event}");
 }
 
+/// The `data` of a `masters` event, and whether `event` is one.
+fn masters_of(event: &str) -> Option<polestar::http::view::MastersEvent> {
+    let mut lines = event.lines();
+    (lines.next()? == "event: masters").then_some(())?;
+    let data = lines.next()?.strip_prefix("data: ")?;
+    Some(serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {event}")))
+}
+
+fn primary_port(event: &polestar::http::view::MastersEvent, master: &str) -> Option<u16> {
+    Some(event.masters.iter().find(|m| m.name == master)?.primary.as_ref()?.port)
+}
+
+/// Issue 26: the stream carries the masters when asked, so that an agent needs no request per
+/// change: every master first, then only what changed (after the version sent before), and
+/// with `only` no other event.
+#[tokio::test]
+async fn the_event_stream_carries_the_masters_when_asked() {
+    let server = start(None).await;
+    server.publish(
+        vec![
+            master("mymaster", Some("10.0.0.1:6379"), Some(1)),
+            master("other", Some("10.0.0.5:6379"), Some(1)),
+        ],
+        true,
+    );
+    let url = format!("{}/v1/events/stream?masters=only", server.url);
+    let stream = server.client.get(&url).timeout(Duration::from_secs(30)).send().await;
+    let mut stream = stream.expect("open");
+    assert_eq!(stream.status(), StatusCode::OK);
+    let feed = stream.headers().get("polestar-masters").and_then(|v| v.to_str().ok());
+    assert_eq!(feed, Some("1"));
+    let mut buffer = String::new();
+    let first = next_sse_event(&mut stream, &mut buffer).await;
+    let full = masters_of(&first).unwrap_or_else(|| panic!("not a masters event: {first}"));
+    assert_eq!(full.after, None, "{first}");
+    assert_eq!(full.masters.len(), 2, "{first}");
+    assert_eq!(primary_port(&full, "mymaster"), Some(6379));
+    // As `GET /v1/masters` renders them.
+    let (_, list) = server.get_json("/v1/masters").await;
+    assert_eq!(serde_json::to_value(&full.masters).expect("plain data"), list);
+
+    server.events.push("switch", Some("mymaster"), json!({"epoch": 2}));
+    server.publish(
+        vec![
+            master("mymaster", Some("10.0.0.1:6380"), Some(2)),
+            master("other", Some("10.0.0.5:6379"), Some(1)),
+        ],
+        true,
+    );
+    let next = next_sse_event(&mut stream, &mut buffer).await;
+    let change = masters_of(&next).unwrap_or_else(|| panic!("not a masters event: {next}"));
+    assert_eq!(change.after, Some(full.version), "{next}");
+    assert_eq!(change.masters.len(), 1, "only what changed: {next}");
+    assert_eq!(primary_port(&change, "mymaster"), Some(6380));
+    server.publish(vec![master("other", Some("10.0.0.5:6379"), Some(1))], true);
+    let gone = masters_of(&next_sse_event(&mut stream, &mut buffer).await).expect("masters");
+    assert_eq!((gone.after, gone.removed.clone()), (Some(change.version), vec!["mymaster".into()]));
+    assert!(gone.masters.is_empty());
+}
+
+#[tokio::test]
+async fn the_event_stream_carries_events_and_masters_with_also_and_refuses_other_values() {
+    let server = start(None).await;
+    server.publish_one(Some("10.0.0.1:6379"), Some(1));
+    let url = format!("{}/v1/events/stream?masters=also", server.url);
+    let stream = server.client.get(&url).timeout(Duration::from_secs(30)).send().await;
+    let mut stream = stream.expect("open");
+    let mut buffer = String::new();
+    assert!(masters_of(&next_sse_event(&mut stream, &mut buffer).await).is_some());
+    let switch = server.events.push("switch", Some("mymaster"), json!({"epoch": 2}));
+    let event = next_sse_event(&mut stream, &mut buffer).await;
+    assert!(event.starts_with(&format!("id: {switch}\nevent: switch\ndata: ")), "{event}");
+
+    let (status, body) = server.get_json("/v1/events/stream?masters=yes").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error_of(&body).contains("masters"), "{body}");
+    // Without the parameter, the stream is what it always was: no header, no masters.
+    let plain = format!("{}/v1/events/stream", server.url);
+    let plain = server.client.get(&plain).timeout(Duration::from_secs(30)).send().await;
+    let plain = plain.expect("open");
+    assert!(plain.headers().get("polestar-masters").is_none());
+}
+
 #[tokio::test]
 async fn failover_is_403_without_a_configured_token() {
     let server = start(None).await;

@@ -3,17 +3,22 @@
 //!
 //! - `crowd sentinel N`: a real lab (3 nodes, 3 Sentinels), polestar with its Sentinel
 //!   endpoint, N subscribers of `+switch-master`, then a real failover (`SENTINEL FAILOVER`).
-//! - `crowd agents N`: the same lab, polestar with an agent token, N agent-equivalents that do
-//!   exactly what an agent's follower does (`src/agent/mod.rs`): one connection holds
-//!   `GET /v1/events/stream` with the token, a second, kept alive, reads `GET /v1/masters`
-//!   once at the start, again after every chunk holding an event, and after 5 s without one.
+//! - `crowd agents N [feed|reread]`: the same lab, polestar with an agent token, N
+//!   agent-equivalents that do what an agent's follower does (`src/agent/mod.rs`) with the
+//!   token: `feed` (the default), one connection holds `GET /v1/events/stream?masters=only`
+//!   and applies every `masters` event with the agent's own reader and `feed::Served`;
+//!   `reread`, what agents did before the feed, the event stream plus a second, kept-alive
+//!   connection that reads `GET /v1/masters` at the start, after every chunk holding an
+//!   event, and after 5 s without one.
 //! - `crowd hold ADDR N`: N subscribers on a running Sentinel endpoint, held until killed (for
 //!   `bench/dns.sh` with `SUBSCRIBERS=N`); prints `attached N` once they are.
 //!
-//! The latency of each client is (the instant it has the new primary) minus polestar's
-//! publication, the `time_ms` of the `switch` event in `/v1/events` (the event is recorded
-//! just after the snapshot is published, in whole milliseconds, so a client can be up to about
-//! a millisecond "early"); also shown relative to the first client. RSS of polestar: before
+//! The latency of each client is (the instant it has the new primary: the kernel's receive
+//! stamp of the bytes that told it) minus polestar's publication, the `time_ms` of the
+//! `switch` event in `/v1/events` (the event is recorded just after the snapshot is
+//! published, in whole milliseconds, so a client can be up to about a millisecond "early");
+//! also shown relative to the first client, and for agents, when this (niced) client had
+//! parsed and applied it. RSS of polestar: before
 //! the crowd, with it attached, after the switch, and its peak (VmHWM).
 //!
 //! Sources are spread over 127.0.x.y so that the per-address caps (256 on the Sentinel
@@ -31,11 +36,13 @@ mod probe;
 mod stamp;
 
 use anyhow::{Context, bail};
+use polestar::agent::{feed, sse};
+use polestar::http::view::{MasterView, MastersEvent};
 use polestar_lab::{Lab, LabOptions};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout};
 
 /// Connections opened at once while the crowd is set up.
@@ -124,11 +131,17 @@ fn cpu_ms(pid: &str) -> f64 {
     (field(11) + field(12)) * 10.0
 }
 
-/// CPU time (ns) of the threads of process `pid` named `name`, from the scheduler's account.
-fn threads_cpu_ns(pid: u32, name: &str) -> u64 {
+/// CPU time (ns) of the threads of process `pid` named `name` (every thread for `None`), from
+/// the scheduler's account.
+fn threads_cpu_ns(pid: u32, name: Option<&str>) -> u64 {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+    let named = |t: &std::fs::DirEntry| {
+        name.is_none_or(|n| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == n)
+        })
+    };
     tasks
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .filter(named)
         .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
         .filter_map(|s| s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()))
         .sum()
@@ -146,7 +159,7 @@ impl Cpu {
     fn now(pid: u32) -> Cpu {
         Cpu {
             polestar: cpu_ms(&pid.to_string()),
-            endpoint: threads_cpu_ns(pid, "sentinel-api"),
+            endpoint: threads_cpu_ns(pid, Some("sentinel-api")),
             client: cpu_ms("self"),
         }
     }
@@ -253,6 +266,9 @@ struct Heard {
     published: f64,
     first: f64,
     cpu: String,
+    /// polestar's CPU from its publication to the last arrival, and what share of the cores it
+    /// had over that time.
+    fanout: String,
     after: u64,
     peak: u64,
     load_before: String,
@@ -269,6 +285,7 @@ async fn hear_failover(
 ) -> anyhow::Result<Heard> {
     let load_before = loadavg();
     let cpu = Cpu::now(daemon.pid());
+    let sampler = CpuSampler::start(daemon.pid());
     let (asked, new) = failover(lab).await?;
     let (mut arrivals, mut other) = (Vec::with_capacity(count), 0);
     let end = Instant::now() + HEAR;
@@ -280,12 +297,61 @@ async fn hear_failover(
         }
     }
     let cpu = cpu.since(daemon.pid(), count);
+    let samples = sampler.finish();
     let after = proc_kib(daemon.pid(), "VmRSS:");
     let peak = proc_kib(daemon.pid(), "VmHWM:");
     let published = switch_time(http, lab.master_name(), asked).await?;
     arrivals.sort_by(f64::total_cmp);
     let first = arrivals.first().copied().unwrap_or(f64::NAN);
-    Ok(Heard { new, arrivals, other, published, first, cpu, after, peak, load_before })
+    let last = arrivals.last().copied().unwrap_or(published);
+    let fanout = fanout(&samples, published, last, count);
+    Ok(Heard { new, arrivals, other, published, first, cpu, fanout, after, peak, load_before })
+}
+
+/// polestar's CPU time (every thread's, the scheduler's account in ns) sampled with the time
+/// (Unix ms) every millisecond, from a thread of its own, until finished.
+struct CpuSampler {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<(f64, u64)>>,
+}
+
+impl CpuSampler {
+    fn start(pid: u32) -> CpuSampler {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut samples = Vec::with_capacity(60_000);
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) && samples.len() < 600_000 {
+                samples.push((now_ms(), threads_cpu_ns(pid, None)));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            samples
+        });
+        CpuSampler { stop, thread }
+    }
+
+    fn finish(self) -> Vec<(f64, u64)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// polestar's CPU between `from` and `to` (Unix ms: its publication and the last arrival),
+/// per client, and the cores it had meanwhile (CPU over wall time).
+fn fanout(samples: &[(f64, u64)], from: f64, to: f64, count: usize) -> String {
+    let at = |t: f64| samples.iter().rev().find(|(when, _)| *when <= t).or(samples.first());
+    let (Some((t0, c0)), Some((t1, c1))) = (at(from), samples.iter().find(|(when, _)| *when >= to))
+    else {
+        return "polestar's CPU over the fan-out: not sampled".into();
+    };
+    let cpu = c1.saturating_sub(*c0) as f64 / 1e6;
+    format!(
+        "polestar's CPU from its publication to the last arrival: {cpu:.1} ms ({:.1} us per \
+         client) over {:.1} ms ({:.2} cores)",
+        cpu * 1e3 / count.max(1) as f64,
+        t1 - t0,
+        cpu / (t1 - t0).max(1e-3)
+    )
 }
 
 /// polestar's RSS before the crowd, with it attached, and after the failover.
@@ -319,12 +385,15 @@ async fn main() -> anyhow::Result<()> {
     };
     match args.first().map(String::as_str) {
         Some("sentinel") => sentinel_crowd(number(1, 20_000), hard).await,
-        Some("agents") => agent_crowd(number(1, 10_000), hard).await,
+        Some("agents") => {
+            let follow = Follow::parse(args.get(2).map(String::as_str))?;
+            agent_crowd(number(1, 10_000), follow, hard).await
+        }
         Some("hold") => {
             let addr: SocketAddr = args.get(1).context("crowd hold ADDR N")?.parse()?;
             hold(addr, number(2, 20_000), hard).await
         }
-        _ => bail!("usage: crowd sentinel N | crowd agents N | crowd hold ADDR N"),
+        _ => bail!("usage: crowd sentinel N | crowd agents N [feed|reread] | crowd hold ADDR N"),
     }
 }
 
@@ -465,12 +534,12 @@ async fn dns_label(http: SocketAddr, master: &str) -> anyhow::Result<String> {
     view["dns_name"].as_str().map(str::to_string).with_context(|| format!("no dns_name: {view}"))
 }
 
-/// Lowers every thread of this process but `keep` (the probes), and of the lab's Redis and
-/// Sentinel processes, to nice `CROWD_NICE` (default 10), so that while polestar fans out its
-/// threads take the CPU first: in a deployment the clients and the data nodes are other
-/// hosts (measured: without it, redis-server resyncing after the failover preempted the
-/// fan-out more than anything else). The subscribers' arrivals are the kernel's stamps,
-/// which this does not move. Returns the niceness.
+/// Lowers every thread of this process but `keep` (the probes; -1 for none), and of the lab's
+/// Redis and Sentinel processes, to nice `CROWD_NICE` (default 10), so that while polestar fans
+/// out its threads take the CPU first: in a deployment the clients and the data nodes are
+/// other hosts (measured: without it, redis-server resyncing after the failover preempted the
+/// fan-out more than anything else). The clients' arrivals are the kernel's stamps, which
+/// this does not move. Returns the niceness.
 fn renice_crowd(keep: i32) -> i32 {
     let nice = std::env::var("CROWD_NICE").ok().and_then(|n| n.parse().ok()).unwrap_or(10);
     let mut tids = threads("self");
@@ -548,28 +617,67 @@ async fn hold(api: SocketAddr, want: usize, hard: u64) -> anyhow::Result<()> {
 
 // --- Agents -----------------------------------------------------------------------------
 
+/// How the agent-equivalents follow polestar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Follow {
+    /// What `src/agent` does with an upstream that has the masters feed: one connection holds
+    /// `GET /v1/events/stream?masters=only` with the token, and the agent's own SSE reader and
+    /// `feed::Served` apply every `masters` event; no other request.
+    Feed,
+    /// What agents did before the feed (and still do with an upstream without it): the event
+    /// stream, and `GET /v1/masters` on a second, kept-alive connection at the start, after
+    /// every chunk holding an event, and after 5 s without one.
+    Reread,
+}
+
+impl Follow {
+    fn parse(arg: Option<&str>) -> anyhow::Result<Self> {
+        match arg {
+            None | Some("feed") => Ok(Self::Feed),
+            Some("reread") => Ok(Self::Reread),
+            Some(other) => bail!("crowd agents N [feed|reread]: not {other:?}"),
+        }
+    }
+
+    /// Descriptors per agent, here and in polestar.
+    fn connections(self) -> u64 {
+        match self {
+            Self::Feed => 1,
+            Self::Reread => 2,
+        }
+    }
+}
+
 /// What the agent-equivalents share.
 struct Agents {
     http: SocketAddr,
     master: String,
     old_port: u16,
     addresses: usize,
-    /// The instant (Unix ms) each one first had another primary than `old_port`.
+    follow: Follow,
+    /// When each one first had another primary than `old_port`: the kernel's receive stamp
+    /// (Unix ms) of the bytes that completed the event or the answer naming it.
     heard: mpsc::UnboundedSender<Option<f64>>,
+    /// When each one had applied it: this process's clock once parsed (Unix ms), which also
+    /// counts the wait for this crowd's own (niced) threads on the cores polestar uses.
+    applied: std::sync::Mutex<Vec<f64>>,
     /// Reconnects of the keep-alive connection (the agent's HTTP client does the same).
     reconnects: std::sync::atomic::AtomicUsize,
 }
 
-/// Reads one HTTP/1.1 response head from `s` (plus whatever body bytes came with it).
-async fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> anyhow::Result<usize> {
+/// Reads one HTTP/1.1 response head from `s` (plus whatever body bytes came with it), and the
+/// kernel's receive stamp of the last bytes read.
+async fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> anyhow::Result<(usize, Option<f64>)> {
     let mut chunk = [0u8; 4096];
+    let mut at = None;
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            return Ok(end + 4);
+            return Ok((end + 4, at));
         }
-        let n = s.read(&mut chunk).await?;
+        let (n, stamp) = stamp::read(s, &mut chunk).await?;
         anyhow::ensure!(n > 0, "closed before the answer's head");
         buf.extend_from_slice(&chunk[..n]);
+        at = stamp.or(at);
     }
 }
 
@@ -582,11 +690,12 @@ fn status_ok(head: &[u8]) -> anyhow::Result<()> {
     }
 }
 
-fn content_length(head: &[u8]) -> Option<usize> {
+/// The value of header `name` in a response head.
+fn header<'a>(head: &'a [u8], name: &str) -> Option<&'a str> {
     let text = std::str::from_utf8(head).ok()?;
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(':')?;
-        k.eq_ignore_ascii_case("content-length").then(|| v.trim().parse().ok())?
+        k.eq_ignore_ascii_case(name).then(|| v.trim())
     })
 }
 
@@ -595,20 +704,104 @@ fn request(path: &str) -> Vec<u8> {
         .into_bytes()
 }
 
+/// The port of `master`'s primary in `views`.
+fn port_of(views: &[MasterView], master: &str) -> Option<u16> {
+    Some(views.iter().find(|m| m.name == master)?.primary.as_ref()?.port)
+}
+
 impl Agents {
-    /// `GET /v1/masters` on the kept-alive connection (opened again if the server closed it);
-    /// the port of the master's primary.
-    async fn refresh(&self, from: SocketAddr, conn: &mut Option<TcpStream>) -> anyhow::Result<u16> {
+    /// Starts agent `i` as `self.follow` says; it tells `ready` once it follows.
+    async fn agent(self: Arc<Self>, i: usize, ready: oneshot::Sender<anyhow::Result<()>>) {
+        match self.follow {
+            Follow::Feed => self.feed_agent(i, ready).await,
+            Follow::Reread => self.reread_agent(i, ready).await,
+        }
+    }
+
+    /// Records that an agent has the new primary: the bytes' stamp, and now.
+    fn has_it(&self, at: Option<f64>) {
+        let now = now_ms();
+        let _ = self.heard.send(Some(at.unwrap_or(now)));
+        self.applied.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(now);
+    }
+
+    // The feed: the event stream carries the masters.
+
+    /// Subscribes with `?masters=only`, applies the full list, tells `ready`, then applies
+    /// every change, forever.
+    async fn feed_agent(self: Arc<Self>, i: usize, ready: oneshot::Sender<anyhow::Result<()>>) {
+        let from = source(i, self.addresses);
+        let mut reader = sse::Reader::default();
+        let mut served = feed::Served::default();
+        let setup = async {
+            let mut stream = connect(from, self.http).await?;
+            stamp::enable(&stream)?;
+            stream.write_all(&request("/v1/events/stream?masters=only")).await?;
+            let mut buf = Vec::new();
+            let (head, _) = read_head(&mut stream, &mut buf).await?;
+            status_ok(&buf[..head])?;
+            let feed = header(&buf[..head], polestar::http::view::MASTERS_HEADER);
+            anyhow::ensure!(feed.is_some(), "the stream carries no masters: an older polestar?");
+            let mut items = reader.feed(&buf[head..])?;
+            let mut chunk = [0u8; 4096];
+            while !apply(&mut served, items)? {
+                let (n, _) = stamp::read(&stream, &mut chunk).await?;
+                anyhow::ensure!(n > 0, "closed before the first masters event");
+                items = reader.feed(&chunk[..n])?;
+            }
+            let port = port_of(&served.views(), &self.master);
+            anyhow::ensure!(port == Some(self.old_port), "primary {port:?} before the failover");
+            anyhow::Ok(stream)
+        };
+        let stream = match setup.await {
+            Ok(s) => {
+                let _ = ready.send(Ok(()));
+                s
+            }
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let mut heard = false;
+        let mut chunk = [0u8; 4096];
+        loop {
+            let (n, at) = match stamp::read(&stream, &mut chunk).await {
+                Ok((0, _)) | Err(_) => return,
+                Ok(read) => read,
+            };
+            let Ok(items) = reader.feed(&chunk[..n]) else { return };
+            if !matches!(apply(&mut served, items), Ok(true)) || heard {
+                continue;
+            }
+            if port_of(&served.views(), &self.master).is_some_and(|p| p != self.old_port) {
+                heard = true;
+                self.has_it(at);
+            }
+        }
+    }
+
+    // Re-reading: the event stream says when, `GET /v1/masters` says what.
+
+    /// `GET /v1/masters` on the kept-alive connection (opened again if the server closed it):
+    /// the port of the master's primary, and the stamp of the answer's last bytes.
+    async fn refresh(
+        &self,
+        from: SocketAddr,
+        conn: &mut Option<TcpStream>,
+    ) -> anyhow::Result<(u16, Option<f64>)> {
         for attempt in 0..2 {
             if conn.is_none() {
-                *conn = Some(connect(from, self.http).await?);
+                let s = connect(from, self.http).await?;
+                stamp::enable(&s)?;
+                *conn = Some(s);
                 if attempt > 0 {
                     self.reconnects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             }
             let Some(s) = conn.as_mut() else { continue };
             match self.masters(s).await {
-                Ok(port) => return Ok(port),
+                Ok(read) => return Ok(read),
                 Err(e) if attempt == 0 && e.downcast_ref::<Closed>().is_some() => *conn = None,
                 Err(e) => return Err(e),
             }
@@ -616,45 +809,42 @@ impl Agents {
         bail!("the keep-alive connection closed twice")
     }
 
-    async fn masters(&self, s: &mut TcpStream) -> anyhow::Result<u16> {
+    async fn masters(&self, s: &mut TcpStream) -> anyhow::Result<(u16, Option<f64>)> {
         if s.write_all(&request("/v1/masters")).await.is_err() {
             return Err(Closed.into());
         }
         let mut buf = Vec::with_capacity(2048);
-        let head = match read_head(s, &mut buf).await {
+        let (head, mut at) = match read_head(s, &mut buf).await {
             Ok(h) => h,
             Err(_) if buf.is_empty() => return Err(Closed.into()),
             Err(e) => return Err(e),
         };
         status_ok(&buf[..head])?;
-        let length = content_length(&buf[..head]).context("no content-length")?;
+        let length = header(&buf[..head], "content-length").and_then(|l| l.parse().ok());
+        let length: usize = length.context("no content-length")?;
         let mut chunk = [0u8; 8192];
         while buf.len() < head + length {
-            let n = s.read(&mut chunk).await?;
+            let (n, stamp) = stamp::read(s, &mut chunk).await?;
             anyhow::ensure!(n > 0, "closed in the body");
             buf.extend_from_slice(&chunk[..n]);
+            at = stamp.or(at);
         }
-        let views: Vec<Value> = serde_json::from_slice(&buf[head..head + length])?;
-        let master = views.iter().find(|m| m["name"] == self.master.as_str());
-        let port = master.and_then(|m| m["primary"]["port"].as_u64()).context("no primary")?;
-        Ok(port as u16)
+        let views: Vec<MasterView> = serde_json::from_slice(&buf[head..head + length])?;
+        let port = port_of(&views, &self.master).context("no primary")?;
+        Ok((port, at))
     }
 
     /// Subscribes, reads the state, tells `ready`, then follows like the agent, forever.
-    async fn agent(
-        self: Arc<Self>,
-        i: usize,
-        ready: tokio::sync::oneshot::Sender<anyhow::Result<()>>,
-    ) {
+    async fn reread_agent(self: Arc<Self>, i: usize, ready: oneshot::Sender<anyhow::Result<()>>) {
         let from = source(i, self.addresses);
         let mut reads = None;
         let setup = async {
             let mut stream = connect(from, self.http).await?;
             stream.write_all(&request("/v1/events/stream")).await?;
             let mut buf = Vec::new();
-            let head = read_head(&mut stream, &mut buf).await?;
+            let (head, _) = read_head(&mut stream, &mut buf).await?;
             status_ok(&buf[..head])?;
-            let port = self.refresh(from, &mut reads).await?;
+            let (port, _) = self.refresh(from, &mut reads).await?;
             anyhow::ensure!(port == self.old_port, "primary {port} before the failover");
             anyhow::Ok((stream, buf.split_off(head)))
         };
@@ -685,9 +875,9 @@ impl Agents {
                 continue;
             }
             match self.refresh(from, &mut reads).await {
-                Ok(port) if port != self.old_port && !heard => {
+                Ok((port, at)) if port != self.old_port && !heard => {
                     heard = true;
-                    let _ = self.heard.send(Some(now_ms()));
+                    self.has_it(at);
                 }
                 Ok(_) => {}
                 Err(_) => return,
@@ -696,13 +886,26 @@ impl Agents {
     }
 }
 
+/// Applies the `masters` events among `items` as the agent does; whether any was applied.
+fn apply(served: &mut feed::Served, items: Vec<sse::Item>) -> anyhow::Result<bool> {
+    let mut applied = false;
+    for item in items {
+        if let sse::Item::Event { kind, data, .. } = item
+            && kind == "masters"
+        {
+            served.apply(serde_json::from_str::<MastersEvent>(&data)?)?;
+            applied = true;
+        }
+    }
+    Ok(applied)
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("the server closed the kept-alive connection")]
 struct Closed;
 
-async fn agent_crowd(want: usize, hard: u64) -> anyhow::Result<()> {
-    // Two connections each, here and in polestar.
-    let count = clamp(want, 2, hard);
+async fn agent_crowd(want: usize, follow: Follow, hard: u64) -> anyhow::Result<()> {
+    let count = clamp(want, follow.connections(), hard);
     let lab = Lab::start(LabOptions::default()).await?;
     let dir = tempfile::tempdir()?;
     let token = dir.path().join("agent.token");
@@ -718,9 +921,11 @@ async fn agent_crowd(want: usize, hard: u64) -> anyhow::Result<()> {
         http,
         master: lab.master_name().to_string(),
         old_port: old.port(),
-        // 100 agents (200 connections) per source address: the HTTP cap is 512.
+        // 100 agents (200 connections at most) per source address: the HTTP cap is 512.
         addresses: count.div_ceil(100).max(1),
+        follow,
         heard,
+        applied: Default::default(),
         reconnects: Default::default(),
     });
     let started = Instant::now();
@@ -728,7 +933,7 @@ async fn agent_crowd(want: usize, hard: u64) -> anyhow::Result<()> {
     for wave in (0..count).collect::<Vec<_>>().chunks(WAVE) {
         let mut waits = Vec::with_capacity(wave.len());
         for &i in wave {
-            let (tx, rx) = tokio::sync::oneshot::channel();
+            let (tx, rx) = oneshot::channel();
             tokio::spawn(agents.clone().agent(i, tx));
             waits.push(rx);
         }
@@ -748,18 +953,34 @@ async fn agent_crowd(want: usize, hard: u64) -> anyhow::Result<()> {
     let setup = started.elapsed();
     let attached = proc_kib(daemon.pid(), "VmRSS:");
     println!(
-        "AGENTS_CROWD agents={count} following={up} refused={failed}{} setup={:.1}s",
+        "AGENTS_CROWD agents={count} follow={follow:?} following={up} refused={failed}{} \
+         setup={:.1}s",
         first_error.map(|e| format!(" (first: {e})")).unwrap_or_default(),
         setup.as_secs_f64()
     );
     anyhow::ensure!(up > 0, "no agent follows");
 
+    let nice = renice_crowd(-1);
+    let polestar_nice = renice_polestar(daemon.pid());
     let heard = hear_failover(&lab, &daemon, http, &mut rx, up).await?;
-    let Heard { new, ref arrivals, published, first, ref cpu, ref load_before, .. } = heard;
-    println!("  new primary {new}; {} of {up} agents have it", arrivals.len());
+    let Heard { new, ref arrivals, published, first, ref cpu, ref fanout, ref load_before, .. } =
+        heard;
+    println!(
+        "  new primary {new}; {} of {up} agents have it (this client's threads at nice {nice}, \
+         polestar's at {polestar_nice})",
+        arrivals.len()
+    );
     print_rss("agent", before, attached, up, &heard);
     println!("  {}", summary("from polestar's publication", arrivals, published, up));
     println!("  {}", summary("from the first agent", arrivals, first, up));
+    let mut applied =
+        agents.applied.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    applied.sort_by(f64::total_cmp);
+    println!(
+        "  {}",
+        summary("applied by this client, from the publication", &applied, published, up)
+    );
+    println!("  {fanout}");
     println!("  {cpu}");
     println!(
         "  keep-alive reconnects: {}",

@@ -158,9 +158,10 @@ async fn primary(
     let Some(s) = conn.as_mut() else { anyhow::bail!("no connection") };
     s.write_all(request).await?;
     let mut buf = Vec::with_capacity(512);
-    let head = super::read_head(s, &mut buf).await?;
+    let (head, _) = super::read_head(s, &mut buf).await?;
     super::status_ok(&buf[..head])?;
-    let length = super::content_length(&buf[..head]).unwrap_or(0);
+    let length = super::header(&buf[..head], "content-length").and_then(|l| l.parse().ok());
+    let length: usize = length.unwrap_or(0);
     let mut chunk = [0u8; 512];
     while buf.len() < head + length {
         let n = s.read(&mut chunk).await?;

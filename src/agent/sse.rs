@@ -1,14 +1,14 @@
 //! A minimal Server-Sent Events reader: enough for polestar's own `/v1/events/stream`.
 //!
-//! Only the event name matters to the agent (it re-reads the full state on every event), so
-//! this keeps `event:` and `id:` and ignores the rest; comments (keep-alives) are reported as
-//! such so that the idle watchdog sees the stream is alive.
+//! It keeps `event:`, `id:` and `data:` (a `masters` event carries the masters themselves) and
+//! ignores the rest; comments (keep-alives) are reported as such so that the idle watchdog sees
+//! the stream is alive.
 
 /// One dispatched item of the stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Item {
-    /// A complete event (`event:` kind, default `message`).
-    Event { kind: String, id: Option<String> },
+    /// A complete event (`event:` kind, default `message`; its `data:` lines joined by `\n`).
+    Event { kind: String, id: Option<String>, data: String },
     /// A comment line (`: ...`), which the server sends as keep-alive.
     KeepAlive,
 }
@@ -19,14 +19,16 @@ pub struct Reader {
     buffer: Vec<u8>,
     kind: Option<String>,
     id: Option<String>,
-    has_data: bool,
+    /// The data lines so far, each followed by `\n` (`None`: no data line yet).
+    data: Option<String>,
 }
 
-/// A line longer than this is not from a polestar; the stream is abandoned.
-const MAX_LINE: usize = 1 << 20;
+/// A line, or an event's data, longer than this is not from a polestar; the stream is
+/// abandoned. A `masters` event holds what `GET /v1/masters` may (4 MiB), on one line.
+pub const MAX_LINE: usize = (4 << 20) + (64 << 10);
 
 #[derive(Debug, thiserror::Error)]
-#[error("the event stream sent a line longer than {MAX_LINE} bytes")]
+#[error("the event stream sent a line or an event longer than {MAX_LINE} bytes")]
 pub struct LineTooLong;
 
 impl Reader {
@@ -44,7 +46,7 @@ impl Reader {
         {
             let end = from + offset;
             let line = String::from_utf8_lossy(buffer.get(start..end).unwrap_or_default());
-            items.extend(self.line(line.trim_end_matches('\r')));
+            items.extend(self.line(line.trim_end_matches('\r'))?);
             start = end + 1;
             from = start;
         }
@@ -56,31 +58,37 @@ impl Reader {
         Ok(items)
     }
 
-    fn line(&mut self, line: &str) -> Option<Item> {
+    fn line(&mut self, line: &str) -> Result<Option<Item>, LineTooLong> {
         if line.is_empty() {
-            return self.dispatch();
+            return Ok(self.dispatch());
         }
         if line.starts_with(':') {
-            return Some(Item::KeepAlive);
+            return Ok(Some(Item::KeepAlive));
         }
         let (field, value) = line.split_once(':').unwrap_or((line, ""));
-        let value = value.strip_prefix(' ').unwrap_or(value).to_string();
+        let value = value.strip_prefix(' ').unwrap_or(value);
         match field {
-            "event" => self.kind = Some(value),
-            "id" => self.id = Some(value),
-            "data" => self.has_data = true,
+            "event" => self.kind = Some(value.to_string()),
+            "id" => self.id = Some(value.to_string()),
+            "data" => {
+                let data = self.data.get_or_insert_with(String::new);
+                if data.len() + value.len() > MAX_LINE {
+                    return Err(LineTooLong);
+                }
+                data.push_str(value);
+                data.push('\n');
+            }
             _ => {}
         }
-        None
+        Ok(None)
     }
 
     fn dispatch(&mut self) -> Option<Item> {
         let kind = self.kind.take();
         let id = self.id.take();
-        if !std::mem::take(&mut self.has_data) {
-            return None;
-        }
-        Some(Item::Event { kind: kind.unwrap_or_else(|| "message".into()), id })
+        let mut data = self.data.take()?;
+        data.pop();
+        Some(Item::Event { kind: kind.unwrap_or_else(|| "message".into()), id, data })
     }
 }
 
@@ -96,9 +104,10 @@ mod tests {
         let mut r = Reader::default();
         assert!(r.feed(b"id: 7\nevent: swi").expect("short").is_empty());
         let items = r.feed(b"tch\ndata: {\"a\":1}\n\n: keep-alive\n").expect("short");
+        let data = "{\"a\":1}".to_string();
         assert_eq!(
             items,
-            [Item::Event { kind: "switch".into(), id: Some("7".into()) }, Item::KeepAlive]
+            [Item::Event { kind: "switch".into(), id: Some("7".into()), data }, Item::KeepAlive]
         );
     }
 
@@ -106,7 +115,22 @@ mod tests {
     fn crlf_and_events_without_data() {
         let mut r = Reader::default();
         let items = r.feed(b"event: x\r\n\r\ndata:y\r\n\r\n").expect("short");
-        assert_eq!(items, [Item::Event { kind: "message".into(), id: None }]);
+        assert_eq!(items, [Item::Event { kind: "message".into(), id: None, data: "y".into() }]);
+    }
+
+    #[test]
+    fn data_lines_are_joined_and_bounded() {
+        let mut r = Reader::default();
+        let items = r.feed(b"event: masters\ndata: a\ndata:\ndata: b\n\n").expect("short");
+        assert_eq!(
+            items,
+            [Item::Event { kind: "masters".into(), id: None, data: "a\n\nb".into() }]
+        );
+        // Short lines that add up past the limit are refused as one long line would be.
+        let mut r = Reader::default();
+        let line = format!("data: {}\n", "x".repeat(1 << 20));
+        let refused = (0..5).any(|_| r.feed(line.as_bytes()).is_err());
+        assert!(refused, "4 MiB of data lines in one event");
     }
 
     #[test]

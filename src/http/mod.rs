@@ -12,6 +12,7 @@ mod admission;
 mod auth;
 mod error;
 mod events;
+mod feed;
 mod health;
 mod maintenance;
 mod masters;
@@ -326,12 +327,15 @@ struct Shared {
     /// it again on every event, all of them at once after a failover (10,000 renders of one
     /// snapshot otherwise).
     masters_json: std::sync::Mutex<Option<(Arc<Snapshot>, axum::body::Bytes)>>,
+    /// The `masters` events of the event streams, rendered once for every stream.
+    frames: feed::Frames,
 }
 
 impl Shared {
     fn new(api: Api, shutdown: CancellationToken) -> Self {
         let masters_json = std::sync::Mutex::new(None);
-        Self { api, shutdown, waiters: slots::Waiters::default(), masters_json }
+        let frames = feed::Frames::default();
+        Self { api, shutdown, waiters: slots::Waiters::default(), masters_json, frames }
     }
 
     /// Every master as the JSON of `GET /v1/masters`, rendered once per published snapshot

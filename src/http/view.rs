@@ -29,6 +29,30 @@ pub struct MasterView {
     pub withdrawn: Option<WithdrawnView>,
 }
 
+/// The header of an event stream's answer that says it carries `masters` events (the feed's
+/// format version): a polestar without the feed ignores `?masters=` and answers without it,
+/// which tells an agent to read `GET /v1/masters` instead.
+pub const MASTERS_HEADER: &str = "polestar-masters";
+
+/// The `data` of a `masters` event, which `GET /v1/events/stream?masters=only` (or `=also`)
+/// sends at the start (every master, `after` absent) and at every published change (the
+/// masters that changed since the stream's previous one, and the names of those removed), so
+/// that an agent follows the state without reading `GET /v1/masters` again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MastersEvent {
+    /// The published snapshot these views are from; it grows with every change (a restarted
+    /// polestar starts again: it only orders the events of one stream).
+    pub version: u64,
+    /// The `version` of the stream's previous `masters` event: `masters` holds only what
+    /// changed since. Absent: `masters` is every master.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<u64>,
+    pub masters: Vec<MasterView>,
+    /// Masters gone since `after`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<String>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WithdrawnView {
     pub ip: IpAddr,
