@@ -80,39 +80,15 @@ async fn main() -> anyhow::Result<()> {
     let round = masters_round(&sentinels).await?;
 
     let config = polestar_config(dir.path(), &sentinels, http_port, dns_port)?;
+    let bin = std::env::var("POLESTAR_BIN").unwrap_or_else(|_| "target/release/polestar".into());
+    let path = dir.path().to_path_buf();
+    let mut held = Held { config, dir: path, http_port, sentinel_pid, round, bin };
     if std::env::var_os("SCALE_HOLD").is_some() {
-        return hold(&config, &procs).await;
+        return hold(&mut held, &sentinels, masters, idle).await;
     }
-    let started = Instant::now();
-    procs.0.push(polestar(&config, dir.path())?);
-    let pid = procs.0.last().map(Child::id).context("polestar")?;
+    let (pid, all) = start_and_idle(&held, &mut procs, masters, idle).await?;
     let api = format!("http://127.0.0.1:{http_port}");
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
-    let all = wait_published(&http, &api, masters, Duration::from_secs(120), |_| true).await?;
-    let publish = started.elapsed().as_secs_f64();
-    println!(
-        "polestar: all {masters} masters published {publish:.2}s after start; RSS {:.1} MB",
-        rss_mb(pid)?
-    );
-    println!(
-        "  against one SENTINEL MASTERS round to the 3 Sentinels ({:.3}s): {:.1}x",
-        round.as_secs_f64(),
-        publish / round.as_secs_f64()
-    );
-    // Idle is the steady state: past the start-up's first full reconciliations (every 10 s
-    // at 1000 masters) and the data nodes' ACL checks, which now run after everything is
-    // published instead of during it.
-    tokio::time::sleep(IDLE_SETTLE).await;
-    let span = Duration::from_secs(idle as u64);
-    let (cpu, sentinel_cpu) = tokio::try_join!(cpu_over(pid, span), cpu_over(sentinel_pid, span))?;
-    println!("polestar after the idle time: {}", memory(pid)?);
-    println!(
-        "polestar idle CPU over {idle}s ({}s after): {:.2}% of one core; a Sentinel over the same seconds: {:.2}% ({:.2}x)",
-        IDLE_SETTLE.as_secs(),
-        cpu * 100.0,
-        sentinel_cpu * 100.0,
-        cpu / sentinel_cpu.max(f64::MIN_POSITIVE)
-    );
 
     let names: Vec<String> = (0..storm).map(|i| format!("m{i}")).collect();
     let old: Vec<String> = names.iter().map(|n| primary_of(&all, n)).collect();
@@ -172,14 +148,114 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `SCALE_HOLD=1`: the cluster stays up, without polestar, until Ctrl-C, so that polestar can
-/// be started (and profiled, restarted, rebuilt) against it by hand.
-async fn hold(config: &Path, procs: &Procs) -> anyhow::Result<()> {
-    let pids: Vec<String> = procs.0.iter().rev().take(3).map(|c| c.id().to_string()).collect();
-    println!("holding: target/release/polestar run -c {}", config.display());
-    println!("  sentinel pids {}; Ctrl-C stops everything", pids.join(" "));
-    tokio::signal::ctrl_c().await?;
-    Ok(())
+/// What polestar is measured against: a cluster just started, or one held by another run.
+struct Held {
+    config: PathBuf,
+    /// polestar's log goes here (`polestar.log`).
+    dir: PathBuf,
+    http_port: u16,
+    sentinel_pid: u32,
+    /// One `SENTINEL MASTERS` round to the 3 Sentinels, measured before polestar started.
+    round: Duration,
+    /// The polestar binary (`POLESTAR_BIN`, default the release build).
+    bin: String,
+}
+
+/// Starts polestar against `held`, waits for every master published, and measures the idle
+/// time: prints the start-up and idle figures; returns polestar's pid and the masters.
+async fn start_and_idle(
+    held: &Held,
+    procs: &mut Procs,
+    masters: usize,
+    idle: usize,
+) -> anyhow::Result<(u32, Vec<Value>)> {
+    let started = Instant::now();
+    procs.0.push(polestar(&held.bin, &held.config, &held.dir)?);
+    let pid = procs.0.last().map(Child::id).context("polestar")?;
+    let api = format!("http://127.0.0.1:{}", held.http_port);
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    let all = wait_published(&http, &api, masters, Duration::from_secs(120), |_| true).await?;
+    let publish = started.elapsed().as_secs_f64();
+    println!(
+        "polestar: all {masters} masters published {publish:.2}s after start; RSS {:.1} MB",
+        rss_mb(pid)?
+    );
+    println!(
+        "  against one SENTINEL MASTERS round to the 3 Sentinels ({:.3}s): {:.1}x",
+        held.round.as_secs_f64(),
+        publish / held.round.as_secs_f64()
+    );
+    // Idle is the steady state: past the start-up's first full reconciliations (every 10 s
+    // at 1000 masters) and the data nodes' ACL checks, which now run after everything is
+    // published instead of during it.
+    tokio::time::sleep(IDLE_SETTLE).await;
+    let span = Duration::from_secs(idle as u64);
+    let (cpu, sentinel_cpu) =
+        tokio::try_join!(cpu_over(pid, span), cpu_over(held.sentinel_pid, span))?;
+    println!("polestar after the idle time: {}", memory(pid)?);
+    println!(
+        "polestar idle CPU over {idle}s ({}s after): {:.2}% of one core; a Sentinel over the same seconds: {:.2}% ({:.2}x)",
+        IDLE_SETTLE.as_secs(),
+        cpu * 100.0,
+        sentinel_cpu * 100.0,
+        cpu / sentinel_cpu.max(f64::MIN_POSITIVE)
+    );
+    println!("polestar's log until then: {}", log_lines(&held.dir.join("polestar.log"))?);
+    Ok((pid, all))
+}
+
+/// How many lines polestar logged, and how many of them are warnings or errors.
+fn log_lines(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)?;
+    let count = |level: &str| text.lines().filter(|l| l.contains(level)).count();
+    Ok(format!(
+        "{} lines, {} WARN, {} ERROR",
+        text.lines().count(),
+        count(" WARN "),
+        count(" ERROR ")
+    ))
+}
+
+/// `SCALE_HOLD=1`: the cluster stays up until Ctrl-C, so that polestar can be started (and
+/// profiled, restarted, rebuilt) against it by hand, or measured as the bench does: each line
+/// on standard input starts one and measures it (an empty line: the same binary as before; a
+/// path: that binary), its log `polestar.log` in the cluster's directory.
+async fn hold(
+    held: &mut Held,
+    sentinels: &[u16],
+    masters: usize,
+    idle: usize,
+) -> anyhow::Result<()> {
+    println!("holding: {} run -c {}", held.bin, held.config.display());
+    println!(
+        "  a Sentinel's pid {}; a line on stdin measures one polestar; Ctrl-C stops everything",
+        held.sentinel_pid
+    );
+    let stdin = tokio::io::BufReader::new(tokio::io::stdin());
+    let mut lines = tokio::io::AsyncBufReadExt::lines(stdin);
+    loop {
+        let line = tokio::select! {
+            line = lines.next_line() => line?,
+            stop = tokio::signal::ctrl_c() => return Ok(stop?),
+        };
+        let Some(line) = line else { return Ok(tokio::signal::ctrl_c().await?) };
+        if !line.trim().is_empty() {
+            held.bin = line.trim().to_string();
+        }
+        // A Sentinel too slow to answer (a loaded machine) keeps the last figure: the cluster
+        // stays up whatever happens to one measurement.
+        match masters_round(sentinels).await {
+            Ok(round) => held.round = round,
+            Err(e) => println!("  SENTINEL MASTERS round not measured again ({e:#})"),
+        }
+        println!("measuring {}", held.bin);
+        let mut one = Procs(Vec::new());
+        if let Err(e) = start_and_idle(held, &mut one, masters, idle).await {
+            println!("  failed: {e:#}");
+        }
+        drop(one);
+        println!("ready for the next one");
+    }
 }
 
 /// The id of the last event polestar retained (0: none).
@@ -291,10 +367,9 @@ fn polestar_config(dir: &Path, sentinels: &[u16], http: u16, dns: u16) -> anyhow
     Ok(path)
 }
 
-fn polestar(config: &Path, dir: &Path) -> anyhow::Result<Child> {
-    let bin = std::env::var("POLESTAR_BIN").unwrap_or_else(|_| "target/release/polestar".into());
+fn polestar(bin: &str, config: &Path, dir: &Path) -> anyhow::Result<Child> {
     let log = std::fs::File::create(dir.join("polestar.log"))?;
-    let child = Command::new(&bin)
+    let child = Command::new(bin)
         .args(["run", "-c", config.to_str().unwrap_or("")])
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -394,8 +469,20 @@ fn primary_of(all: &[Value], name: &str) -> String {
     m.and_then(|m| m["primary"]["port"].as_u64()).map(|p| p.to_string()).unwrap_or_default()
 }
 
-/// How long one `SENTINEL MASTERS` to every Sentinel at once takes (the slowest answer).
+/// How long one `SENTINEL MASTERS` to every Sentinel at once takes (the slowest answer); a
+/// round that times out (a loaded machine) is tried again, 5 times at most.
 async fn masters_round(sentinels: &[u16]) -> anyhow::Result<Duration> {
+    let mut tries = 1;
+    loop {
+        match one_masters_round(sentinels).await {
+            Err(e) if tries < 5 => println!("  SENTINEL MASTERS round failed, again: {e:#}"),
+            result => return result,
+        }
+        tries += 1;
+    }
+}
+
+async fn one_masters_round(sentinels: &[u16]) -> anyhow::Result<Duration> {
     let t = Instant::now();
     let asks = sentinels.iter().map(|port| {
         let addr = SocketAddr::from(([127, 0, 0, 1], *port));

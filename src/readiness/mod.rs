@@ -11,6 +11,7 @@
 //! `polestar_replica_lag_bytes` series.
 
 mod ask;
+mod changes;
 pub mod facts;
 pub mod heard;
 pub mod lag;

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::ask::{self, Connections, SentinelReplies};
 use super::facts::{Facts, SentinelFacts};
 use super::heard::Records;
-use super::{Board, Heard, MasterReadiness, Writer, series, verdict};
+use super::{Board, Heard, MasterReadiness, Writer, changes, series, verdict};
 use crate::config::{Config, Readiness, Sentinels};
 use crate::reload::ConfigReader;
 use crate::topology::{Replica, Snapshot, TopologyReader};
@@ -317,6 +317,7 @@ fn replica_addrs(facts: &Facts) -> Vec<String> {
 fn publish(writer: &Writer, board: Board) {
     let before = writer.borrow().clone();
     let reasons = |v: &super::Verdict| v.blockers.iter().map(|b| b.reason).collect::<Vec<_>>();
+    let mut changed = Vec::new();
     for (name, now) in &board.masters {
         let was = before.masters.get(name);
         if was == Some(now) {
@@ -325,20 +326,11 @@ fn publish(writer: &Writer, board: Board) {
         series::set(name, now, was.map(|m| &m.lags));
         // Logged when the reasons change, not when a detail does (a count of seconds, say).
         if was.map(|m| reasons(&m.verdict)) != Some(reasons(&now.verdict)) {
-            log_change(name, &now.verdict);
+            changed.push((name.as_str(), &now.verdict));
         }
     }
+    changes::log(changed);
     writer.send_replace(Arc::new(board));
-}
-
-fn log_change(master: &str, verdict: &super::Verdict) {
-    if verdict.ready {
-        tracing::info!(%master, "failover possible");
-    } else {
-        let blockers: Vec<String> =
-            verdict.blockers.iter().map(|b| format!("{}: {}", b.reason, b.detail)).collect();
-        tracing::warn!(%master, blockers = %blockers.join(" | "), "failover not possible");
-    }
 }
 
 #[cfg(test)]
