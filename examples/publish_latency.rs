@@ -178,11 +178,11 @@ async fn subscribe_tls(
     seen: Seen,
 ) -> anyhow::Result<()> {
     let auth = polestar::config::Auth { tls, ..Default::default() };
-    let endpoint = polestar::sentinel::Endpoint::new(addr.ip().to_string(), addr.port(), &auth);
+    let endpoint = polestar::node::Endpoint::new(addr.ip().to_string(), addr.port(), &auth);
     // The bench's own subscriber keeps every message (bounded by the bench's length).
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let sink: polestar::sentinel::PushSink = Box::new(move |push| tx.send(push).map_err(|_| ()));
-    let mut conn = polestar::sentinel::connect(&endpoint, Some(sink)).await?;
+    let sink: polestar::node::PushSink = Box::new(move |push| tx.send(push).map_err(|_| ()));
+    let mut conn = polestar::node::connect(&endpoint, Some(sink)).await?;
     conn.psubscribe("*").await?;
     while let Some(push) = rx.recv().await {
         let at = Instant::now();

@@ -11,6 +11,9 @@ use polestar::config::{self, Auth};
 use polestar::drain::{Coordinator, DrainError, DrainHandle};
 use polestar::events::{Event, EventLog};
 use polestar::failover::Signal;
+use polestar::node::clients::parse_list;
+use polestar::node::infrastructure::Infrastructure;
+use polestar::node::{Endpoint, Link, NodeError};
 use polestar::topology::{self, Master, MasterState, Node, Replica, SentinelCounts, Snapshot};
 use polestar_lab::conf::Monitor;
 use polestar_lab::{Flavor, ServerOptions};
@@ -416,6 +419,41 @@ async fn polestar_ids(server: &Server) -> Vec<u64> {
     let list = server.ask(&["CLIENT", "LIST"]).await;
     let named = list.lines().filter(|l| l.split(' ').any(|w| w == "name=polestar"));
     named.filter_map(|l| l.strip_prefix("id=")?.split(' ').next()?.parse().ok()).collect()
+}
+
+/// Every side of polestar opens a data-node connection one way, a `node::Link`:
+/// named `polestar` (so that drains and sweeps, ours or another polestar's, spare it) and
+/// knowing its own client id (so that a drain never kills itself), with a first question
+/// sent in the naming's round trip, after the naming; a hung node costs one deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_link_is_named_knows_its_client_id_and_a_hung_node_costs_one_deadline() {
+    let server = Server::start(&[]).await;
+    let endpoint = Endpoint::at(server.addr(), &Auth::default());
+    let link = Link::open(&endpoint, Duration::from_secs(5)).await.expect("open a link");
+    let id = link.id().expect("the link knows its client id");
+    assert_eq!(polestar_ids(&server).await, [id], "one connection named polestar, with that id");
+
+    let mut list = redis::cmd("CLIENT");
+    list.arg("LIST");
+    let (asker, text): (Link, String) =
+        Link::open_with(&endpoint, "CLIENT LIST", &list, Duration::from_secs(5))
+            .await
+            .expect("open a link with a first question");
+    let asker_id = asker.id().expect("the second link knows its client id");
+    let own = parse_list(&text).clients.into_iter().find(|c| c.id == asker_id);
+    let own = own.unwrap_or_else(|| panic!("its own connection is not listed: {text}"));
+    assert_eq!(own.name, "polestar", "the first question went before the naming: {text}");
+    assert_eq!(own.infrastructure(), Some(Infrastructure::Polestar));
+
+    server.signal(nix::sys::signal::Signal::SIGSTOP);
+    // `Timeout` is our deadline's: the transport's own (2 s) would be a `Command` or `Connect`
+    // error.
+    let deadline = Duration::from_millis(300);
+    let role = link.role(deadline).await;
+    assert!(matches!(role, Err(NodeError::Timeout { .. })), "{role:?}");
+    let opened = Link::open(&endpoint, deadline).await.map(|_| ());
+    assert!(matches!(opened, Err(NodeError::Timeout { .. })), "{opened:?}");
+    server.signal(nix::sys::signal::Signal::SIGCONT);
 }
 
 /// The link the fence needs (docs/decisions.md D9) is opened at the first sign of a failover, so

@@ -12,11 +12,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::episode::{DrainOrder, Episode, FENCE_HOLD, Orders, Stop};
 use super::handle::{Coordinated, DrainHandle};
-use super::node::NodeLink;
 use super::{Reason, Shared};
 use crate::config;
 use crate::events::EventLog;
 use crate::failover::Signal;
+use crate::node::KeptLink;
 use crate::topology::{Node, TopologyReader};
 
 pub struct Coordinator {
@@ -30,7 +30,7 @@ pub struct Coordinator {
     /// The links to old primaries, by node, while something holds them: a link opened at the
     /// first sign of a failover ([`WARM_HOLD`]) or a running episode. An episode that starts
     /// for the node takes the link up, already connected.
-    links: HashMap<SocketAddr, Weak<NodeLink>>,
+    links: HashMap<SocketAddr, Weak<KeptLink>>,
     /// The coordinated failovers polestar asked for: their promotion is not fenced.
     coordinated: Coordinated,
 }
@@ -345,12 +345,12 @@ impl Coordinator {
 
 impl Coordinator {
     /// The link to `node`: the one some holder keeps open, or a new one.
-    fn link(&mut self, node: &Node) -> Arc<NodeLink> {
+    fn link(&mut self, node: &Node) -> Arc<KeptLink> {
         self.links.retain(|_, link| link.strong_count() > 0);
         if let Some(link) = self.links.get(&node.addr()).and_then(Weak::upgrade) {
             return link;
         }
-        let link = Arc::new(NodeLink::new(node, &self.shared().auth));
+        let link = Arc::new(KeptLink::new(node, &self.shared().auth));
         self.links.insert(node.addr(), Arc::downgrade(&link));
         link
     }

@@ -61,7 +61,7 @@ mod state;
 
 use super::Shared;
 use super::killer::{Reason, Scope, drain, record, select, stale_left};
-use super::node::{DEMOTION_DEADLINES, NodeError, NodeLink, Role};
+use crate::node::{DEMOTION_DEADLINES, KeptLink, NodeError, Role};
 use crate::topology::Node;
 use passes::{Pace, Pass};
 use phase::Demotion;
@@ -161,11 +161,11 @@ pub struct Episode {
     master: String,
     /// Shared with the coordinator's warm links: opened ahead of the promotion, if signs of
     /// the failover came first.
-    link: Arc<NodeLink>,
+    link: Arc<KeptLink>,
     /// When the episode started (its first orders): the fence event says how long it took.
     started: Instant,
     /// The new primary, asked for `ROLE` before the node is made its replica.
-    target: Mutex<Option<Arc<NodeLink>>>,
+    target: Mutex<Option<Arc<KeptLink>>>,
     /// What is logged once rather than on every attempt.
     noted: Noted,
 }
@@ -247,7 +247,7 @@ enum Event {
 
 impl Episode {
     /// `link`: the connection to the node, opened already if the coordinator warmed it.
-    pub fn new(shared: Arc<Shared>, master: String, link: Arc<NodeLink>) -> Self {
+    pub fn new(shared: Arc<Shared>, master: String, link: Arc<KeptLink>) -> Self {
         Self {
             shared,
             master,
@@ -590,12 +590,12 @@ impl Episode {
         }
     }
 
-    fn target_link(&self, to: &Node) -> Arc<NodeLink> {
+    fn target_link(&self, to: &Node) -> Arc<KeptLink> {
         // Held to read or replace the slot; a poisoned slot is still a valid value.
         let mut slot = self.target.lock().unwrap_or_else(|p| p.into_inner());
         match slot.as_ref() {
             Some(link) if link.addr() == to.addr() => link.clone(),
-            _ => slot.insert(Arc::new(NodeLink::new(to, &self.shared.auth))).clone(),
+            _ => slot.insert(Arc::new(KeptLink::new(to, &self.shared.auth))).clone(),
         }
     }
 

@@ -9,8 +9,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::killer::{Reason, Scope, drain, record};
-use super::node::NodeLink;
 use super::{DrainError, DrainReport, Shared};
+use crate::node::KeptLink;
 use crate::topology::Node;
 
 /// Drains a node by hand (`POST /v1/masters/{name}/drain`), and tells the drain side of a
@@ -97,7 +97,7 @@ impl DrainHandle {
 
 /// One manual pass over `node`: every client not spared, at the configured rate, recorded.
 async fn drain_node(shared: &Shared, master: &str, node: &Node) -> Result<DrainReport, DrainError> {
-    let link = NodeLink::new(node, &shared.auth);
+    let link = KeptLink::new(node, &shared.auth);
     let pacer = shared.pacers.of(node.addr());
     let report = drain(&link, &shared.rules, &pacer, Scope::All, Reason::Manual).await?;
     record(&shared.events, master, &report, true);

@@ -9,12 +9,12 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::time::{Instant, sleep_until};
 
-use super::clients::ClientInfo;
-use super::node::{Listing, NodeError, NodeLink};
 use super::pace::Pacer;
 use super::spare::{Rules, SpareReason};
 use crate::events::EventLog;
 use crate::metrics as m;
+use crate::node::clients::ClientInfo;
+use crate::node::{KeptLink, Listing, NodeError};
 
 /// Whom a pass kills, among the clients that are not spared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,7 +114,10 @@ pub fn select(listing: &Listing, rules: &Rules, scope: Scope) -> Selection {
 fn in_scope(scope: Scope, listed_at: Instant, client: &ClientInfo) -> bool {
     match scope {
         Scope::All => true,
-        Scope::ConnectedBefore(cutoff) => possibly_connected_before(listed_at, client.age, cutoff),
+        // An age the node does not say counts as zero, the youngest possible.
+        Scope::ConnectedBefore(cutoff) => {
+            possibly_connected_before(listed_at, client.age.unwrap_or_default(), cutoff)
+        }
         Scope::Writers => client.last_command_writes(),
         Scope::Held => client.blocked(),
     }
@@ -134,7 +137,7 @@ pub fn possibly_connected_before(listed_at: Instant, age: Duration, cutoff: Inst
 
 /// Runs one pass: list, select, kill in paced batches.
 pub async fn drain(
-    link: &NodeLink,
+    link: &KeptLink,
     rules: &Rules,
     pacer: &Pacer,
     scope: Scope,
@@ -220,9 +223,9 @@ pub fn stale_left(
 
 #[cfg(test)]
 mod tests {
-    use super::super::clients::parse_list;
     use super::*;
     use crate::config;
+    use crate::node::clients::parse_list;
 
     /// Regression: `CLIENT LIST` with `age=18446744073709551615` overflowed the
     /// connection-time arithmetic and killed that node's drain episode for good.
@@ -230,7 +233,7 @@ mod tests {
     fn a_client_listed_with_the_largest_age_does_not_kill_the_drain() {
         let at = Instant::now();
         let list = parse_list("id=7 addr=10.0.0.9:5000 age=18446744073709551615 cmd=set\n");
-        let age = list.clients[0].age;
+        let age = list.clients[0].age.expect("a readable age");
         assert_eq!(age, Duration::from_secs(u64::MAX));
         assert!(possibly_connected_before(at, age, at), "connected before any cutoff");
     }

@@ -49,12 +49,10 @@
 //! On shutdown episodes are dropped without unpausing: a pause lapses by itself within
 //! [`episode::pause_length`], and lifting it early would only let held writes run sooner.
 
-pub mod clients;
 mod coordinator;
 mod episode;
 mod handle;
 pub mod killer;
-pub mod node;
 mod pace;
 pub mod spare;
 
@@ -64,11 +62,11 @@ use std::sync::Arc;
 pub use coordinator::Coordinator;
 pub use handle::DrainHandle;
 pub use killer::{DrainReport, Reason};
-pub use node::NodeError;
-pub use spare::{CONNECTION_NAME, SpareReason};
+pub use spare::SpareReason;
 
 use crate::config;
 use crate::events::EventLog;
+use crate::node::NodeError;
 use crate::topology::TopologyReader;
 use pace::Pacers;
 use spare::Rules;

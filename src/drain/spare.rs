@@ -1,23 +1,17 @@
 //! Which clients of a node a drain leaves alone, and why.
 //!
-//! Built in: Sentinel's own links (named `sentinel-<id>-cmd` / `-pubsub`; killing them would
-//! make Sentinel see the node flap), replication links (a replica attached to the node, or the
-//! node's link to its own master: killing them forces a full resync), polestar's own
-//! connections (named [`CONNECTION_NAME`]`*` or with `lib-name=polestar`) and the connection
-//! doing the killing. Configured: `drain.spare` names and users (exact, or a prefix with a
-//! trailing `*`) and CIDRs of the client's address.
+//! Built in: the infrastructure's connections (Sentinel's, polestar's own and replication
+//! links, the one rule of [`crate::node::infrastructure`]) and the connection doing the
+//! killing. Configured: `drain.spare` names and users (exact, or a prefix with a trailing `*`)
+//! and CIDRs of the client's address.
 
 use std::fmt;
 
 use ipnet::IpNet;
 
-use super::clients::ClientInfo;
 use crate::config;
-
-pub use crate::node::CONNECTION_NAME;
-
-/// Commands that only a replication link sends.
-const REPLICATION_COMMANDS: [&str; 3] = ["replconf", "psync", "sync"];
+use crate::node::clients::ClientInfo;
+use crate::node::infrastructure::Infrastructure;
 
 /// Why a client was spared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -90,21 +84,11 @@ impl Rules {
 }
 
 fn builtin(client: &ClientInfo) -> Option<SpareReason> {
-    if client.name.starts_with(CONNECTION_NAME) || client.lib_name == CONNECTION_NAME {
-        Some(SpareReason::Polestar)
-    } else if client.name.starts_with("sentinel-") {
-        Some(SpareReason::Sentinel)
-    } else if is_replication(client) {
-        Some(SpareReason::Replication)
-    } else {
-        None
-    }
-}
-
-fn is_replication(client: &ClientInfo) -> bool {
-    client.flags.has('S')
-        || client.flags.has('M')
-        || REPLICATION_COMMANDS.contains(&client.command())
+    client.infrastructure().map(|whose| match whose {
+        Infrastructure::Polestar => SpareReason::Polestar,
+        Infrastructure::Sentinel => SpareReason::Sentinel,
+        Infrastructure::Replication => SpareReason::Replication,
+    })
 }
 
 /// An exact string, or a prefix when written with a trailing `*`.
@@ -132,8 +116,8 @@ impl Pattern {
 
 #[cfg(test)]
 mod tests {
-    use super::super::clients::parse_line;
     use super::*;
+    use crate::node::clients::parse_line;
 
     fn rules(names: &[&str], users: &[&str], cidrs: &[&str]) -> Rules {
         let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();

@@ -1,17 +1,28 @@
-//! Data nodes as every side of polestar talks to them: the one reading of `ROLE` ([`Role`]),
-//! the name polestar gives its connections ([`CONNECTION_NAME`], so that no drain or sweep,
-//! ours or another polestar's, cuts them) and the pool of kept-open connections the Sentinel
-//! side polls promotions over ([`pool::Nodes`]).
+//! Every conversation with a Redis or Valkey process. The transport (`conn`: TCP with
+//! keepalive, TLS as configured, `HELLO`) is the Sentinel side's too; over it, data nodes are
+//! talked to through one [`Link`] (connected, named [`CONNECTION_NAME`] so that no drain or
+//! sweep, ours or another polestar's, cuts it, knowing its client id, a deadline per
+//! command), kept open by the drain side ([`KeptLink`]) and the Sentinel side's promotion
+//! polls ([`Nodes`]). What nodes say is read here once: `ROLE` ([`Role`]), `CLIENT LIST`
+//! ([`clients`]) and whose each of their connections is ([`infrastructure`]).
 //!
-//! A neutral module: `sentinel`, `drain` and `sweep` are siblings that all talk to data nodes
-//! and must agree on what a node says; before it existed three parsers disagreed on whether
-//! `replica` (Valkey's spelling in some replies) is `slave`.
+//! A neutral module: `sentinel`, `drain`, `sweep`, `readiness` and `switchover` all talk to
+//! data nodes and must agree on what a node says; before it existed three parsers disagreed
+//! on whether `replica` (Valkey's spelling in some replies) is `slave`, two read `CLIENT LIST`
+//! and two wrote down which connections are the infrastructure's. It imports none of them.
 
 pub mod clients;
+mod conn;
+pub mod infrastructure;
+mod kept;
+mod link;
 pub mod pool;
 
 use redis::Value;
 
+pub use conn::{CONNECT_TIMEOUT, Endpoint, PushSink, RESPONSE_TIMEOUT, connect};
+pub use kept::{DEMOTION_DEADLINES, Fenced, KeptLink, Listing};
+pub use link::{DEFAULT_COMMAND_DEADLINE, DEFAULT_OPEN_DEADLINE, Link, NodeError};
 pub use pool::Nodes;
 
 /// The name polestar gives the connections it opens to data nodes (`CLIENT SETNAME`).

@@ -18,17 +18,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use redis::aio::MultiplexedConnection;
 use tokio::time::timeout;
 
-use super::{CONNECTION_NAME, Role};
+use super::Role;
+use super::conn::Endpoint;
+use super::link::{DEFAULT_COMMAND_DEADLINE, DEFAULT_OPEN_DEADLINE, Link, NodeError};
 use crate::config::Auth;
-use crate::sentinel::{Endpoint, connect};
 
 pub struct Nodes {
     auth: Auth,
     /// Each with when it was last used.
-    open: Mutex<HashMap<SocketAddr, (MultiplexedConnection, Instant)>>,
+    open: Mutex<HashMap<SocketAddr, (Link, Instant)>>,
     /// Connects in flight from `warm`, so a node is dialled once at a time.
     warming: Mutex<HashSet<SocketAddr>>,
 }
@@ -61,9 +61,9 @@ impl Nodes {
         let check = async {
             // A kept-open connection may have died since its last use: one fresh retry.
             for _ in 0..2 {
-                let mut conn = self.connection(addr).await?;
-                match redis::cmd("ROLE").query_async::<Value>(&mut conn).await {
-                    Ok(reply) => return Some(Role::parse(&reply)),
+                let link = self.connection(addr).await?;
+                match link.role(DEFAULT_COMMAND_DEADLINE).await {
+                    Ok(role) => return Some(role),
                     Err(_) => self.forget(addr),
                 }
             }
@@ -87,30 +87,30 @@ impl Nodes {
         deadline: Duration,
     ) -> Option<redis::RedisResult<Value>> {
         let ask = async {
-            let mut conn = self.dial(addr).await?;
-            Some(cmd.query_async::<Value>(&mut conn).await)
+            let link = self.dial(addr).await?;
+            match link.query("query", cmd, DEFAULT_COMMAND_DEADLINE).await {
+                Ok(reply) => Some(Ok(reply)),
+                Err(NodeError::Command { source, .. }) => Some(Err(source)),
+                Err(_) => None,
+            }
         };
         timeout(deadline, ask).await.ok().flatten()
     }
 
-    async fn connection(&self, addr: SocketAddr) -> Option<MultiplexedConnection> {
-        if let Some((conn, used)) = self.lock().get_mut(&addr) {
+    async fn connection(&self, addr: SocketAddr) -> Option<Link> {
+        if let Some((link, used)) = self.lock().get_mut(&addr) {
             *used = Instant::now();
-            return Some(conn.clone());
+            return Some(link.clone());
         }
-        let conn = self.dial(addr).await?;
-        self.lock().insert(addr, (conn.clone(), Instant::now()));
-        Some(conn)
+        let link = self.dial(addr).await?;
+        self.lock().insert(addr, (link.clone(), Instant::now()));
+        Some(link)
     }
 
-    async fn dial(&self, addr: SocketAddr) -> Option<MultiplexedConnection> {
-        let endpoint = Endpoint::new(addr.ip().to_string(), addr.port(), &self.auth);
-        let mut conn = connect(&endpoint, None).await.ok()?;
-        // Named so that a drain of this node spares it (Redis before 7.2 shows no lib-name).
-        let mut name = redis::cmd("CLIENT");
-        name.arg("SETNAME").arg(CONNECTION_NAME);
-        let _ = name.query_async::<Value>(&mut conn).await;
-        Some(conn)
+    /// A new link, named so that a drain of this node spares it (Redis before 7.2 shows no
+    /// lib-name); one the node refuses to name still asks.
+    async fn dial(&self, addr: SocketAddr) -> Option<Link> {
+        Link::open(&Endpoint::at(addr, &self.auth), DEFAULT_OPEN_DEADLINE).await.ok()
     }
 
     /// Closes the connections unused for longer than `idle`.
@@ -122,9 +122,7 @@ impl Nodes {
         self.lock().remove(&addr);
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, (MultiplexedConnection, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, (Link, Instant)>> {
         // Held only for map operations that cannot panic; a poisoned map is still consistent.
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }

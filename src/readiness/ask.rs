@@ -16,7 +16,7 @@ use super::facts::SentinelAnswer;
 use super::heard::{Heard, Records};
 use super::{lag, parse};
 use crate::config::{Auth, HostPort};
-use crate::sentinel::{Endpoint, connect};
+use crate::node::{Endpoint, Link, connect};
 use crate::topology::Replica;
 
 /// How long a Sentinel has to answer all of a round's questions, and a node its one.
@@ -71,8 +71,7 @@ impl Connections {
         let asks = nodes.iter().map(|n| async move {
             let hp = HostPort::parse(n).ok()?;
             let endpoint = Endpoint::new(hp.host, hp.port, auth);
-            let (_conn, info) = timeout(DEADLINE, ask_node(&endpoint, None)).await.ok()?;
-            info.ok()
+            timeout(DEADLINE, ask_node(&endpoint)).await.ok()?.ok()
         });
         join_all(asks).await
     }
@@ -193,30 +192,13 @@ async fn ask_masters(
     Ok(replies.into_iter().map(|r| r.map_err(|e| e.to_string())).collect())
 }
 
-/// `INFO replication` of one node, over a connection named as polestar's (drains spare it).
-async fn ask_node(
-    endpoint: &Endpoint,
-    conn: Option<MultiplexedConnection>,
-) -> (Option<MultiplexedConnection>, Result<String, String>) {
-    let mut conn = match conn {
-        Some(c) => c,
-        None => match connect(endpoint, None).await {
-            Ok(mut c) => {
-                let mut name = redis::cmd("CLIENT");
-                name.arg("SETNAME").arg(crate::node::CONNECTION_NAME);
-                let _ = command(&mut c, &name).await;
-                c
-            }
-            Err(e) => return (None, Err(e.to_string())),
-        },
-    };
+/// `INFO replication` of one node, over a link of its own (named: drains spare it).
+async fn ask_node(endpoint: &Endpoint) -> Result<String, String> {
+    let link = Link::open(endpoint, DEADLINE).await.map_err(|e| e.to_string())?;
     let mut info = redis::cmd("INFO");
     info.arg("replication");
-    match command(&mut conn, &info).await {
-        Ok(v) => (Some(conn), parse::text(&v).ok_or_else(|| parse::quote(&v))),
-        Err(Broken(e)) => (None, Err(e)),
-        Err(Refused(e)) => (Some(conn), Err(e)),
-    }
+    let reply: Value = link.query("INFO", &info, DEADLINE).await.map_err(|e| e.to_string())?;
+    parse::text(&reply).ok_or_else(|| parse::quote(&reply))
 }
 
 /// Why a command has no answer.

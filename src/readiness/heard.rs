@@ -41,7 +41,7 @@ impl Records {
 }
 
 /// Shared by the links (writers) and the poll (reader); keyed by the Sentinel's `host:port`
-/// as configured ([`crate::sentinel::Endpoint::name`]).
+/// as configured ([`crate::node::Endpoint::name`]).
 #[derive(Clone, Default)]
 pub struct Heard(Arc<Shared>);
 

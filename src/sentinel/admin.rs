@@ -7,9 +7,9 @@
 
 use redis::{ErrorKind, Value};
 
-use super::conn::{Endpoint, connect};
 use crate::config::Sentinels;
 use crate::control::{BoxFuture, Control, ControlError};
+use crate::node::{Endpoint, connect};
 
 pub struct SentinelControl {
     endpoints: Vec<Endpoint>,

@@ -12,7 +12,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::conn::Endpoint;
 use super::core::{
     Action, Candidate, Evidence, Now, Publication, Quorum, SentinelId, State, decide,
 };
@@ -24,7 +23,7 @@ use crate::config::{Auth, Config, HostPort};
 use crate::events::EventLog;
 use crate::failover::Signal;
 use crate::metrics as m;
-use crate::node::{Nodes, Role};
+use crate::node::{Endpoint, Nodes, Role};
 use crate::phases::{self, Mark, Timeline};
 use crate::readiness::Heard;
 use crate::topology::{

@@ -32,13 +32,13 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::{MissedTickBehavior, interval, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 
-use super::conn::{Endpoint, PushSink, connect};
 use super::core::Follower;
 use super::message::{
     Addr, Borrowed, Event, MasterRecord, PeerRecord, ReplicaRecord, borrowed_records,
     coordinated_failover, master_addr, records, text,
 };
 use super::{LinkId, MasterReport, Observation, Report, Scope};
+use crate::node::{Endpoint, PushSink, connect};
 use crate::readiness::facts::MasterFacts;
 use crate::readiness::heard::{Heard, Records};
 use crate::readiness::{self};

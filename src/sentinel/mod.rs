@@ -15,7 +15,6 @@
 //! without one there is nothing to forget when a peer disappears from the lists.
 
 pub mod admin;
-mod conn;
 mod core;
 mod decider;
 mod discovered;
@@ -29,7 +28,6 @@ use std::time::Instant;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use conn::{Endpoint, PushSink, connect};
 pub use decider::Decider;
 use message::{Addr, Down, PeerRecord};
 

@@ -30,7 +30,8 @@ use tokio::time::Instant;
 use super::Context;
 use super::diag::{self, States, TcpSocket};
 use super::plan::{Change, Target};
-use crate::sentinel::{Endpoint, connect};
+use crate::node::clients::parse_list;
+use crate::node::{Endpoint, Link, NodeError, Role};
 
 /// Peers named in one event at most (the count is always complete).
 const PEERS_IN_EVENT: usize = 50;
@@ -123,17 +124,13 @@ async fn probe(context: &Context, change: &Change) -> Probe {
         Ok(Err(_)) => return Probe::Refused,
         Ok(Ok(stream)) => drop(stream),
     }
-    let endpoint = Endpoint::new(change.from.ip.to_string(), change.from.port, &context.nodes);
-    let check = async {
-        let mut conn = connect(&endpoint, None).await.ok()?;
-        let reply = redis::cmd("ROLE").query_async::<redis::Value>(&mut conn).await;
-        Some(reply.ok().map(|r| crate::node::Role::parse(&r)))
-    };
-    match tokio::time::timeout(ROLE_TIMEOUT, check).await {
-        Err(_) => Probe::Silent,
-        Ok(Some(Some(crate::node::Role::Replica))) => Probe::Replica,
-        Ok(Some(Some(crate::node::Role::Master))) => Probe::Master,
-        Ok(_) => Probe::Answers,
+    let endpoint = Endpoint::at(addr, &context.nodes);
+    let role = Link::open_with(&endpoint, "ROLE", &redis::cmd("ROLE"), ROLE_TIMEOUT).await;
+    match role.map(|(_, reply): (Link, redis::Value)| Role::parse(&reply)) {
+        Err(NodeError::Timeout { .. }) => Probe::Silent,
+        Ok(Role::Replica) => Probe::Replica,
+        Ok(Role::Master) => Probe::Master,
+        _ => Probe::Answers,
     }
 }
 
@@ -148,17 +145,14 @@ async fn infrastructure(
     if !matches!(target, Target::Local { .. }) {
         return None;
     }
-    let endpoint = Endpoint::new(change.from.ip.to_string(), change.from.port, &context.nodes);
-    let list = async {
-        let mut conn = connect(&endpoint, None).await.ok()?;
-        let mut pipe = redis::pipe();
-        pipe.cmd("CLIENT").arg("SETNAME").arg(crate::node::CONNECTION_NAME).ignore();
-        pipe.cmd("CLIENT").arg("LIST");
-        let (list,): (String,) = pipe.query_async(&mut conn).await.ok()?;
-        let clients = crate::node::clients::infrastructure(&list);
-        Some((clients, crate::node::clients::listed(&list)))
-    };
-    let spared = tokio::time::timeout(LIST_TIMEOUT, list).await.ok().flatten();
+    let endpoint = Endpoint::at(change.from.addr(), &context.nodes);
+    let mut cmd = redis::cmd("CLIENT");
+    cmd.arg("LIST");
+    let listing = Link::open_with(&endpoint, "CLIENT LIST", &cmd, LIST_TIMEOUT).await;
+    let spared = listing.ok().map(|(_, text): (Link, String)| {
+        let list = parse_list(&text);
+        (list.infrastructure_peers(), list.settled_peers())
+    });
     if spared.is_none() {
         tracing::debug!(master = %change.master, node = %change.from, "no CLIENT LIST: sparing the peers it named last");
     }

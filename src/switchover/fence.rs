@@ -12,8 +12,9 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
-use super::link::Link;
+use super::link::{NODE_DEADLINE, open_node};
 use crate::config::Auth;
+use crate::node::Link;
 
 /// How long each pause lasts.
 pub fn pause_length(interval: Duration) -> Duration {
@@ -39,9 +40,8 @@ impl Fence {
         interval: Duration,
         limit: Duration,
     ) -> Result<Self, String> {
-        let mut link = Link::node(node, auth).await?;
-        let length = pause_length(interval);
-        link.pause(length.as_millis() as u64).await?;
+        let link = open_node(node, auth).await?;
+        link.pause(pause_length(interval), NODE_DEADLINE).await.map_err(|e| e.to_string())?;
         let stop = CancellationToken::new();
         let renewal = tokio::spawn(renew(
             link,
@@ -65,12 +65,13 @@ impl Fence {
     /// the renewal's connection, or a new one if that one fails or its task is gone.
     pub async fn lift(self) -> Result<(), String> {
         self.stop.cancel();
-        if let Ok(mut link) = self.renewal.await
-            && link.unpause().await.is_ok()
+        if let Ok(link) = self.renewal.await
+            && link.unpause(NODE_DEADLINE).await.is_ok()
         {
             return Ok(());
         }
-        Link::node(self.node, &self.auth).await?.unpause().await
+        let link = open_node(self.node, &self.auth).await?;
+        link.unpause(NODE_DEADLINE).await.map_err(|e| e.to_string())
     }
 
     /// Renews until `done` (the new primary is published) or `limit`, whichever comes first;
@@ -91,7 +92,7 @@ async fn renew(
     until: Instant,
     stop: CancellationToken,
 ) -> Link {
-    let length = pause_length(interval).as_millis() as u64;
+    let length = pause_length(interval);
     loop {
         tokio::select! {
             () = stop.cancelled() => return link,
@@ -100,9 +101,9 @@ async fn renew(
         if Instant::now() >= until || stop.is_cancelled() {
             return link;
         }
-        if let Err(error) = link.pause(length).await {
+        if let Err(error) = link.pause(length, NODE_DEADLINE).await {
             tracing::warn!(%node, %error, "switchover: renewing the fence failed; reconnecting");
-            match Link::node(node, &auth).await {
+            match open_node(node, &auth).await {
                 Ok(fresh) => link = fresh,
                 Err(error) => tracing::warn!(%node, %error, "switchover: fence node unreachable"),
             }

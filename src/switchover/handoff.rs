@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::time::{Instant, sleep};
 
-use super::link::Link;
+use super::link::{NODE_DEADLINE, open_node};
 use super::{Deps, Maintenance};
 use crate::config::Auth;
 use crate::control::{HandedOff, SwitchoverError, SwitchoverOptions};
@@ -256,10 +256,10 @@ pub struct NodeSeen {
 }
 
 async fn look(node: SocketAddr, auth: &Auth) -> Option<NodeSeen> {
-    let mut link =
-        tokio::time::timeout(Duration::from_secs(2), Link::node(node, auth)).await.ok()?.ok()?;
-    let server = link.info("server").await.ok()?;
-    let replication = link.info("replication").await.ok()?;
+    let link =
+        tokio::time::timeout(Duration::from_secs(2), open_node(node, auth)).await.ok()?.ok()?;
+    let server = link.info("server", NODE_DEADLINE).await.ok()?;
+    let replication = link.info("replication", NODE_DEADLINE).await.ok()?;
     let field = |text: &str, key: &str| {
         text.lines()
             .find_map(|l| l.trim_end().strip_prefix(key)?.strip_prefix(':').map(str::to_string))

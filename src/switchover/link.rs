@@ -1,33 +1,31 @@
-//! One connection to a data node or a Sentinel for the length of a switchover, with the
-//! deadlines of [`crate::sentinel::connect`] (2 s to connect, 2 s per command). Connections to
-//! data nodes are named [`CONNECTION_NAME`] so that no drain, ours or another polestar's,
-//! cuts them.
+//! The switchover's connections, kept for its length: one to the Sentinel that plans and asks
+//! for the failover ([`SentinelLink`]) and links to the primary and the replicas waited for
+//! ([`open_node`]), all with the deadlines of the transport ([`crate::node::connect`]: 2 s to
+//! connect, 2 s per command). Node links are [`crate::node::Link`]s, named so that no drain,
+//! ours or another polestar's, cuts them.
 
 use std::net::SocketAddr;
 
 use redis::aio::MultiplexedConnection;
-use redis::{Cmd, FromRedisValue, Value};
+use redis::{Cmd, FromRedisValue};
 
 use crate::config::Auth;
-use crate::node::CONNECTION_NAME;
-use crate::sentinel::{Endpoint, connect};
+use crate::node::{DEFAULT_OPEN_DEADLINE, Endpoint, Link, connect};
 
-pub struct Link {
+pub use crate::node::DEFAULT_COMMAND_DEADLINE as NODE_DEADLINE;
+
+/// A link to the data node at `addr`; an error names it.
+pub async fn open_node(addr: SocketAddr, auth: &Auth) -> Result<Link, String> {
+    let endpoint = Endpoint::at(addr, auth);
+    Link::open(&endpoint, DEFAULT_OPEN_DEADLINE).await.map_err(|e| e.to_string())
+}
+
+pub struct SentinelLink {
     name: String,
     conn: MultiplexedConnection,
 }
 
-impl Link {
-    /// A data node at `addr`, its connection named.
-    pub async fn node(addr: SocketAddr, auth: &Auth) -> Result<Self, String> {
-        let endpoint = Endpoint::new(addr.ip().to_string(), addr.port(), auth);
-        let mut link = Self::open(&endpoint).await?;
-        let mut name = redis::cmd("CLIENT");
-        name.arg("SETNAME").arg(CONNECTION_NAME);
-        let _ = link.query::<Value>(name).await;
-        Ok(link)
-    }
-
+impl SentinelLink {
     pub async fn open(endpoint: &Endpoint) -> Result<Self, String> {
         let conn =
             connect(endpoint, None).await.map_err(|e| format!("{}: {e}", endpoint.name()))?;
@@ -47,18 +45,5 @@ impl Link {
         let mut cmd = redis::cmd("INFO");
         cmd.arg(section);
         self.query::<String>(cmd).await.map_err(|e| format!("{}: INFO {section}: {e}", self.name))
-    }
-
-    /// `CLIENT PAUSE <ms> WRITE`.
-    pub async fn pause(&mut self, ms: u64) -> Result<(), String> {
-        let mut cmd = redis::cmd("CLIENT");
-        cmd.arg("PAUSE").arg(ms.max(1)).arg("WRITE");
-        self.query::<Value>(cmd).await.map(drop).map_err(|e| format!("CLIENT PAUSE: {e}"))
-    }
-
-    pub async fn unpause(&mut self) -> Result<(), String> {
-        let mut cmd = redis::cmd("CLIENT");
-        cmd.arg("UNPAUSE");
-        self.query::<Value>(cmd).await.map(drop).map_err(|e| format!("CLIENT UNPAUSE: {e}"))
     }
 }

@@ -14,11 +14,11 @@ use super::catchup::{Reading, Verdict, judge};
 use super::choose::{Choice, Replica, choose, handed_off_candidate};
 use super::fence::Fence;
 use super::info;
-use super::link::Link;
+use super::link::{NODE_DEADLINE, SentinelLink, open_node};
 use super::version::{Server, coordinated};
 use crate::control::{ControlError, Switched, SwitchoverError, SwitchoverOptions};
 use crate::metrics as m;
-use crate::sentinel::Endpoint;
+use crate::node::{Endpoint, Link};
 use crate::sentinel::message::{record, records};
 
 /// How often the offsets are read while the primary is fenced.
@@ -29,7 +29,7 @@ const HOLD_AFTER: Duration = Duration::from_secs(10);
 
 /// What the Sentinel that will fail over says about the master.
 struct Plan {
-    sentinel: Link,
+    sentinel: SentinelLink,
     primary: SocketAddr,
     down_after: Duration,
     /// Sentinel's `failover-timeout` for the master.
@@ -208,7 +208,7 @@ async fn plan(deps: &Deps, master: &str, primary: SocketAddr) -> Result<Plan, Sw
     let mut no_candidate = None;
     for address in &deps.sentinels.addresses {
         let endpoint = Endpoint::new(address.host.clone(), address.port, &deps.sentinels.auth);
-        let mut sentinel = match Link::open(&endpoint).await {
+        let mut sentinel = match SentinelLink::open(&endpoint).await {
             Ok(link) => link,
             Err(why) => {
                 failures.push(why);
@@ -235,7 +235,7 @@ async fn plan(deps: &Deps, master: &str, primary: SocketAddr) -> Result<Plan, Sw
 }
 
 async fn plan_with(
-    mut sentinel: Link,
+    mut sentinel: SentinelLink,
     master: &str,
     primary: SocketAddr,
 ) -> Result<Plan, SwitchoverError> {
@@ -272,7 +272,7 @@ async fn plan_with(
 }
 
 async fn sentinel_master(
-    sentinel: &mut Link,
+    sentinel: &mut SentinelLink,
     master: &str,
 ) -> Result<HashMap<String, String>, SwitchoverError> {
     let mut cmd = redis::cmd("SENTINEL");
@@ -292,14 +292,14 @@ async fn sentinel_master(
     }
 }
 
-fn unreachable(sentinel: &Link, e: redis::RedisError) -> SwitchoverError {
+fn unreachable(sentinel: &SentinelLink, e: redis::RedisError) -> SwitchoverError {
     ControlError::Unreachable(format!("{}: {e}", sentinel.name())).into()
 }
 
 /// `SENTINEL FAILOVER <master>` on the Sentinel that planned it, with `COORDINATED` if
 /// `coordinated` ([`coordinated`] says every part runs Valkey 9).
 async fn ask(
-    sentinel: &mut Link,
+    sentinel: &mut SentinelLink,
     master: &str,
     coordinated: bool,
 ) -> Result<(), redis::RedisError> {
@@ -315,13 +315,13 @@ fn failover_cmd(master: &str, coordinated: bool) -> redis::Cmd {
     cmd
 }
 
-fn refused(sentinel: &Link, e: redis::RedisError) -> SwitchoverError {
+fn refused(sentinel: &SentinelLink, e: redis::RedisError) -> SwitchoverError {
     ControlError::Refused { sentinel: sentinel.name().to_string(), message: e.to_string() }.into()
 }
 
 /// The fence lifted after a switchover that did not happen, unless a failover started
 /// meanwhile (then the drain side holds the node, and our pause only lapses).
-async fn lift(deps: &Deps, fence: Fence, master: &str, sentinel: &mut Link) {
+async fn lift(deps: &Deps, fence: Fence, master: &str, sentinel: &mut SentinelLink) {
     let failing = deps.failing_over(master)
         || sentinel_master(sentinel, master).await.map_or(true, |s| {
             s.get("flags").is_some_and(|f| f.split(',').any(|f| f == "failover_in_progress"))
@@ -375,12 +375,12 @@ impl Offsets {
         primary: SocketAddr,
         replicas: &[SocketAddr],
     ) -> Result<Self, String> {
-        let link = Link::node(primary, &deps.nodes).await?;
+        let link = open_node(primary, &deps.nodes).await?;
         let published = published_replicas(deps, master);
         let mut open = Vec::new();
         for addr in replicas {
             let link = match published.contains(addr) {
-                true => Link::node(*addr, &deps.nodes).await.ok(),
+                true => open_node(*addr, &deps.nodes).await.ok(),
                 false => None,
             };
             open.push((*addr, link));
@@ -399,13 +399,15 @@ impl Offsets {
         let mut replicas = Vec::new();
         for (addr, link) in &mut self.replicas {
             let own = match link {
-                Some(link) => {
-                    link.info("replication").await.ok().and_then(|i| info::replica_offset(&i))
-                }
+                Some(link) => link
+                    .info("replication", NODE_DEADLINE)
+                    .await
+                    .ok()
+                    .and_then(|i| info::replica_offset(&i)),
                 None => None,
             };
             if own.is_none() && link.is_some() {
-                *link = Link::node(*addr, &self.deps_auth).await.ok();
+                *link = open_node(*addr, &self.deps_auth).await.ok();
             }
             let acked = before.acked.get(addr).copied();
             replicas.push((*addr, own.max(acked)));
@@ -417,11 +419,12 @@ impl Offsets {
     /// What the primary and every replica waited for run (`INFO server`); one that does not
     /// answer is [`Server::Other`].
     async fn servers(&mut self) -> Vec<Server> {
-        let mut servers =
-            vec![Server::parse(&self.primary.info("server").await.unwrap_or_default())];
+        let mut servers = vec![Server::parse(
+            &self.primary.info("server", NODE_DEADLINE).await.unwrap_or_default(),
+        )];
         for (_, link) in &mut self.replicas {
             let info = match link {
-                Some(link) => link.info("server").await.unwrap_or_default(),
+                Some(link) => link.info("server", NODE_DEADLINE).await.unwrap_or_default(),
                 None => String::new(),
             };
             servers.push(Server::parse(&info));
@@ -430,7 +433,8 @@ impl Offsets {
     }
 
     async fn primary_info(&mut self) -> Result<info::Primary, String> {
-        let text = self.primary.info("replication").await?;
+        let text =
+            self.primary.info("replication", NODE_DEADLINE).await.map_err(|e| e.to_string())?;
         let parsed = info::Primary::parse(&text).ok_or("unreadable INFO replication")?;
         if !parsed.role_master {
             return Err("it is no longer a master".into());

@@ -97,7 +97,8 @@ fn the_local_target_spares_the_peers_the_node_names_as_infrastructure() {
     let list = "id=1 addr=127.0.0.1:41000 name=sentinel-1a2b3c4d-cmd flags=N cmd=ping\n\
                 id=2 addr=127.0.0.1:41001 name=polestar flags=N cmd=client|list\n\
                 id=3 addr=127.0.0.1:41002 name=app flags=N cmd=set";
-    let infrastructure = crate::node::clients::infrastructure(list);
+    let parsed = crate::node::clients::parse_list(list);
+    let infrastructure = parsed.infrastructure_peers();
     let hung = target.sparing(&infrastructure, None);
     assert!(!hung.selects(&sock("127.0.0.1:6379", "127.0.0.1:41000")), "a Sentinel");
     assert!(!hung.selects(&sock("127.0.0.1:6379", "127.0.0.1:41001")), "a polestar");
@@ -105,7 +106,7 @@ fn the_local_target_spares_the_peers_the_node_names_as_infrastructure() {
     assert!(hung.selects(&sock("127.0.0.1:6379", "127.0.0.1:41003")), "a newer one");
     // Seen in CI: the central polestar opened a connection (its demotion) between the node's
     // listing and the sweep. A node that listed its clients this round: only those go.
-    let listed = crate::node::clients::listed(list);
+    let listed = parsed.settled_peers();
     let answering = target.sparing(&infrastructure, Some(&listed));
     assert!(!answering.selects(&sock("127.0.0.1:6379", "127.0.0.1:41001")), "a polestar");
     assert!(answering.selects(&sock("127.0.0.1:6379", "127.0.0.1:41002")), "an application");

@@ -1,10 +1,13 @@
-//! Connections polestar opens to Sentinels and data nodes, all with the same guarantees:
-//! a connect timeout, a response timeout, TCP keepalive and `TCP_USER_TIMEOUT`, so that no
-//! socket of ours can hang silently on a dead peer.
+//! The transport of every connection polestar opens to a Redis or Valkey process, Sentinels
+//! and data nodes alike, all with the same guarantees: a connect timeout, a response timeout,
+//! TCP keepalive and `TCP_USER_TIMEOUT`, so that no socket of ours can hang silently on a dead
+//! peer, and TLS as configured. The Sentinel side keeps its own sessions over it
+//! (`sentinel::link`); data nodes are talked to through a [`super::Link`].
 //!
 //! The redis crate does not reconnect on a response timeout and a pub/sub stream can stay
 //! silent forever; callers treat any error as fatal for the connection and build a new one.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -47,6 +50,12 @@ impl Endpoint {
         Self { host: host.into(), port, auth: auth.clone() }
     }
 
+    /// A node at the address Sentinel reports: with TLS, its certificate is verified against
+    /// that IP address.
+    pub fn at(addr: SocketAddr, auth: &Auth) -> Self {
+        Self::new(addr.ip().to_string(), addr.port(), auth)
+    }
+
     pub fn name(&self) -> String {
         crate::config::HostPort { host: self.host.clone(), port: self.port }.to_string()
     }
@@ -54,7 +63,7 @@ impl Endpoint {
 
 /// Where a connection's pub/sub messages and disconnects go. Called by the connection's
 /// reader for every push, so it must not block (a bounded queue that drops what does not fit:
-/// see [`super::link`]); an `Err` stops the pushes.
+/// see the Sentinel links, `sentinel::link`); an `Err` stops the pushes.
 pub type PushSink = Box<dyn Fn(PushInfo) -> Result<(), ()> + Send + Sync>;
 
 /// Opens a RESP3 connection; with `push`, pub/sub messages and disconnects arrive there.
