@@ -436,9 +436,9 @@ fn primary_port(event: &polestar::http::view::MastersEvent, master: &str) -> Opt
     Some(event.masters.iter().find(|m| m.name == master)?.primary.as_ref()?.port)
 }
 
-/// Issue 26: the stream carries the masters when asked, so that an agent needs no request per
-/// change: every master first, then only what changed (after the version sent before), and
-/// with `only` no other event.
+/// docs/decisions.md D30: the stream carries the masters when asked, so that an agent needs no
+/// request per change: every master first, then only what changed (after the version sent
+/// before), and with `only` no other event.
 #[tokio::test]
 async fn the_event_stream_carries_the_masters_when_asked() {
     let server = start(None).await;

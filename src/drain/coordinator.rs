@@ -356,13 +356,13 @@ impl Coordinator {
     }
 }
 
-/// Whether the old primary is fenced at the leader's promotion (`+selected-slave`): yes,
-/// unless the failover is Valkey 9's coordinated one, as its leader said at the start
-/// (`reported`, which every polestar reads) or as this polestar asked for it (`asked`, its
-/// own switchover: which also covers a leader whose record could not be read). That leader
-/// fences the old primary itself, in one transaction on its command link with the node
-/// (`CLIENT PAUSE WRITE`, `FAILOVER TO`), and the node hands over only once the replica has
-/// its whole stream. A pause of ours would hold that transaction behind the Sentinels' hello
+/// Whether the old primary is fenced at the leader's election or promotion (`+elected-leader`,
+/// `+selected-slave`): yes, unless the failover is Valkey 9's coordinated one, as its leader
+/// said at the start (`reported`, which every polestar reads) or as this polestar asked for it
+/// (`asked`, its own switchover: which also covers a leader whose record could not be read).
+/// That leader fences the old primary itself, in one transaction on its command link with the
+/// node (`CLIENT PAUSE WRITE`, `FAILOVER TO`), and the node hands over only once the replica
+/// has its whole stream. A pause of ours would hold that transaction behind the Sentinels' hello
 /// `PUBLISH` on the same link until the failover times out (`-failover-abort-*`), or stall it
 /// until our fence lapses. Nothing is lost without ours: the node takes no write between its
 /// own pause and its demotion, and the flip's drain and demotion run as for any failover.
