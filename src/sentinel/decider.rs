@@ -145,8 +145,8 @@ pub struct Decider {
     shutdown: CancellationToken,
     /// Data nodes already asked whether their `default` user may publish Sentinel hellos.
     acl_checked: HashSet<std::net::SocketAddr>,
-    /// How many of those questions may be in flight (see [`hello_acl::AT_ONCE`]).
-    acl_limit: Arc<tokio::sync::Semaphore>,
+    /// The questions in flight (at most [`hello_acl::AT_ONCE`]) and the warning lines left.
+    acl_checks: Arc<hello_acl::Checks>,
     /// The links' stop token (a child of `shutdown`), cancelled when the decider is dropped,
     /// also by a panic: a restarted decider does not leave its predecessor's links running.
     links_stop: CancellationToken,
@@ -203,7 +203,7 @@ impl Decider {
             links_stop: shutdown.child_token(),
             shutdown,
             acl_checked: HashSet::new(),
-            acl_limit: Arc::new(tokio::sync::Semaphore::new(hello_acl::AT_ONCE)),
+            acl_checks: Arc::default(),
             batch: None,
             heard,
             dirty: Dirty::All,
@@ -295,9 +295,9 @@ impl Decider {
         let fresh: Vec<_> = fresh.map(|(name, a)| (name.clone(), a)).collect();
         for (master, addr) in fresh {
             self.acl_checked.insert(addr);
-            let (nodes, events, limit) =
-                (self.nodes.clone(), self.events.clone(), self.acl_limit.clone());
-            tokio::spawn(hello_acl::check(nodes, events, limit, master, addr));
+            let (nodes, events, checks) =
+                (self.nodes.clone(), self.events.clone(), self.acl_checks.clone());
+            tokio::spawn(hello_acl::check(nodes, events, checks, master, addr));
         }
     }
 
