@@ -36,7 +36,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Upstream};
-use crate::events::EventLog;
+use crate::events::{EventLog, Kind};
 use crate::http::view::{MASTERS_HEADER, MasterView, MastersEvent};
 use crate::topology::{Snapshot, TopologyWriter};
 use state::Labels;
@@ -268,7 +268,7 @@ impl Merger {
                 "from": change.from.to_string(), "to": change.to.to_string(),
                 "hostname": change.to.hostname, "epoch": epoch, "via": "upstream",
             });
-            self.events.push("switch", Some(&change.master), data);
+            self.events.push(Kind::Switch, Some(&change.master), data);
         }
     }
 }
@@ -302,7 +302,7 @@ impl Follower {
                     tracing::warn!(upstream = %self.url, "upstream unreachable: {error}");
                 }
                 self.events.push(
-                    "upstream_down",
+                    Kind::UpstreamDown,
                     None,
                     json!({"upstream": self.url, "error": error.to_string()}),
                 );
@@ -345,7 +345,7 @@ impl Follower {
                 Following::Reread(_) => "read again on every event (the upstream has no feed)",
             };
             tracing::info!(upstream = %self.url, changes, "following upstream polestar");
-            self.events.push("upstream_up", None, json!({"upstream": self.url}));
+            self.events.push(Kind::UpstreamUp, None, json!({"upstream": self.url}));
             *was_up = Some(true);
         }
         *backoff = BACKOFF_FIRST;
@@ -498,7 +498,7 @@ impl Masters {
         loop {
             while let Some(item) = self.pending.pop_front() {
                 if let sse::Item::Event { kind, data, .. } = item
-                    && kind == "masters"
+                    && kind == crate::events::MASTERS
                 {
                     return serde_json::from_str(&data)
                         .map_err(|error| UpstreamError::Json { url: self.url.clone(), error });

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use axum::body::Bytes;
 
 use super::view::{MasterView, MastersEvent};
+use crate::events;
 use crate::topology::{Master, Snapshot};
 
 /// Changes kept rendered: the streams woken by one change all ask for the same pair; a stream
@@ -102,7 +103,9 @@ fn render(event: &MastersEvent) -> Bytes {
     // Plain data (strings, numbers, addresses): it always serializes.
     let json = serde_json::to_vec(event).unwrap_or_default();
     let mut frame = Vec::with_capacity(json.len() + 24);
-    frame.extend_from_slice(b"event: masters\ndata: ");
+    frame.extend_from_slice(b"event: ");
+    frame.extend_from_slice(events::MASTERS.as_bytes());
+    frame.extend_from_slice(b"\ndata: ");
     frame.extend_from_slice(&json);
     frame.extend_from_slice(b"\n\n");
     Bytes::from(frame)

@@ -14,7 +14,7 @@ use redis::Value;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-use crate::events::EventLog;
+use crate::events::{EventLog, Kind};
 use crate::node::Nodes;
 
 /// How long the node may take to answer.
@@ -64,7 +64,7 @@ impl Default for Checks {
 }
 
 /// How a finding is logged.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Line {
     /// Its own warning line.
     Warn,
@@ -115,15 +115,18 @@ pub async fn check(
     cmd.arg("DRYRUN").arg("default").arg("PUBLISH").arg("__sentinel__:hello").arg("x");
     match verdict(nodes.query_once(addr, &cmd, DEADLINE).await) {
         Verdict::MayPublish => {
-            let line = checks.lines.lock().unwrap_or_else(PoisonError::into_inner).next(Instant::now());
+            let line =
+                checks.lines.lock().unwrap_or_else(PoisonError::into_inner).next(Instant::now());
             const FOUND: &str = "a data node lets its default user publish Sentinel hellos: any client can move every Sentinel to a node of its choice; deny PUBLISH on __sentinel__:* (see the README)";
             match line {
                 Line::Warn => tracing::warn!(%master, node = %addr, "{FOUND}"),
-                Line::WarnOfMore => tracing::warn!(%master, node = %addr, "{FOUND}; more such nodes this minute are logged at debug, each in a hello_acl event"),
+                Line::WarnOfMore => {
+                    tracing::warn!(%master, node = %addr, "{FOUND}; more such nodes this minute are logged at debug, each in a hello_acl event")
+                }
                 Line::Debug => tracing::debug!(%master, node = %addr, "{FOUND}"),
             }
             let data = json!({ "node": addr.to_string(), "user": "default" });
-            events.push("hello_acl", Some(&master), data);
+            events.push(Kind::HelloAcl, Some(&master), data);
         }
         Verdict::Denied => {
             tracing::debug!(%master, node = %addr, "the default user may not publish Sentinel hellos")
@@ -162,8 +165,8 @@ mod tests {
         let start = Instant::now();
         let mut lines = Lines::new(start);
         let first: Vec<Line> = (0..8).map(|_| lines.next(start)).collect();
-        let want = [[Line::Warn, Line::Warn, Line::Warn, Line::Warn, Line::Warn].as_slice(),
-            &[Line::WarnOfMore, Line::Debug, Line::Debug]].concat();
+        let mut want = vec![Line::Warn; LINES];
+        want.extend([Line::WarnOfMore, Line::Debug, Line::Debug]);
         assert_eq!(first, want);
         assert_eq!(lines.next(start + LINES_EVERY - Duration::from_millis(1)), Line::Debug);
         assert_eq!(lines.next(start + LINES_EVERY), Line::Warn, "a new minute, new lines");

@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use super::Context;
 use super::diag::{self, States, TcpSocket};
 use super::plan::{Change, Target};
+use crate::events::Kind;
 use crate::node::clients::parse_list;
 use crate::node::{Endpoint, Link, NodeError, Role};
 
@@ -213,7 +214,7 @@ fn report(context: &Context, change: &Change, target: &Target, round: u32, gone:
         "destroyed": gone.len(),
         "peers": peers,
     });
-    context.events.push("sweep", Some(&change.master), data);
+    context.events.push(Kind::Sweep, Some(&change.master), data);
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 use tokio::time::sleep;
 
 use super::*;
+use crate::events::Kind;
 use crate::reload::Reloader;
 use crate::topology::{Master, MasterState, Node, SentinelCounts, Withdrawn};
 
@@ -38,13 +39,13 @@ fn fake(
     let names: Vec<String> = config.masters.iter().flatten().map(|m| m.name.clone()).collect();
     tokio::spawn(async move {
         writer.send_replace(Arc::new(snapshot(&names, false)));
-        events.push("warming", None, Value::Null);
+        events.push(Kind::Stale, None, Value::Null);
         sleep(Duration::from_millis(100)).await;
         writer.send_replace(Arc::new(snapshot(&names, true)));
         loop {
             tokio::select! {
                 _ = sleep(Duration::from_secs(1)) => {
-                    events.push("later", None, json!({ "masters": names.len() }));
+                    events.push(Kind::Ok, None, json!({ "masters": names.len() }));
                 }
                 _ = stop.cancelled() => return,
             }
@@ -96,13 +97,13 @@ async fn a_restart_never_publishes_a_blank_state_and_versions_keep_growing() {
     let seen = watch.await.expect("the recorder ends with the channel");
     assert!(seen.iter().all(|(_, complete)| *complete), "a blank state was published: {seen:?}");
     assert!(seen.windows(2).all(|w| w[0].0 < w[1].0), "versions must grow: {seen:?}");
-    let kinds: Vec<(&str, Value)> = events
+    let kinds: Vec<(Kind, Value)> = events
         .since(None)
         .into_iter()
         .map(|e| (e.kind, e.data.get("masters").cloned().unwrap_or_default()))
         .collect();
-    assert_eq!(kinds.iter().filter(|(k, _)| *k == "warming").count(), 1, "{kinds:?}");
-    assert!(kinds.contains(&("later", json!(2))), "the new watcher's events: {kinds:?}");
+    assert_eq!(kinds.iter().filter(|(k, _)| *k == Kind::Stale).count(), 1, "{kinds:?}");
+    assert!(kinds.contains(&(Kind::Ok, json!(2))), "the new watcher's events: {kinds:?}");
 }
 
 /// Every snapshot published from now on: its version and whether it was complete.
@@ -124,7 +125,7 @@ async fn a_drain_change_leaves_the_watcher_alone() {
     sleep(Duration::from_secs(2)).await;
     shutdown.cancel();
     task.await.expect("supervise ends at shutdown");
-    let warmed = events.since(None).iter().filter(|e| e.kind == "warming").count();
+    let warmed = events.since(None).iter().filter(|e| e.kind == Kind::Stale).count();
     assert_eq!(warmed, 1, "no second watcher was started");
     assert!(Path::new(&path).exists());
 }
