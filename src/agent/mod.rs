@@ -105,7 +105,9 @@ impl Labels for Followed {
 /// What a follower tells the merger: upstream `index` answered `views` (`None`: it is down).
 type Answer = (usize, Option<Vec<MasterView>>);
 
-/// Follows every upstream until shutdown, publishing into `writer` (its only writer).
+/// Follows every upstream until shutdown, publishing into `writer` (its only writer). An agent
+/// that panics is started afresh, like the Sentinel decider: it publishes nothing new until a
+/// majority of its upstreams answer again, but it is not left deaf.
 pub fn spawn(
     config: &Config,
     upstream: &Upstream,
@@ -115,15 +117,20 @@ pub fn spawn(
 ) -> JoinHandle<()> {
     let client = client(upstream);
     let urls: Vec<String> = upstream.urls.iter().map(|u| u.trim_end_matches('/').into()).collect();
-    let merger = Merger {
-        labels: Followed(config.masters.clone()),
-        latest: vec![None; urls.len()],
-        writer: crate::topology::Publisher::new(writer),
-        events: events.clone(),
-        refused: HashSet::new(),
-        lineage: state::Lineage::default(),
+    let masters = config.masters.clone();
+    let stop = shutdown.clone();
+    let start = move || {
+        let merger = Merger {
+            labels: Followed(masters.clone()),
+            latest: vec![None; urls.len()],
+            writer: crate::topology::Publisher::new(writer.clone()),
+            events: events.clone(),
+            refused: HashSet::new(),
+            lineage: state::Lineage::default(),
+        };
+        run(merger, urls.clone(), client.clone(), events.clone(), stop.clone())
     };
-    tokio::spawn(run(merger, urls, client, events, shutdown))
+    tokio::spawn(crate::supervise::restarting("the agent", shutdown, start))
 }
 
 /// The HTTP client of every follower: the token on every request, https verified against

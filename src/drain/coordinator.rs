@@ -132,7 +132,8 @@ impl Coordinator {
             Signal::FailoverStarted { master, primary } => {
                 tracing::debug!(%master, node = %primary, "failover started: opening the fence's link");
                 let link = self.link(&primary);
-                tokio::spawn(async move {
+                // Ends by itself after the link's deadline and WARM_HOLD.
+                crate::supervise::detached("the fence link's warm-up", async move {
                     link.warm().await;
                     tokio::time::sleep(WARM_HOLD).await;
                 });
@@ -333,7 +334,8 @@ impl Coordinator {
         let episode = Episode::new(self.shared(), master.to_string(), self.link(node));
         let stop = shutdown.child_token();
         let running = tx.clone();
-        tokio::spawn(async move {
+        // Ends with its window, its orders (the coordinator holds `tx`), or shutdown.
+        crate::supervise::detached("a drain episode", async move {
             tokio::select! {
                 () = stop.cancelled() => {}
                 () = episode.run(running) => {}

@@ -297,7 +297,9 @@ impl Decider {
             self.acl_checked.insert(addr);
             let (nodes, events, checks) =
                 (self.nodes.clone(), self.events.clone(), self.acl_checks.clone());
-            tokio::spawn(hello_acl::check(nodes, events, checks, master, addr));
+            // Ends by itself: one question with a deadline, once a permit is free.
+            let check = hello_acl::check(nodes, events, checks, master, addr);
+            crate::supervise::detached("a hello ACL check", check);
         }
     }
 
@@ -481,7 +483,8 @@ impl Decider {
         }
         let (tx, master, nodes) = (self.checks_tx.clone(), master.to_string(), self.nodes.clone());
         let stop = self.shutdown.clone();
-        tokio::spawn(async move {
+        // Ends by itself within PROMOTION_WATCH, or at shutdown.
+        crate::supervise::detached("a ROLE watch", async move {
             let addr = target.node.addr();
             if once {
                 let role = nodes.role(addr, ROLE_DEADLINE).await;

@@ -218,8 +218,8 @@ async fn away(maintenance: Arc<Maintenance>, deps: &Deps, master: &str, node: So
     let run_id = look(node, &deps.nodes).await.and_then(|n| n.run_id);
     let (raw, auth, events) = (deps.raw.clone(), deps.nodes.clone(), deps.events.clone());
     let master = master.to_string();
-    // Ends by itself within HOLD; the process owns it (nothing else needs its result).
-    tokio::spawn(async move {
+    // Ends by itself within HOLD (nothing else needs its result).
+    crate::supervise::detached("a node's handoff", async move {
         let deadline = Instant::now() + HOLD;
         let mut state = Away { run_id, restarted: false };
         while Instant::now() < deadline && maintenance.handoffs.contains(&master, node) {

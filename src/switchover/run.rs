@@ -170,7 +170,8 @@ async fn coordinated_failover(
         Ok(()) => {
             if let Some(drain) = deps.drain.clone() {
                 let (name, published) = (master.to_string(), published(deps, master, plan.primary));
-                tokio::spawn(async move {
+                // Ends by itself within `mark`.
+                crate::supervise::detached("a coordinated failover's mark", async move {
                     let _ = tokio::time::timeout(mark, published).await;
                     drain.coordinated_done(&name);
                 });
