@@ -307,6 +307,10 @@ async fn replica_of(primary: &Server) -> Server {
     replica_of_with(&Flavor::Redis, primary).await
 }
 
+/// A replica of `primary` that receives its stream: a write to the primary has reached it.
+/// `master_link_status:up` alone is not that: after a diskless full sync the primary holds the
+/// stream until the replica's first `REPLCONF ACK`, up to a second later, and a failover in
+/// that second (seen on a loaded machine) promotes a replica that lacks every write since.
 async fn replica_of_with(flavor: &Flavor, primary: &Server) -> Server {
     let port = primary.port().to_string();
     let replica = Server::start_on(flavor, &["--replicaof", "127.0.0.1", &port]).await;
@@ -314,11 +318,22 @@ async fn replica_of_with(flavor: &Flavor, primary: &Server) -> Server {
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         if replica.info("replication").await.contains("master_link_status:up") {
-            return replica;
+            break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("replica never linked within 30 s:\n{}", replica.info("replication").await);
+    // Written after the link is up, so in the stream, never in the sync's snapshot.
+    let mut mark = 0u64;
+    while Instant::now() < deadline {
+        mark += 1;
+        primary.ask(&["SET", "lab:streamed", &mark.to_string()]).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let got = replica.ask(&["GET", "lab:streamed"]).await;
+        if got.lines().nth(1) == Some(mark.to_string().as_str()) {
+            return replica;
+        }
+    }
+    panic!("replica never streamed within 30 s:\n{}", replica.info("replication").await);
 }
 
 fn other_node() -> Node {
@@ -1226,7 +1241,9 @@ async fn a_planned_sentinel_failover_loses_no_acknowledged_write() {
         let ms = SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         eprintln!("{} sentinel {} {payload}", ms.as_millis(), msg.get_channel_name());
         match msg.get_channel_name() {
-            "+selected-slave" | "+failover-state-send-slaveof-noone" => {
+            // The decider fences at the leader's election of the primary it publishes
+            // (docs/decisions.md D9), and again at the selection.
+            "+elected-leader" | "+selected-slave" | "+failover-state-send-slaveof-noone" => {
                 h.send(Signal::Promoting {
                     master: "mm".into(),
                     old: old.node(),
