@@ -1,9 +1,11 @@
 //! `polestar run`: load, bind, spawn, wait for shutdown.
 //!
-//! Startup is a short sequence of named steps: raise the open-file limit, bind every listener (so a busy port fails the
-//! start, before anything is served), check the socket sweeper's permission, start the drain
-//! coordinator and the topology's writer (Sentinels or an upstream polestar), serve, and say
-//! `ready` once a first state is loaded. Shutdown cancels one token that every task holds.
+//! Startup is a short sequence of named steps: raise the open-file limit, bind every listener
+//! (so a busy port fails the start, before anything is served), check the socket sweeper's
+//! permission, start the writer side (the drain coordinator, the topology's writer: Sentinels
+//! or an upstream polestar, the readiness poll), start the readers (DNS, HTTP, the Sentinel
+//! endpoint), say `ready` once a first state is loaded, and serve until shutdown. Shutdown
+//! cancels one token that every task holds; the daemon owns and joins every task it starts.
 //!
 //! Settings that a reload can change reach the components through the configuration channel
 //! of [`crate::reload`]; systemd hears about each stage through [`crate::service`].
@@ -13,15 +15,18 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures::FutureExt;
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::drain::Coordinator;
+use crate::drain::{Coordinator, DrainHandle};
 use crate::events::EventLog;
-use crate::reload::{self, Reloader, watcher};
+use crate::failover::Signal;
+use crate::reload::{self, ConfigReader, Reloader, watcher};
 use crate::service;
+use crate::switchover::Maintenance;
 use crate::topology::{self, TopologyReader, TopologyWriter};
 
 /// How long startup waits for a first confirmed state before saying `ready` anyway.
@@ -33,141 +38,260 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     crate::limits::raise_open_files();
     crate::tls::install();
     let metrics = crate::metrics::install();
-    // The writer's own view (`raw`) and, masked by the handoffs under way, what everyone reads.
-    let (raw_writer, raw) = topology::channel();
-    let (writer, reader) = topology::channel();
-    let maintenance = Arc::new(crate::switchover::Maintenance::default());
-    let events = Arc::new(EventLog::new());
-    let dns = match &config.dns {
-        Some(d) => Some(crate::dns::Listeners::bind(d).await?),
-        None => None,
-    };
-    let http = match &config.http {
-        Some(h) => Some(crate::http::bind(h.listen).await?),
-        None => None,
-    };
-    let sentinel_api = match &config.sentinel_api {
-        Some(s) => Some(crate::sentinel_api::bind(&s.listen).await?),
-        None => None,
-    };
+    let listeners = Listeners::bind(&config).await?;
     let (reloader, live) = Reloader::new(config.clone());
-    let sweeper =
-        crate::sweep::start(live.clone(), reader.clone(), events.clone(), shutdown.clone()).await?;
+    let (mut daemon, published) = Daemon::new(live, shutdown.clone());
+    daemon.start_sweeper().await?;
+    daemon.tasks.spawn(reload::on_sighup(reloader, shutdown.clone()));
+    let series = register_master_series(&config, daemon.reader.clone(), shutdown);
+    daemon.tasks.spawn(series);
+    let writing = daemon.start_writer(&config, published);
+    daemon.start_readers(&config, listeners, writing, metrics);
+    daemon.wait_until_ready().await;
+    daemon.serve_until_shutdown().await
+}
 
-    // Every component runs until shutdown; the first that ends before stops the daemon (see
-    // `supervise`), so a panic is a loud exit for systemd to restart, never a silent hole.
-    let mut tasks = JoinSet::new();
-    let stop = shutdown.clone();
-    tasks.spawn(async move {
-        sweeper.await.map_err(|e| anyhow::anyhow!("the socket sweeper panicked: {e}"))?;
-        anyhow::ensure!(stop.is_cancelled(), "the socket sweeper stopped unexpectedly");
+/// Every listener, bound before anything is served: a busy port fails the start.
+struct Listeners {
+    dns: Option<crate::dns::Listeners>,
+    http: Option<tokio::net::TcpListener>,
+    sentinel_api: Option<Vec<tokio::net::TcpListener>>,
+}
+
+impl Listeners {
+    async fn bind(config: &Config) -> anyhow::Result<Self> {
+        let dns = match &config.dns {
+            Some(d) => Some(crate::dns::Listeners::bind(d).await?),
+            None => None,
+        };
+        let http = match &config.http {
+            Some(h) => Some(crate::http::bind(h.listen).await?),
+            None => None,
+        };
+        let sentinel_api = match &config.sentinel_api {
+            Some(s) => Some(crate::sentinel_api::bind(&s.listen).await?),
+            None => None,
+        };
+        Ok(Self { dns, http, sentinel_api })
+    }
+}
+
+/// What every step shares: the running configuration, the one shutdown token, the tasks the
+/// daemon owns, the event log, and the published topology.
+///
+/// Every component runs until shutdown as one of `tasks`; the first that ends before stops
+/// the daemon (see [`first_to_stop`]), so a panic is a loud exit for systemd to restart, never
+/// a silent hole. (The Sentinel decider and the agent are restarted in place instead: see
+/// [`crate::supervise::restarting`].)
+struct Daemon {
+    live: ConfigReader,
+    shutdown: CancellationToken,
+    tasks: JoinSet<anyhow::Result<()>>,
+    events: Arc<EventLog>,
+    /// What everyone reads: the writer's view masked by the handoffs under way.
+    reader: TopologyReader,
+    readiness: crate::readiness::Reader,
+}
+
+/// What the topology's writer side hands the readers: the writer's own (unmasked) view, the
+/// switchovers and handoffs under way, and the drain coordinator.
+struct Writing {
+    raw: TopologyReader,
+    maintenance: Arc<Maintenance>,
+    drain: DrainHandle,
+}
+
+impl Daemon {
+    /// The daemon, and the writer of the published topology (the mask's).
+    fn new(live: ConfigReader, shutdown: CancellationToken) -> (Self, TopologyWriter) {
+        let (published, reader) = topology::channel();
+        let daemon = Self {
+            live,
+            shutdown,
+            tasks: JoinSet::new(),
+            events: Arc::new(EventLog::new()),
+            reader,
+            readiness: crate::readiness::nothing(),
+        };
+        (daemon, published)
+    }
+
+    /// Checks the socket sweeper's permission (when `sweep` is configured) and starts it.
+    async fn start_sweeper(&mut self) -> anyhow::Result<()> {
+        let (live, reader, events) = (self.live.clone(), self.reader.clone(), self.events.clone());
+        let sweeper = crate::sweep::start(live, reader, events, self.shutdown.clone()).await?;
+        self.tasks.spawn(until_shutdown("the socket sweeper", sweeper, self.shutdown.clone()));
         Ok(())
-    });
-    tasks.spawn(reload::on_sighup(reloader, shutdown.clone()));
-    tasks.spawn(register_master_series(&config, reader.clone(), shutdown.clone()));
-    let handoffs = maintenance.handoffs.subscribe();
-    let mask = crate::switchover::mask::run(raw.clone(), handoffs, writer, shutdown.clone());
-    tasks.spawn(mask.map(Ok));
-    let (drain_tx, drain_rx) = mpsc::unbounded_channel();
-    let coordinator = Coordinator::new(
-        config.drain.clone(),
-        config.nodes.clone(),
-        events.clone(),
-        reader.clone(),
-    );
-    let coordinator =
-        coordinator.follow(reload::project(&live, |c| (c.drain.clone(), c.nodes.clone())));
-    let drain = coordinator.handle();
-    tasks.spawn(coordinator.run(drain_rx, shutdown.clone()).map(Ok));
-    // The links leave their records of each master here; the readiness poll reads them.
-    let heard = crate::readiness::Heard::default();
-    let heard_by_links = heard.clone();
-    let start = move |c: &Config, w: TopologyWriter, e: Arc<EventLog>, s: CancellationToken| {
-        crate::source::spawn(c, w, e, drain_tx.clone(), heard_by_links.clone(), s)
-    };
-    let (readiness_tx, readiness) = crate::readiness::channel();
-    let poll = crate::readiness::poll::run(
-        live.clone(),
-        reader.clone(),
-        heard,
-        readiness_tx,
-        shutdown.clone(),
-    );
-    tasks.spawn(poll.map(Ok));
-    let watch =
-        watcher::supervise(live.clone(), raw_writer, events.clone(), shutdown.clone(), start);
-    let watcher = tokio::spawn(watch);
-    if let (Some(listeners), Some(d)) = (dns, &config.dns) {
-        let (cfg, mut topology, stop) = (d.clone(), reader.clone(), shutdown.clone());
+    }
+
+    /// The drain coordinator, the topology's writer (Sentinels or an upstream, restarted on a
+    /// reload that changes them), the handoff mask and the readiness poll.
+    fn start_writer(&mut self, config: &Config, published: TopologyWriter) -> Writing {
+        let (raw_writer, raw) = topology::channel();
+        let maintenance = Arc::new(Maintenance::default());
+        let handoffs = maintenance.handoffs.subscribe();
+        let mask = crate::switchover::mask::run(raw.clone(), handoffs, published, self.stop());
+        self.tasks.spawn(mask.map(Ok));
+        let (drain, drain_tx) = self.start_drain(config);
+        // The links leave their records of each master here; the readiness poll reads them.
+        let heard = crate::readiness::Heard::default();
+        let heard_by_links = heard.clone();
+        let start = move |c: &Config, w: TopologyWriter, e: Arc<EventLog>, s: CancellationToken| {
+            crate::source::spawn(c, w, e, drain_tx.clone(), heard_by_links.clone(), s)
+        };
+        let (readiness_tx, readiness) = crate::readiness::channel();
+        let (live, reader) = (self.live.clone(), self.reader.clone());
+        let poll = crate::readiness::poll::run(live, reader, heard, readiness_tx, self.stop());
+        self.tasks.spawn(poll.map(Ok));
+        self.readiness = readiness;
+        let events = self.events.clone();
+        let watch =
+            watcher::follow_reloads(self.live.clone(), raw_writer, events, self.stop(), start);
+        let watch = tokio::spawn(watch);
+        self.tasks.spawn(until_shutdown("the topology watcher", watch, self.stop()));
+        Writing { raw, maintenance, drain }
+    }
+
+    /// The drain coordinator: its handle, and the sender of its fence and drain signals.
+    fn start_drain(&mut self, config: &Config) -> (DrainHandle, mpsc::UnboundedSender<Signal>) {
+        let (drain_tx, drain_rx) = mpsc::unbounded_channel();
+        let (reader, events) = (self.reader.clone(), self.events.clone());
+        let coordinator =
+            Coordinator::new(config.drain.clone(), config.nodes.clone(), events, reader);
+        let coordinator =
+            coordinator.follow(reload::project(&self.live, |c| (c.drain.clone(), c.nodes.clone())));
+        let drain = coordinator.handle();
+        self.tasks.spawn(coordinator.run(drain_rx, self.stop()).map(Ok));
+        (drain, drain_tx)
+    }
+
+    /// DNS, the HTTP API and the Sentinel endpoint, on the listeners bound at the start.
+    fn start_readers(
+        &mut self,
+        config: &Config,
+        listeners: Listeners,
+        writing: Writing,
+        metrics: PrometheusHandle,
+    ) {
+        if let (Some(listeners), Some(d)) = (listeners.dns, &config.dns) {
+            self.serve_dns(listeners, d);
+        }
+        if let Some(listener) = listeners.http {
+            self.serve_http(listener, writing, metrics);
+        }
+        if let (Some(listeners), Some(s)) = (listeners.sentinel_api, &config.sentinel_api) {
+            self.serve_sentinel_api(listeners, s);
+        }
+    }
+
+    fn serve_dns(&mut self, listeners: crate::dns::Listeners, d: &crate::config::Dns) {
+        let (cfg, mut topology, stop) = (d.clone(), self.reader.clone(), self.stop());
         if let Some(max_lag) = d.replica_max_lag {
             let follow = crate::readiness::lagging::follow;
-            let (filtered, feed) = follow(topology, readiness.clone(), max_lag, stop.clone());
-            tasks.spawn(feed.map(Ok));
+            let (filtered, feed) = follow(topology, self.readiness.clone(), max_lag, stop.clone());
+            self.tasks.spawn(feed.map(Ok));
             topology = filtered;
         }
-        tasks.spawn(async move {
+        self.tasks.spawn(async move {
             crate::dns::serve(listeners, cfg, topology, stop).await.context("DNS server failed")
         });
     }
-    if let Some(listener) = http {
+
+    fn serve_http(
+        &mut self,
+        listener: tokio::net::TcpListener,
+        writing: Writing,
+        metrics: PrometheusHandle,
+    ) {
+        let live = &self.live;
         let api = crate::http::Api {
-            topology: reader.clone(),
-            events: events.clone(),
-            admin_token: reload::project(&live, |c| c.http.as_ref()?.admin_token.clone()),
-            agent_token: reload::project(&live, |c| c.http.as_ref()?.agent_token.clone()),
+            topology: self.reader.clone(),
+            events: self.events.clone(),
+            admin_token: reload::project(live, |c| c.http.as_ref()?.admin_token.clone()),
+            agent_token: reload::project(live, |c| c.http.as_ref()?.agent_token.clone()),
             control: crate::source::maintenance_control(
                 live.clone(),
-                maintenance.clone(),
-                (reader.clone(), raw.clone()),
-                events.clone(),
-                Some(drain.clone()),
+                writing.maintenance,
+                (self.reader.clone(), writing.raw),
+                self.events.clone(),
+                Some(writing.drain.clone()),
             ),
             metrics,
-            drain: Some(drain),
-            readiness: readiness.clone(),
-            tls: reload::project(&live, |c| c.http.as_ref()?.tls.clone()),
+            drain: Some(writing.drain),
+            readiness: self.readiness.clone(),
+            tls: reload::project(live, |c| c.http.as_ref()?.tls.clone()),
         };
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
+        let stop = self.stop();
+        self.tasks.spawn(async move {
             crate::http::serve(listener, api, stop).await.context("HTTP server failed")
         });
     }
-    if let (Some(listeners), Some(s)) = (sentinel_api, &config.sentinel_api) {
+
+    fn serve_sentinel_api(
+        &mut self,
+        listeners: Vec<tokio::net::TcpListener>,
+        s: &crate::config::SentinelApi,
+    ) {
+        let live = &self.live;
         let api = crate::sentinel_api::Api {
-            topology: reader.clone(),
-            peers: reload::project(&live, |c| {
+            topology: self.reader.clone(),
+            peers: reload::project(live, |c| {
                 c.sentinel_api.as_ref().map(|s| s.peers.clone()).unwrap_or_default()
             }),
-            password: reload::project(&live, |c| c.sentinel_api.as_ref()?.password.clone()),
+            password: reload::project(live, |c| c.sentinel_api.as_ref()?.password.clone()),
             max_connections: s.max_connections,
             idle_timeout: s.idle_timeout,
             input_budget: crate::sentinel_api::INPUT_BUDGET,
-            events: events.clone(),
+            events: self.events.clone(),
         };
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
+        let stop = self.stop();
+        self.tasks.spawn(async move {
             crate::sentinel_api::serve(listeners, api, stop).await.context("Sentinel API failed")
         });
     }
 
-    tokio::select! {
-        _ = wait_first_state(reader.clone()) => {
-            tracing::info!("ready");
-            service::ready();
+    /// Says `ready` (and tells systemd) once a first state is loaded, or after
+    /// [`FIRST_STATE_DEADLINE`] without one.
+    async fn wait_until_ready(&self) {
+        tokio::select! {
+            _ = wait_first_state(self.reader.clone()) => {
+                tracing::info!("ready");
+                service::ready();
+            }
+            _ = self.shutdown.cancelled() => {}
         }
-        _ = shutdown.cancelled() => {}
     }
-    tasks.spawn(service::watchdog(shutdown.clone()));
-    let result = supervise(&mut tasks, &shutdown).await;
-    service::stopping();
-    shutdown.cancel();
-    while tasks.join_next().await.is_some() {}
-    watcher.await.context("the topology watcher's supervisor failed")?;
-    result
+
+    /// Serves until shutdown or until a component stops, then stops the rest and waits for
+    /// every task to end.
+    async fn serve_until_shutdown(mut self) -> anyhow::Result<()> {
+        self.tasks.spawn(service::watchdog(self.stop()));
+        let result = first_to_stop(&mut self.tasks, &self.shutdown).await;
+        service::stopping();
+        self.shutdown.cancel();
+        while self.tasks.join_next().await.is_some() {}
+        result
+    }
+
+    fn stop(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+}
+
+/// A task that must run until shutdown: its end before (a panic included) is an error that
+/// stops the daemon.
+async fn until_shutdown(
+    name: &'static str,
+    task: JoinHandle<()>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    task.await.map_err(|e| anyhow::anyhow!("{name} panicked: {e}"))?;
+    anyhow::ensure!(shutdown.is_cancelled(), "{name} stopped unexpectedly");
+    Ok(())
 }
 
 /// Waits for shutdown or for the first component to stop, whichever comes first.
-async fn supervise(
+async fn first_to_stop(
     tasks: &mut JoinSet<anyhow::Result<()>>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {

@@ -15,14 +15,131 @@ use tokio::sync::broadcast;
 /// How many events `/v1/events` can return.
 const RETAINED: usize = 1000;
 
+/// What an event is about: its `kind` in the JSON and its `event:` line on the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// The published primary changed (a flip, provisional or not).
+    Switch,
+    /// A provisional flip withdrawn: the primary published before it again.
+    Revert,
+    /// A master no majority of the Sentinels vouches for any more.
+    Stale,
+    /// A stale or suspect master confirmed again.
+    Ok,
+    /// A new primary outside the master's lineage: not published.
+    Suspect,
+    SuspectCleared,
+    /// A master no Sentinel monitors any more.
+    MasterRemoved,
+    SentinelUp,
+    SentinelDown,
+    /// A primary's own `+sdown`/`-sdown`/`+odown`/`-odown`.
+    PrimaryDown,
+    /// The old primary paused (`CLIENT PAUSE WRITE`), and the pause lifted.
+    Fence,
+    Unfence,
+    /// Clients of the old primary killed, and the drain given up on an unreachable node.
+    Drain,
+    DrainAbandoned,
+    /// The old primary made a replica of the new one, or refusing it.
+    Demote,
+    DemoteRefused,
+    NodeUnreachable,
+    /// Writers still on the old primary when the drain's window ended.
+    StaleClientsLeft,
+    /// Sockets destroyed by the kernel (`SOCK_DESTROY`).
+    Sweep,
+    /// A failover asked of a Sentinel through the API, a planned switchover, and a node's
+    /// hand-over before its restart.
+    FailoverRequested,
+    Switchover,
+    Handoff,
+    HandoffEnded,
+    /// A data node whose `default` user may publish Sentinel hellos.
+    HelloAcl,
+    /// An agent's upstream answering again, or not.
+    UpstreamUp,
+    UpstreamDown,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 26] = [
+        Kind::Switch,
+        Kind::Revert,
+        Kind::Stale,
+        Kind::Ok,
+        Kind::Suspect,
+        Kind::SuspectCleared,
+        Kind::MasterRemoved,
+        Kind::SentinelUp,
+        Kind::SentinelDown,
+        Kind::PrimaryDown,
+        Kind::Fence,
+        Kind::Unfence,
+        Kind::Drain,
+        Kind::DrainAbandoned,
+        Kind::Demote,
+        Kind::DemoteRefused,
+        Kind::NodeUnreachable,
+        Kind::StaleClientsLeft,
+        Kind::Sweep,
+        Kind::FailoverRequested,
+        Kind::Switchover,
+        Kind::Handoff,
+        Kind::HandoffEnded,
+        Kind::HelloAcl,
+        Kind::UpstreamUp,
+        Kind::UpstreamDown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Switch => "switch",
+            Kind::Revert => "revert",
+            Kind::Stale => "stale",
+            Kind::Ok => "ok",
+            Kind::Suspect => "suspect",
+            Kind::SuspectCleared => "suspect_cleared",
+            Kind::MasterRemoved => "master_removed",
+            Kind::SentinelUp => "sentinel_up",
+            Kind::SentinelDown => "sentinel_down",
+            Kind::PrimaryDown => "primary_down",
+            Kind::Fence => "fence",
+            Kind::Unfence => "unfence",
+            Kind::Drain => "drain",
+            Kind::DrainAbandoned => "drain_abandoned",
+            Kind::Demote => "demote",
+            Kind::DemoteRefused => "demote_refused",
+            Kind::NodeUnreachable => "node_unreachable",
+            Kind::StaleClientsLeft => "stale_clients_left",
+            Kind::Sweep => "sweep",
+            Kind::FailoverRequested => "failover_requested",
+            Kind::Switchover => "switchover",
+            Kind::Handoff => "handoff",
+            Kind::HandoffEnded => "handoff_ended",
+            Kind::HelloAcl => "hello_acl",
+            Kind::UpstreamUp => "upstream_up",
+            Kind::UpstreamDown => "upstream_down",
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The stream-only event of `?masters=` (`http/feed.rs`): not in the log, never retained.
+pub const MASTERS: &str = "masters";
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Event {
     pub id: u64,
     /// Milliseconds since the Unix epoch.
     pub time_ms: u64,
-    /// e.g. `switch`, `sentinel_up`, `sentinel_down`, `stale`, `ok`, `fence`, `drain`,
-    /// `primary_down` (a primary's own `+sdown`/`-sdown`/`+odown`/`-odown`).
-    pub kind: &'static str,
+    pub kind: Kind,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub master: Option<String>,
     /// Kind-specific fields (old and new primary, epoch, counts, durations...).
@@ -55,7 +172,7 @@ impl EventLog {
     }
 
     /// Records an event, logs nothing (callers log in their own words), returns its id.
-    pub fn push(&self, kind: &'static str, master: Option<&str>, data: Value) -> u64 {
+    pub fn push(&self, kind: Kind, master: Option<&str>, data: Value) -> u64 {
         let data = match data {
             Value::Object(map) => map,
             Value::Null => Map::new(),
@@ -112,8 +229,8 @@ mod tests {
     #[test]
     fn ids_increase_and_since_filters() {
         let log = EventLog::new();
-        let a = log.push("switch", Some("m"), json!({"epoch": 1}));
-        let b = log.push("sentinel_down", None, json!({"sentinel": "127.0.0.1:1"}));
+        let a = log.push(Kind::Switch, Some("m"), json!({"epoch": 1}));
+        let b = log.push(Kind::SentinelDown, None, json!({"sentinel": "127.0.0.1:1"}));
         assert!(b > a);
         assert_eq!(log.since(Some(a)).len(), 1);
         assert_eq!(log.since(None).len(), 2);
@@ -123,10 +240,22 @@ mod tests {
     #[tokio::test]
     async fn follow_sees_later_events() {
         let log = EventLog::new();
-        log.push("ok", None, Value::Null);
+        log.push(Kind::Ok, None, Value::Null);
         let (past, mut rx) = log.follow(None);
         assert_eq!(past.len(), 1);
-        let id = log.push("stale", None, Value::Null);
+        let id = log.push(Kind::Stale, None, Value::Null);
         assert_eq!(rx.recv().await.map(|e| e.id).ok(), Some(id));
+    }
+
+    /// The JSON `kind` is the name `as_str` gives (what the stream's `event:` line says), and
+    /// every kind has a name of its own.
+    #[test]
+    fn every_kind_serializes_as_its_own_name() {
+        let mut names = std::collections::HashSet::new();
+        for kind in Kind::ALL {
+            assert_eq!(serde_json::to_value(kind).expect("a unit variant"), json!(kind.as_str()));
+            assert!(names.insert(kind.as_str()), "{kind} twice");
+        }
+        assert!(!names.contains(MASTERS));
     }
 }

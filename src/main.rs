@@ -171,6 +171,7 @@ fn command(command: Command) -> ExitCode {
 fn demo() -> ExitCode {
     runtime(async {
         let shutdown = CancellationToken::new();
+        // For the life of the process: it only cancels `shutdown`.
         tokio::spawn(signals(shutdown.clone()));
         demo::demo(shutdown).await
     })
@@ -257,6 +258,7 @@ fn run(path: &std::path::Path) -> ExitCode {
     }
     runtime(async move {
         let shutdown = CancellationToken::new();
+        // For the life of the process: it only cancels `shutdown`.
         tokio::spawn(signals(shutdown.clone()));
         polestar::daemon::run(config, shutdown).await
     })

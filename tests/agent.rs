@@ -594,7 +594,7 @@ async fn requests(ps: &Polestar, route: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
-/// Issue 26, item 5: 10,000 agents on one polestar each read `GET /v1/masters` after every
+/// docs/decisions.md D30: 10,000 agents on one polestar each read `GET /v1/masters` after every
 /// event (49 us of polestar's CPU per agent per change, p99 0.5 s at 9,800). Now the stream
 /// carries the masters: a real failover reaches the agent from its stream alone, and the
 /// upstream serves the agent no `GET /v1/masters` at all (the old agent read it at the start

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use polestar::config::{self, Auth};
 use polestar::drain::{Coordinator, DrainError, DrainHandle};
-use polestar::events::{Event, EventLog};
+use polestar::events::{Event, EventLog, Kind};
 use polestar::failover::Signal;
 use polestar::node::clients::parse_list;
 use polestar::node::infrastructure::Infrastructure;
@@ -118,7 +118,7 @@ async fn closed(mut c: TcpStream, limit: Duration) -> Option<Instant> {
 }
 
 #[derive(Clone, Copy, Debug)]
-enum Kind {
+enum ClientKind {
     Idle,
     Writer,
     Blocked,
@@ -126,23 +126,23 @@ enum Kind {
 }
 
 /// Connects a client of `kind` and returns a task that ends when the node closes it.
-async fn client(addr: SocketAddr, kind: Kind, n: usize) -> JoinHandle<Option<Instant>> {
+async fn client(addr: SocketAddr, kind: ClientKind, n: usize) -> JoinHandle<Option<Instant>> {
     let mut c = TcpStream::connect(addr).await.expect("connect client");
     let limit = Duration::from_secs(20);
     match kind {
-        Kind::Idle => {
+        ClientKind::Idle => {
             command(&mut c, &["PING"]).await.expect("PONG");
             tokio::spawn(closed(c, limit))
         }
-        Kind::Blocked => {
+        ClientKind::Blocked => {
             c.write_all(&encode(&["BLPOP", &format!("list-{n}"), "0"])).await.expect("BLPOP");
             tokio::spawn(closed(c, limit))
         }
-        Kind::Subscriber => {
+        ClientKind::Subscriber => {
             command(&mut c, &["SUBSCRIBE", "news"]).await.expect("subscribed");
             tokio::spawn(closed(c, limit))
         }
-        Kind::Writer => {
+        ClientKind::Writer => {
             command(&mut c, &["INCR", "counter"]).await.expect("first INCR");
             tokio::spawn(write_until_closed(c, limit))
         }
@@ -171,7 +171,10 @@ async fn named(addr: SocketAddr, name: &str) -> TcpStream {
     c
 }
 
-async fn clients(addr: SocketAddr, mix: &[(Kind, usize)]) -> Vec<JoinHandle<Option<Instant>>> {
+async fn clients(
+    addr: SocketAddr,
+    mix: &[(ClientKind, usize)],
+) -> Vec<JoinHandle<Option<Instant>>> {
     let mut out = Vec::new();
     for (kind, count) in mix {
         for n in 0..*count {
@@ -276,7 +279,7 @@ impl Harness {
 
     /// The first event of `kind` matching `pred`, waiting up to 10 s (generous: on a loaded
     /// machine; the events come within milliseconds).
-    async fn event(&self, kind: &str, pred: impl Fn(&Event) -> bool) -> Option<Event> {
+    async fn event(&self, kind: Kind, pred: impl Fn(&Event) -> bool) -> Option<Event> {
         for _ in 0..200 {
             if let Some(e) = self.events.since(None).into_iter().find(|e| e.kind == kind && pred(e))
             {
@@ -287,7 +290,7 @@ impl Harness {
         None
     }
 
-    fn count(&self, kind: &str) -> usize {
+    fn count(&self, kind: Kind) -> usize {
         self.events.since(None).iter().filter(|e| e.kind == kind).count()
     }
 }
@@ -304,6 +307,10 @@ async fn replica_of(primary: &Server) -> Server {
     replica_of_with(&Flavor::Redis, primary).await
 }
 
+/// A replica of `primary` that receives its stream: a write to the primary has reached it.
+/// `master_link_status:up` alone is not that: after a diskless full sync the primary holds the
+/// stream until the replica's first `REPLCONF ACK`, up to a second later, and a failover in
+/// that second (seen on a loaded machine) promotes a replica that lacks every write since.
 async fn replica_of_with(flavor: &Flavor, primary: &Server) -> Server {
     let port = primary.port().to_string();
     let replica = Server::start_on(flavor, &["--replicaof", "127.0.0.1", &port]).await;
@@ -311,11 +318,22 @@ async fn replica_of_with(flavor: &Flavor, primary: &Server) -> Server {
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         if replica.info("replication").await.contains("master_link_status:up") {
-            return replica;
+            break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("replica never linked within 30 s:\n{}", replica.info("replication").await);
+    // Written after the link is up, so in the stream, never in the sync's snapshot.
+    let mut mark = 0u64;
+    while Instant::now() < deadline {
+        mark += 1;
+        primary.ask(&["SET", "lab:streamed", &mark.to_string()]).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let got = replica.ask(&["GET", "lab:streamed"]).await;
+        if got.lines().nth(1) == Some(mark.to_string().as_str()) {
+            return replica;
+        }
+    }
+    panic!("replica never streamed within 30 s:\n{}", replica.info("replication").await);
 }
 
 fn other_node() -> Node {
@@ -339,7 +357,12 @@ async fn valkey_flip_kills_every_client_but_the_spared_and_the_replication_link(
 async fn flip_kills_every_client_but_the_spared(flavor: &Flavor) {
     let old = Server::start_on(flavor, &[]).await;
     let replica = replica_of_with(flavor, &old).await;
-    let mix = [(Kind::Idle, 100), (Kind::Writer, 40), (Kind::Blocked, 30), (Kind::Subscriber, 29)];
+    let mix = [
+        (ClientKind::Idle, 100),
+        (ClientKind::Writer, 40),
+        (ClientKind::Blocked, 30),
+        (ClientKind::Subscriber, 29),
+    ];
     let tasks = clients(old.addr(), &mix).await;
     let mut keep = named(old.addr(), "keepme").await;
     let mut cfg = settings(1500, 250, 30_000, 2000);
@@ -358,13 +381,13 @@ async fn flip_kills_every_client_but_the_spared(flavor: &Flavor) {
     assert!(old.info("replication").await.contains("connected_slaves:1"));
     assert!(replica.info("replication").await.contains("master_link_status:up"));
 
-    let drain = h.event("drain", |e| field(e, "reason") == "flip").await.expect("drain event");
+    let drain = h.event(Kind::Drain, |e| field(e, "reason") == "flip").await.expect("drain event");
     assert_eq!(field(&drain, "killed"), 199);
     assert_eq!(field(&drain, "spared_by")["name"], 1);
     assert_eq!(field(&drain, "spared_by")["replication"], 1);
     assert_eq!(field(&drain, "spared_by")["own"], 1);
     assert!(field(&drain, "duration_ms").is_u64());
-    let fence = h.event("fence", |_| true).await.expect("fence event");
+    let fence = h.event(Kind::Fence, |_| true).await.expect("fence event");
     assert!(fence.id < drain.id, "drained before fencing");
 }
 
@@ -382,7 +405,7 @@ async fn fence_holds_writes_and_abort_lifts_it() {
         at: Instant::now(),
         coordinated: false,
     });
-    h.event("fence", |_| true).await.expect("fence event");
+    h.event(Kind::Fence, |_| true).await.expect("fence event");
     writer.write_all(&encode(&["SET", "k", "v"])).await.expect("send SET");
     // Held past the grace: a slow promotion keeps the fence until the flip or the abort.
     assert_eq!(read_some(&mut writer, Duration::from_millis(800)).await, None, "write not held");
@@ -391,7 +414,7 @@ async fn fence_holds_writes_and_abort_lifts_it() {
     h.send(Signal::Aborted { master: "m".into(), gave_up: false });
     let reply = read_some(&mut writer, Duration::from_secs(2)).await;
     assert_eq!(reply.as_deref(), Some("+OK\r\n"));
-    let unfence = h.event("unfence", |_| true).await.expect("unfence event");
+    let unfence = h.event(Kind::Unfence, |_| true).await.expect("unfence event");
     assert_eq!(field(&unfence, "reason"), "aborted");
     assert_eq!(old.ask(&["GET", "k"]).await, "$1\r\nv\r\n");
 
@@ -404,12 +427,12 @@ async fn fence_holds_writes_and_abort_lifts_it() {
         coordinated: false,
     });
     for _ in 0..200 {
-        if h.count("fence") == 2 {
+        if h.count(Kind::Fence) == 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(h.count("fence"), 2, "not fenced again");
+    assert_eq!(h.count(Kind::Fence), 2, "not fenced again");
     writer.write_all(&encode(&["SET", "k", "w"])).await.expect("send SET");
     assert_eq!(read_some(&mut writer, Duration::from_millis(500)).await, None, "write not held");
 }
@@ -474,7 +497,7 @@ async fn the_fence_goes_over_the_link_opened_at_the_first_sign_of_the_failover()
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(warm.len(), 1, "no link opened at the first sign of the failover: {warm:?}");
-    assert_eq!(h.count("fence"), 0, "fenced before the promotion");
+    assert_eq!(h.count(Kind::Fence), 0, "fenced before the promotion");
 
     h.send(Signal::Promoting {
         master: "m".into(),
@@ -483,13 +506,13 @@ async fn the_fence_goes_over_the_link_opened_at_the_first_sign_of_the_failover()
         at: Instant::now(),
         coordinated: false,
     });
-    let fence = h.event("fence", |_| true).await.expect("fence event");
+    let fence = h.event(Kind::Fence, |_| true).await.expect("fence event");
     assert_eq!(field(&fence, "round_trips"), 1, "{fence:?}");
     assert_eq!(polestar_ids(&old).await, warm, "the fence opened another connection");
 
     // The failover aborts; the node closes the link; the next promotion reconnects at once.
     h.send(Signal::Aborted { master: "m".into(), gave_up: false });
-    h.event("unfence", |_| true).await.expect("unfence event");
+    h.event(Kind::Unfence, |_| true).await.expect("unfence event");
     let killed = old.ask(&["CLIENT", "KILL", "ID", &warm[0].to_string()]).await;
     assert_eq!(killed, ":1\r\n");
     h.send(Signal::Promoting {
@@ -499,9 +522,9 @@ async fn the_fence_goes_over_the_link_opened_at_the_first_sign_of_the_failover()
         at: Instant::now(),
         coordinated: false,
     });
-    let fence = h.event("fence", |e| e.id > fence.id).await.expect("a second fence event");
+    let fence = h.event(Kind::Fence, |e| e.id > fence.id).await.expect("a second fence event");
     assert!(field(&fence, "round_trips").as_u64() > Some(1), "{fence:?}");
-    assert_eq!(h.count("node_unreachable"), 0, "the closed link cost a fence attempt");
+    assert_eq!(h.count(Kind::NodeUnreachable), 0, "the closed link cost a fence attempt");
 }
 
 /// Regression (docs/failover.md, "How a fence ends"): one Sentinel's `+selected-slave` and nothing
@@ -518,7 +541,7 @@ async fn a_fence_that_no_promotion_follows_is_lifted_within_seconds() {
         at: promoted,
         coordinated: false,
     });
-    h.event("fence", |_| true).await.expect("fence event");
+    h.event(Kind::Fence, |_| true).await.expect("fence event");
     let mut writer = TcpStream::connect(old.addr()).await.expect("connect");
     writer.write_all(&encode(&["SET", "k", "v"])).await.expect("send SET");
     assert_eq!(read_some(&mut writer, Duration::from_secs(2)).await, None, "write not held");
@@ -528,7 +551,7 @@ async fn a_fence_that_no_promotion_follows_is_lifted_within_seconds() {
     let lifted = promoted.elapsed();
     assert_eq!(reply.as_deref(), Some("+OK\r\n"), "after {lifted:?}");
     assert!(lifted < Duration::from_secs(7), "lifted after {lifted:?}");
-    let unfence = h.event("unfence", |_| true).await.expect("unfence event");
+    let unfence = h.event(Kind::Unfence, |_| true).await.expect("unfence event");
     assert_eq!(field(&unfence, "reason"), "unconfirmed");
     assert!(old.ask(&["ROLE"]).await.contains("master"));
 }
@@ -548,13 +571,13 @@ async fn giving_up_a_promotion_leaves_another_polestars_fence_in_place() {
         at: Instant::now(),
         coordinated: false,
     });
-    h.event("fence", |_| true).await.expect("fence event");
+    h.event(Kind::Fence, |_| true).await.expect("fence event");
     assert!(old.ask(&["CLIENT", "PAUSE", "4000", "WRITE"]).await.contains("OK"));
     let others_until = Instant::now() + Duration::from_secs(4);
     let mut writer = TcpStream::connect(old.addr()).await.expect("connect");
     writer.write_all(&encode(&["SET", "k", "v"])).await.expect("send SET");
     h.send(Signal::Aborted { master: "m".into(), gave_up: true });
-    let unfence = h.event("unfence", |_| true).await.expect("unfence event");
+    let unfence = h.event(Kind::Unfence, |_| true).await.expect("unfence event");
     assert_eq!(field(&unfence, "reason"), "gave_up");
     let reply = read_some(&mut writer, Duration::from_secs(8)).await;
     assert_eq!(reply.as_deref(), Some("+OK\r\n"), "the write runs once the other pause lapses");
@@ -579,7 +602,7 @@ async fn held_writes_never_run_on_the_old_primary_which_is_demoted_at_the_flip()
         at: Instant::now(),
         coordinated: false,
     });
-    h.event("fence", |_| true).await.expect("fence event");
+    h.event(Kind::Fence, |_| true).await.expect("fence event");
     writer.write_all(&encode(&["SET", "k", "lost"])).await.expect("send SET");
     assert_eq!(read_some(&mut writer, Duration::from_millis(300)).await, None);
 
@@ -588,7 +611,7 @@ async fn held_writes_never_run_on_the_old_primary_which_is_demoted_at_the_flip()
     // The held write is never acknowledged: its client is killed (or refused) at the demotion.
     let reply = read_some(&mut writer, Duration::from_secs(2)).await.unwrap_or_default();
     assert!(!reply.starts_with('+'), "held write acknowledged: {reply:?}");
-    let demote = h.event("demote", |_| true).await.expect("demote event");
+    let demote = h.event(Kind::Demote, |_| true).await.expect("demote event");
     assert_eq!(field(&demote, "to"), new.addr().to_string().as_str());
     assert!(
         flipped.elapsed() < Duration::from_secs(2),
@@ -624,7 +647,7 @@ async fn a_client_back_inside_the_grace_is_killed_again_a_reader_after_it_is_lef
     let mut reader = TcpStream::connect(old.addr()).await.expect("connect");
     assert!(command(&mut reader, &["GET", "k"]).await.is_some());
     assert_eq!(closed(reader, Duration::from_millis(2500)).await, None, "reader killed");
-    assert!(h.count("drain") >= 2, "the sweep that killed the stale client was not recorded");
+    assert!(h.count(Kind::Drain) >= 2, "the sweep that killed the stale client was not recorded");
     assert!(old.ask(&["ROLE"]).await.contains("slave"), "not demoted");
 }
 
@@ -638,7 +661,7 @@ async fn stale_writers_are_killed_until_the_window_ends_readers_stay() {
     let h = harness(settings(300, 100, 6_000, 2000));
     let flipped = Instant::now();
     h.flip("m", &old, new.node());
-    h.event("demote", |_| true).await.expect("demote event");
+    h.event(Kind::Demote, |_| true).await.expect("demote event");
     tokio::time::sleep(Duration::from_millis(800)).await;
     let mut reader = TcpStream::connect(old.addr()).await.expect("connect");
     assert!(command(&mut reader, &["GET", "k"]).await.is_some());
@@ -651,7 +674,7 @@ async fn stale_writers_are_killed_until_the_window_ends_readers_stay() {
         assert!(closed(pinned, Duration::from_secs(3)).await.is_some(), "stale writer not killed");
     }
     assert_eq!(reading.await.expect("reader task"), None, "the reader was killed");
-    let swept = h.event("drain", |e| field(e, "reason") == "stale_writer").await;
+    let swept = h.event(Kind::Drain, |e| field(e, "reason") == "stale_writer").await;
     assert!(swept.is_some_and(|e| field(&e, "killed").as_u64() >= Some(1)));
     // After the window, writers are left alone.
     tokio::time::sleep_until((flipped + Duration::from_millis(6_500)).into()).await;
@@ -666,7 +689,7 @@ async fn stale_writers_are_killed_until_the_window_ends_readers_stay() {
 async fn an_abort_after_a_provisional_flip_undoes_the_fence_and_the_drain() {
     let old = Server::start(&[]).await;
     let new = Server::start(&[]).await;
-    let idle = clients(old.addr(), &[(Kind::Idle, 5)]).await;
+    let idle = clients(old.addr(), &[(ClientKind::Idle, 5)]).await;
     let mut cfg = settings(3000, 100, 30_000, 2000);
     spare_names(&mut cfg, &["keepme"]);
     let h = harness(cfg);
@@ -696,14 +719,14 @@ async fn an_abort_after_a_provisional_flip_undoes_the_fence_and_the_drain() {
     h.send(Signal::Aborted { master: "m".into(), gave_up: false });
     let reply = read_some(&mut writer, Duration::from_secs(2)).await;
     assert_eq!(reply.as_deref(), Some("+OK\r\n"), "the fence was not lifted");
-    let unfence = h.event("unfence", |_| true).await.expect("unfence event");
+    let unfence = h.event(Kind::Unfence, |_| true).await.expect("unfence event");
     assert_eq!(field(&unfence, "reason"), "aborted");
     // Inside the grace of the withdrawn flip: no sweep kills the primary's clients any more.
-    let back = clients(old.addr(), &[(Kind::Idle, 3), (Kind::Writer, 1)]).await;
+    let back = clients(old.addr(), &[(ClientKind::Idle, 3), (ClientKind::Writer, 1)]).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(back.iter().all(|t| !t.is_finished()), "a client of the primary was killed");
     assert!(old.ask(&["ROLE"]).await.contains("master"));
-    assert_eq!(h.count("demote"), 0);
+    assert_eq!(h.count(Kind::Demote), 0);
 }
 
 /// A provisional flip drains at once, keeps the node fenced, and demotes it when the
@@ -722,13 +745,13 @@ async fn a_provisional_flip_is_demoted_once_confirmed() {
         provisional: true,
         at,
     });
-    h.event("fence", |_| true).await.expect("fence event");
+    h.event(Kind::Fence, |_| true).await.expect("fence event");
     let mut writer = TcpStream::connect(old.addr()).await.expect("connect");
     writer.write_all(&encode(&["SET", "k", "v"])).await.expect("send SET");
     assert_eq!(read_some(&mut writer, Duration::from_millis(500)).await, None, "write not held");
     assert!(old.ask(&["ROLE"]).await.contains("master"));
     h.send(Signal::Confirmed { master: "m".into(), new: new.node(), epoch: 2 });
-    h.event("demote", |_| true).await.expect("demote event");
+    h.event(Kind::Demote, |_| true).await.expect("demote event");
     let reply = read_some(&mut writer, Duration::from_secs(2)).await.unwrap_or_default();
     assert!(!reply.starts_with('+'), "held write acknowledged: {reply:?}");
     assert!(old.ask(&["ROLE"]).await.contains("slave"));
@@ -749,9 +772,9 @@ async fn a_node_that_refuses_replicaof_stays_fenced_and_no_held_write_runs() {
         at: Instant::now(),
         coordinated: false,
     });
-    h.event("fence", |_| true).await.expect("fence event");
+    h.event(Kind::Fence, |_| true).await.expect("fence event");
     h.flip("m", &old, new.node());
-    let refused = h.event("demote_refused", |_| true).await.expect("refused");
+    let refused = h.event(Kind::DemoteRefused, |_| true).await.expect("refused");
     assert!(
         field(&refused, "why").as_str().is_some_and(|w| w.contains("replicaof")),
         "{refused:?}"
@@ -762,7 +785,7 @@ async fn a_node_that_refuses_replicaof_stays_fenced_and_no_held_write_runs() {
     writer.write_all(&encode(&["SET", "k", "held"])).await.expect("send SET");
     let reply = read_some(&mut writer, Duration::from_secs(2)).await.unwrap_or_default();
     assert!(!reply.starts_with('+'), "a write acknowledged while the fence should hold: {reply:?}");
-    let unfence = h.event("unfence", |_| true).await.expect("the fence ends");
+    let unfence = h.event(Kind::Unfence, |_| true).await.expect("the fence ends");
     assert_eq!(field(&unfence, "reason"), "fence_over");
     assert_eq!(old.ask(&["GET", "k"]).await, "$-1\r\n", "a held write ran");
 }
@@ -775,13 +798,13 @@ async fn an_old_primary_promoted_again_is_never_demoted_by_a_late_signal() {
     let new = Server::start(&[]).await;
     let h = harness(settings(300, 100, 30_000, 2000));
     h.flip("m", &old, new.node());
-    h.event("demote", |_| true).await.expect("demote event");
+    h.event(Kind::Demote, |_| true).await.expect("demote event");
     assert_eq!(old.ask(&["REPLICAOF", "NO", "ONE"]).await, "+OK\r\n");
     h.send(Signal::Confirmed { master: "m".into(), new: new.node(), epoch: 2 });
-    let refused = h.event("demote_refused", |_| true).await.expect("refused");
+    let refused = h.event(Kind::DemoteRefused, |_| true).await.expect("refused");
     assert!(field(&refused, "why").as_str().is_some_and(|w| w.contains("promoted again")));
     assert!(old.ask(&["ROLE"]).await.contains("master"));
-    assert_eq!(h.count("demote"), 1);
+    assert_eq!(h.count(Kind::Demote), 1);
 }
 
 /// Regression (docs/failover.md, "A returning old primary"): the returning-node drain checked
@@ -791,7 +814,8 @@ async fn an_old_primary_promoted_again_is_never_demoted_by_a_late_signal() {
 async fn the_replica_being_promoted_is_never_taken_for_a_returning_primary() {
     let primary = Server::start(&[]).await;
     let promoted = Server::start(&[]).await;
-    let on_promoted = clients(promoted.addr(), &[(Kind::Idle, 5), (Kind::Writer, 1)]).await;
+    let on_promoted =
+        clients(promoted.addr(), &[(ClientKind::Idle, 5), (ClientKind::Writer, 1)]).await;
     let h = harness(settings(1500, 100, 30_000, 2000));
     h.publish("m", primary.node(), &[promoted.node()]);
     let returning = |epoch| Signal::Returning {
@@ -817,7 +841,7 @@ async fn the_replica_being_promoted_is_never_taken_for_a_returning_primary() {
         "a client of the promoted node was killed"
     );
     assert!(promoted.ask(&["ROLE"]).await.contains("master"));
-    assert_eq!(h.count("demote"), 0);
+    assert_eq!(h.count(Kind::Demote), 0);
     assert!(
         h.events
             .since(None)
@@ -854,12 +878,12 @@ async fn one_polestar_never_lifts_the_fence_another_still_needs() {
         at: Instant::now(),
     });
     // A's fence ends (5 s after its promotion): the node must stay fenced for B.
-    a.event("unfence", |_| true).await.expect("A's fence ends");
+    a.event(Kind::Unfence, |_| true).await.expect("A's fence ends");
     let mut writer = TcpStream::connect(old.addr()).await.expect("connect");
     writer.write_all(&encode(&["SET", "k", "v"])).await.expect("send SET");
     assert_eq!(read_some(&mut writer, Duration::from_millis(1000)).await, None, "unfenced early");
     b.send(Signal::Confirmed { master: "m".into(), new: new.node(), epoch: 2 });
-    b.event("demote", |_| true).await.expect("B demotes");
+    b.event(Kind::Demote, |_| true).await.expect("B demotes");
     let reply = read_some(&mut writer, Duration::from_secs(2)).await.unwrap_or_default();
     assert!(!reply.starts_with('+'), "held write acknowledged: {reply:?}");
     // A later confirmation on A finds the node demoted: nothing to do twice.
@@ -879,7 +903,7 @@ async fn one_polestar_never_lifts_the_fence_another_still_needs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_drain_is_paced_by_rate() {
     let old = Server::start(&[]).await;
-    let tasks = clients(old.addr(), &[(Kind::Idle, 300)]).await;
+    let tasks = clients(old.addr(), &[(ClientKind::Idle, 300)]).await;
     let h = harness(settings(1500, 250, 30_000, 100));
     let flipped = Instant::now();
     h.flip("m", &old, other_node());
@@ -897,7 +921,7 @@ async fn the_drain_is_paced_by_rate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_polestars_draining_one_node_kill_at_about_one_rate() {
     let old = Server::start(&[]).await;
-    let tasks = clients(old.addr(), &[(Kind::Idle, 300)]).await;
+    let tasks = clients(old.addr(), &[(ClientKind::Idle, 300)]).await;
     let (a, b) =
         (harness(settings(1500, 250, 30_000, 100)), harness(settings(1500, 250, 30_000, 100)));
     let flipped = Instant::now();
@@ -913,9 +937,10 @@ async fn two_polestars_draining_one_node_kill_at_about_one_rate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_old_primary_delays_no_other_master_and_is_retried() {
     let hung = Server::start(&[]).await;
-    let hung_clients = clients(hung.addr(), &[(Kind::Idle, 5)]).await;
+    let hung_clients = clients(hung.addr(), &[(ClientKind::Idle, 5)]).await;
     let live = Server::start(&[]).await;
-    let live_clients = clients(live.addr(), &[(Kind::Idle, 50), (Kind::Blocked, 10)]).await;
+    let live_clients =
+        clients(live.addr(), &[(ClientKind::Idle, 50), (ClientKind::Blocked, 10)]).await;
     let closed_port = Node { ip: [127, 0, 0, 1].into(), port: free_port(), hostname: None };
     let h = harness(settings(500, 100, 30_000, 2000));
 
@@ -938,14 +963,14 @@ async fn an_unreachable_old_primary_delays_no_other_master_and_is_retried() {
     eprintln!("live master drained {last:?} after the flips, beside a hung and a closed node");
     assert!(last < Duration::from_millis(500), "the live master waited {last:?}");
     let master = |name: &'static str| move |e: &Event| e.master.as_deref() == Some(name);
-    assert!(h.event("node_unreachable", master("gone")).await.is_some());
-    assert!(h.event("node_unreachable", master("hung")).await.is_some());
+    assert!(h.event(Kind::NodeUnreachable, master("gone")).await.is_some());
+    assert!(h.event(Kind::NodeUnreachable, master("hung")).await.is_some());
 
     // Back within the window: its clients (connected before the cutoff) are killed.
     hung.signal(nix::sys::signal::Signal::SIGCONT);
     let times = all_closed(hung_clients).await.unwrap_or_else(|open| panic!("{open} still open"));
     assert_eq!(times.len(), 5);
-    assert!(h.event("drain", master("hung")).await.is_some());
+    assert!(h.event(Kind::Drain, master("hung")).await.is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -953,9 +978,10 @@ async fn a_returning_node_that_still_claims_master_is_drained_and_demoted_at_onc
     let primary = Server::start(&[]).await;
     let returning = Server::start(&[]).await;
     let replica = replica_of(&primary).await;
-    let on_returning = clients(returning.addr(), &[(Kind::Idle, 20), (Kind::Writer, 5)]).await;
-    let on_primary = clients(primary.addr(), &[(Kind::Idle, 5)]).await;
-    let on_replica = clients(replica.addr(), &[(Kind::Idle, 5)]).await;
+    let on_returning =
+        clients(returning.addr(), &[(ClientKind::Idle, 20), (ClientKind::Writer, 5)]).await;
+    let on_primary = clients(primary.addr(), &[(ClientKind::Idle, 5)]).await;
+    let on_replica = clients(replica.addr(), &[(ClientKind::Idle, 5)]).await;
     let h = harness(settings(2000, 100, 30_000, 2000));
     h.publish("m", primary.node(), &[replica.node(), returning.node()]);
 
@@ -964,7 +990,7 @@ async fn a_returning_node_that_still_claims_master_is_drained_and_demoted_at_onc
     }
     let times = all_closed(on_returning).await.unwrap_or_else(|open| panic!("{open} still open"));
     assert_eq!(times.len(), 25);
-    let demote = h.event("demote", |_| true).await.expect("demote event");
+    let demote = h.event(Kind::Demote, |_| true).await.expect("demote event");
     assert_eq!(field(&demote, "node").as_str(), Some(returning.addr().to_string().as_str()));
     assert_eq!(field(&demote, "to").as_str(), Some(primary.addr().to_string().as_str()));
     let mut late = TcpStream::connect(returning.addr()).await.expect("connect");
@@ -975,13 +1001,13 @@ async fn a_returning_node_that_still_claims_master_is_drained_and_demoted_at_onc
     for task in on_primary.into_iter().chain(on_replica) {
         assert!(!task.is_finished(), "a client of the primary or the replica was closed");
     }
-    assert_eq!(h.count("demote"), 1);
+    assert_eq!(h.count(Kind::Demote), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manual_drain_reports_what_it_did() {
     let node = Server::start(&[]).await;
-    let tasks = clients(node.addr(), &[(Kind::Idle, 10), (Kind::Subscriber, 2)]).await;
+    let tasks = clients(node.addr(), &[(ClientKind::Idle, 10), (ClientKind::Subscriber, 2)]).await;
     let _keep = named(node.addr(), "keepme").await;
     let mut cfg = settings(1500, 250, 30_000, 2000);
     spare_names(&mut cfg, &["keep*"]);
@@ -992,7 +1018,7 @@ async fn a_manual_drain_reports_what_it_did() {
     assert_eq!(report.killed, 12);
     assert_eq!(report.spared_by.get("name"), Some(&1));
     assert_eq!(all_closed(tasks).await.map(|t| t.len()), Ok(12));
-    let event = h.event("drain", |e| field(e, "reason") == "manual").await.expect("event");
+    let event = h.event(Kind::Drain, |e| field(e, "reason") == "manual").await.expect("event");
     assert_eq!(field(&event, "killed"), 12);
 
     let unknown = h.handle.drain_now("nope", node.addr()).await;
@@ -1012,7 +1038,7 @@ async fn a_node_published_again_is_unfenced_at_once() {
         at: Instant::now(),
         coordinated: false,
     });
-    h.event("fence", |_| true).await.expect("fence event");
+    h.event(Kind::Fence, |_| true).await.expect("fence event");
     let at = Instant::now();
     h.send(Signal::Flipped {
         master: "m".into(),
@@ -1022,7 +1048,7 @@ async fn a_node_published_again_is_unfenced_at_once() {
         provisional: false,
         at,
     });
-    let unfence = h.event("unfence", |_| true).await.expect("unfence event");
+    let unfence = h.event(Kind::Unfence, |_| true).await.expect("unfence event");
     assert_eq!(field(&unfence, "reason"), "primary");
     assert_eq!(a.ask(&["SET", "k", "v"]).await, "+OK\r\n");
 }
@@ -1030,7 +1056,7 @@ async fn a_node_published_again_is_unfenced_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disabled_draining_touches_nothing() {
     let old = Server::start(&[]).await;
-    let tasks = clients(old.addr(), &[(Kind::Idle, 5)]).await;
+    let tasks = clients(old.addr(), &[(ClientKind::Idle, 5)]).await;
     let mut cfg = settings(500, 100, 30_000, 2000);
     cfg.enabled = false;
     let h = harness(cfg);
@@ -1215,7 +1241,9 @@ async fn a_planned_sentinel_failover_loses_no_acknowledged_write() {
         let ms = SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         eprintln!("{} sentinel {} {payload}", ms.as_millis(), msg.get_channel_name());
         match msg.get_channel_name() {
-            "+selected-slave" | "+failover-state-send-slaveof-noone" => {
+            // The decider fences at the leader's election of the primary it publishes
+            // (docs/decisions.md D9), and again at the selection.
+            "+elected-leader" | "+selected-slave" | "+failover-state-send-slaveof-noone" => {
                 h.send(Signal::Promoting {
                     master: "mm".into(),
                     old: old.node(),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use metrics_exporter_prometheus::PrometheusHandle;
 use polestar::client;
 use polestar::control::{BoxFuture, Control, ControlError};
-use polestar::events::EventLog;
+use polestar::events::{EventLog, Kind};
 use polestar::http::{self, Api};
 use polestar::topology::{
     self, Master, MasterState, Node, Replica, SentinelCounts, Snapshot, TopologyWriter,
@@ -362,8 +362,8 @@ async fn a_long_poll_times_out_with_the_current_state() {
 #[tokio::test]
 async fn events_are_listed_after_since() {
     let server = start(None).await;
-    let first = server.events.push("sentinel_up", None, json!({"sentinel": "127.0.0.1:26379"}));
-    let second = server.events.push("switch", Some("mymaster"), json!({"epoch": 2}));
+    let first = server.events.push(Kind::SentinelUp, None, json!({"sentinel": "127.0.0.1:26379"}));
+    let second = server.events.push(Kind::Switch, Some("mymaster"), json!({"epoch": 2}));
     let (status, body) = server.get_json("/v1/events").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body.as_array().map(Vec::len), Some(2));
@@ -397,14 +397,14 @@ async fn next_sse_event(response: &mut reqwest::Response, buffer: &mut String) -
 #[tokio::test]
 async fn the_event_stream_delivers_live_events_and_resumes_with_last_event_id() {
     let server = start(None).await;
-    let old = server.events.push("ok", None, Value::Null);
+    let old = server.events.push(Kind::Ok, None, Value::Null);
     let url = format!("{}/v1/events/stream", server.url);
     let mut stream =
         server.client.get(&url).timeout(Duration::from_secs(30)).send().await.expect("open");
     assert_eq!(stream.status(), StatusCode::OK);
     let content_type = stream.headers().get("content-type").cloned();
     assert_eq!(content_type.as_ref().and_then(|c| c.to_str().ok()), Some("text/event-stream"));
-    let switch = server.events.push("switch", Some("mymaster"), json!({"epoch": 2}));
+    let switch = server.events.push(Kind::Switch, Some("mymaster"), json!({"epoch": 2}));
     let mut buffer = String::new();
     let event = next_sse_event(&mut stream, &mut buffer).await;
     assert!(
@@ -416,7 +416,7 @@ async fn the_event_stream_delivers_live_events_and_resumes_with_last_event_id() 
     assert!(!event.contains(&old.to_string()), "an event from before the stream was sent: {event}");
     drop(stream);
 
-    let missed = server.events.push("stale", None, Value::Null);
+    let missed = server.events.push(Kind::Stale, None, Value::Null);
     let request = server.client.get(&url).header("Last-Event-ID", switch.to_string());
     let mut resumed = request.timeout(Duration::from_secs(30)).send().await.expect("open");
     let mut buffer = String::new();
@@ -436,9 +436,9 @@ fn primary_port(event: &polestar::http::view::MastersEvent, master: &str) -> Opt
     Some(event.masters.iter().find(|m| m.name == master)?.primary.as_ref()?.port)
 }
 
-/// Issue 26: the stream carries the masters when asked, so that an agent needs no request per
-/// change: every master first, then only what changed (after the version sent before), and
-/// with `only` no other event.
+/// docs/decisions.md D30: the stream carries the masters when asked, so that an agent needs no
+/// request per change: every master first, then only what changed (after the version sent
+/// before), and with `only` no other event.
 #[tokio::test]
 async fn the_event_stream_carries_the_masters_when_asked() {
     let server = start(None).await;
@@ -465,7 +465,7 @@ async fn the_event_stream_carries_the_masters_when_asked() {
     let (_, list) = server.get_json("/v1/masters").await;
     assert_eq!(serde_json::to_value(&full.masters).expect("plain data"), list);
 
-    server.events.push("switch", Some("mymaster"), json!({"epoch": 2}));
+    server.events.push(Kind::Switch, Some("mymaster"), json!({"epoch": 2}));
     server.publish(
         vec![
             master("mymaster", Some("10.0.0.1:6380"), Some(2)),
@@ -493,7 +493,7 @@ async fn the_event_stream_carries_events_and_masters_with_also_and_refuses_other
     let mut stream = stream.expect("open");
     let mut buffer = String::new();
     assert!(masters_of(&next_sse_event(&mut stream, &mut buffer).await).is_some());
-    let switch = server.events.push("switch", Some("mymaster"), json!({"epoch": 2}));
+    let switch = server.events.push(Kind::Switch, Some("mymaster"), json!({"epoch": 2}));
     let event = next_sse_event(&mut stream, &mut buffer).await;
     assert!(event.starts_with(&format!("id: {switch}\nevent: switch\ndata: ")), "{event}");
 
@@ -538,8 +538,8 @@ async fn failover_is_accepted_with_the_token() {
     assert_eq!(body["sentinel"], json!("127.0.0.1:26379"));
     assert_eq!(body["epoch_before"], json!(1));
     assert_eq!(*server.control.calls.lock().expect("not poisoned"), ["mymaster"]);
-    let kinds: Vec<&str> = server.events.since(None).iter().map(|e| e.kind).collect();
-    assert_eq!(kinds, ["failover_requested"]);
+    let kinds: Vec<Kind> = server.events.since(None).iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, [Kind::FailoverRequested]);
 }
 
 #[tokio::test]

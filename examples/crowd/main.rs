@@ -891,7 +891,7 @@ fn apply(served: &mut feed::Served, items: Vec<sse::Item>) -> anyhow::Result<boo
     let mut applied = false;
     for item in items {
         if let sse::Item::Event { kind, data, .. } = item
-            && kind == "masters"
+            && kind == polestar::events::MASTERS
         {
             served.apply(serde_json::from_str::<MastersEvent>(&data)?)?;
             applied = true;

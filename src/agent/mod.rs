@@ -36,7 +36,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Upstream};
-use crate::events::EventLog;
+use crate::events::{EventLog, Kind};
 use crate::http::view::{MASTERS_HEADER, MasterView, MastersEvent};
 use crate::topology::{Snapshot, TopologyWriter};
 use state::Labels;
@@ -105,7 +105,9 @@ impl Labels for Followed {
 /// What a follower tells the merger: upstream `index` answered `views` (`None`: it is down).
 type Answer = (usize, Option<Vec<MasterView>>);
 
-/// Follows every upstream until shutdown, publishing into `writer` (its only writer).
+/// Follows every upstream until shutdown, publishing into `writer` (its only writer). An agent
+/// that panics is started afresh, like the Sentinel decider: it publishes nothing new until a
+/// majority of its upstreams answer again, but it is not left deaf.
 pub fn spawn(
     config: &Config,
     upstream: &Upstream,
@@ -115,15 +117,20 @@ pub fn spawn(
 ) -> JoinHandle<()> {
     let client = client(upstream);
     let urls: Vec<String> = upstream.urls.iter().map(|u| u.trim_end_matches('/').into()).collect();
-    let merger = Merger {
-        labels: Followed(config.masters.clone()),
-        latest: vec![None; urls.len()],
-        writer: crate::topology::Publisher::new(writer),
-        events: events.clone(),
-        refused: HashSet::new(),
-        lineage: state::Lineage::default(),
+    let masters = config.masters.clone();
+    let stop = shutdown.clone();
+    let start = move || {
+        let merger = Merger {
+            labels: Followed(masters.clone()),
+            latest: vec![None; urls.len()],
+            writer: crate::topology::Publisher::new(writer.clone()),
+            events: events.clone(),
+            refused: HashSet::new(),
+            lineage: state::Lineage::default(),
+        };
+        run(merger, urls.clone(), client.clone(), events.clone(), stop.clone())
     };
-    tokio::spawn(run(merger, urls, client, events, shutdown))
+    tokio::spawn(crate::supervise::restarting("the agent", shutdown, start))
 }
 
 /// The HTTP client of every follower: the token on every request, https verified against
@@ -268,7 +275,7 @@ impl Merger {
                 "from": change.from.to_string(), "to": change.to.to_string(),
                 "hostname": change.to.hostname, "epoch": epoch, "via": "upstream",
             });
-            self.events.push("switch", Some(&change.master), data);
+            self.events.push(Kind::Switch, Some(&change.master), data);
         }
     }
 }
@@ -302,7 +309,7 @@ impl Follower {
                     tracing::warn!(upstream = %self.url, "upstream unreachable: {error}");
                 }
                 self.events.push(
-                    "upstream_down",
+                    Kind::UpstreamDown,
                     None,
                     json!({"upstream": self.url, "error": error.to_string()}),
                 );
@@ -345,7 +352,7 @@ impl Follower {
                 Following::Reread(_) => "read again on every event (the upstream has no feed)",
             };
             tracing::info!(upstream = %self.url, changes, "following upstream polestar");
-            self.events.push("upstream_up", None, json!({"upstream": self.url}));
+            self.events.push(Kind::UpstreamUp, None, json!({"upstream": self.url}));
             *was_up = Some(true);
         }
         *backoff = BACKOFF_FIRST;
@@ -498,7 +505,7 @@ impl Masters {
         loop {
             while let Some(item) = self.pending.pop_front() {
                 if let sse::Item::Event { kind, data, .. } = item
-                    && kind == "masters"
+                    && kind == crate::events::MASTERS
                 {
                     return serde_json::from_str(&data)
                         .map_err(|error| UpstreamError::Json { url: self.url.clone(), error });

@@ -132,7 +132,8 @@ impl Coordinator {
             Signal::FailoverStarted { master, primary } => {
                 tracing::debug!(%master, node = %primary, "failover started: opening the fence's link");
                 let link = self.link(&primary);
-                tokio::spawn(async move {
+                // Ends by itself after the link's deadline and WARM_HOLD.
+                crate::supervise::detached("the fence link's warm-up", async move {
                     link.warm().await;
                     tokio::time::sleep(WARM_HOLD).await;
                 });
@@ -333,7 +334,8 @@ impl Coordinator {
         let episode = Episode::new(self.shared(), master.to_string(), self.link(node));
         let stop = shutdown.child_token();
         let running = tx.clone();
-        tokio::spawn(async move {
+        // Ends with its window, its orders (the coordinator holds `tx`), or shutdown.
+        crate::supervise::detached("a drain episode", async move {
             tokio::select! {
                 () = stop.cancelled() => {}
                 () = episode.run(running) => {}
@@ -356,13 +358,13 @@ impl Coordinator {
     }
 }
 
-/// Whether the old primary is fenced at the leader's promotion (`+selected-slave`): yes,
-/// unless the failover is Valkey 9's coordinated one, as its leader said at the start
-/// (`reported`, which every polestar reads) or as this polestar asked for it (`asked`, its
-/// own switchover: which also covers a leader whose record could not be read). That leader
-/// fences the old primary itself, in one transaction on its command link with the node
-/// (`CLIENT PAUSE WRITE`, `FAILOVER TO`), and the node hands over only once the replica has
-/// its whole stream. A pause of ours would hold that transaction behind the Sentinels' hello
+/// Whether the old primary is fenced at the leader's election or promotion (`+elected-leader`,
+/// `+selected-slave`): yes, unless the failover is Valkey 9's coordinated one, as its leader
+/// said at the start (`reported`, which every polestar reads) or as this polestar asked for it
+/// (`asked`, its own switchover: which also covers a leader whose record could not be read).
+/// That leader fences the old primary itself, in one transaction on its command link with the
+/// node (`CLIENT PAUSE WRITE`, `FAILOVER TO`), and the node hands over only once the replica
+/// has its whole stream. A pause of ours would hold that transaction behind the Sentinels' hello
 /// `PUBLISH` on the same link until the failover times out (`-failover-abort-*`), or stall it
 /// until our fence lapses. Nothing is lost without ours: the node takes no write between its
 /// own pause and its demotion, and the flip's drain and demotion run as for any failover.

@@ -61,6 +61,7 @@ mod state;
 
 use super::Shared;
 use super::killer::{Reason, Scope, drain, record, select, stale_left};
+use crate::events::Kind;
 use crate::node::{DEMOTION_DEADLINES, KeptLink, NodeError, Role};
 use crate::topology::Node;
 use passes::{Pace, Pass};
@@ -458,7 +459,7 @@ impl Episode {
             "node": self.node(), "pause_ms": length.as_millis() as u64,
             "round_trips": round_trips, "took_ms": took_ms,
         });
-        self.shared.events.push("fence", Some(&self.master), data);
+        self.shared.events.push(Kind::Fence, Some(&self.master), data);
     }
 
     /// Lifts the pause the fence just set on a node that is no master, which we had not
@@ -482,13 +483,13 @@ impl Episode {
     fn left_to_lapse(&self) {
         tracing::info!(master = %self.master, node = %self.node(), "no flip followed the fence: left to lapse");
         let data = json!({ "node": self.node(), "reason": "gave_up" });
-        self.shared.events.push("unfence", Some(&self.master), data);
+        self.shared.events.push(Kind::Unfence, Some(&self.master), data);
     }
 
     fn unfenced(&self, reason: &'static str) {
         tracing::info!(master = %self.master, node = %self.node(), reason, "unfenced: pause lifted");
         let data = json!({ "node": self.node(), "reason": reason });
-        self.shared.events.push("unfence", Some(&self.master), data);
+        self.shared.events.push(Kind::Unfence, Some(&self.master), data);
     }
 
     /// Demotes the node to `to` if it still claims master (refused if it answered replica
@@ -606,7 +607,7 @@ impl Episode {
             metrics::counter!(crate::metrics::DRAIN_KILLED, "master" => self.master.clone(), "method" => "client_kill").increment(killed as u64);
         }
         let data = json!({ "node": self.node(), "to": to.addr(), "killed": killed, "duration_ms": duration_ms });
-        self.shared.events.push("demote", Some(&self.master), data);
+        self.shared.events.push(Kind::Demote, Some(&self.master), data);
     }
 
     fn refused(&self, to: &Node, why: &str) {
@@ -616,7 +617,7 @@ impl Episode {
         }
         tracing::warn!(master = %self.master, node = %self.node(), to = %to, why, "not demoting the old primary; it stays fenced for now");
         let data = json!({ "node": self.node(), "to": to.addr(), "why": why });
-        self.shared.events.push("demote_refused", Some(&self.master), data);
+        self.shared.events.push(Kind::DemoteRefused, Some(&self.master), data);
     }
 
     /// The end of a fence that no demotion ended. Unconfirmed: the pause is left to lapse (no
@@ -627,7 +628,7 @@ impl Episode {
         if orders.demote.is_none() {
             tracing::info!(master = %self.master, node = %self.node(), "no confirmed promotion followed the fence: left to lapse");
             let data = json!({ "node": self.node(), "reason": "unconfirmed" });
-            self.shared.events.push("unfence", Some(&self.master), data);
+            self.shared.events.push(Kind::Unfence, Some(&self.master), data);
             return;
         }
         if self.link.role().await.ok() == Some(Role::Master) {
@@ -643,7 +644,7 @@ impl Episode {
         let window = self.shared.cfg.window.as_millis() as u64;
         tracing::warn!(master = %self.master, node = %self.node(), window_ms = window, "gave up draining: the old primary never answered within the window");
         let data = json!({ "node": self.node(), "window_ms": window });
-        self.shared.events.push("drain_abandoned", Some(&self.master), data);
+        self.shared.events.push(Kind::DrainAbandoned, Some(&self.master), data);
     }
 
     async fn kill_and_unpause(&self) {
@@ -657,7 +658,7 @@ impl Episode {
                 tracing::info!(master = %self.master, node = %self.node(), killed, "fence over: killed the clients the pause held, then lifted it");
                 metrics::counter!(crate::metrics::DRAIN_KILLED, "master" => self.master.clone(), "method" => "client_kill").increment(killed as u64);
                 let data = json!({ "node": self.node(), "reason": Reason::Unfence.as_str(), "killed": killed });
-                self.shared.events.push("drain", Some(&self.master), data);
+                self.shared.events.push(Kind::Drain, Some(&self.master), data);
             }
             Err(e) => {
                 tracing::warn!(master = %self.master, node = %self.node(), error = %e, "cannot lift the pause at the end of the fence; it lapses by itself");
@@ -722,7 +723,7 @@ impl Episode {
         }
         tracing::warn!(master = %self.master, node = %self.node(), %error, during, "old primary unreachable; retrying within the window");
         let data = json!({ "node": self.node(), "during": during, "error": error.to_string() });
-        self.shared.events.push("node_unreachable", Some(&self.master), data);
+        self.shared.events.push(Kind::NodeUnreachable, Some(&self.master), data);
         None
     }
 

@@ -11,7 +11,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::pace::Pacer;
 use super::spare::{Rules, SpareReason};
-use crate::events::EventLog;
+use crate::events::{EventLog, Kind};
 use crate::metrics as m;
 use crate::node::clients::ClientInfo;
 use crate::node::{KeptLink, Listing, NodeError};
@@ -193,7 +193,7 @@ pub fn record(events: &EventLog, master: &str, report: &DrainReport, loud: bool)
         interrupted = report.interrupted.as_deref(), "drained clients"
     );
     let data = serde_json::to_value(report).unwrap_or_else(|_| json!({}));
-    events.push("drain", Some(master), data);
+    events.push(Kind::Drain, Some(master), data);
 }
 
 /// The window of `node` ended with `found` clients still writing to it (its last stale-writer
@@ -218,7 +218,7 @@ pub fn stale_left(
         "clients still write to the old primary as drain.window ends: their DNS cache outlives the window, or they pin the address"
     );
     let data = json!({ "node": node, "clients": found, "window_ms": window_ms });
-    events.push("stale_clients_left", Some(master), data);
+    events.push(Kind::StaleClientsLeft, Some(master), data);
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use super::view::MasterView;
 use super::wait::{self, Waited};
 use super::{ApiError, BODY_LIMIT, BODY_READ_TIMEOUT, Shared};
 use crate::config::duration;
+use crate::events::Kind;
 use crate::log_every::LogEvery;
 
 #[derive(Deserialize)]
@@ -53,7 +54,7 @@ pub async fn failover(
     tracing::info!(master = %name, %sentinel, "failover requested through the API");
     let mut data = serde_json::to_value(&switched).unwrap_or_default();
     data["epoch_before"] = json!(before);
-    s.api.events.push("failover_requested", Some(&name), data.clone());
+    s.api.events.push(Kind::FailoverRequested, Some(&name), data.clone());
     let Some(limit) = limit else { return Ok((StatusCode::ACCEPTED, Json(data)).into_response()) };
     match wait::epoch_above(&s.api.topology, &name, before, limit, &s.shutdown).await? {
         Waited::Moved(master) => Ok(Json(MasterView::from(&*master)).into_response()),

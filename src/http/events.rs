@@ -277,6 +277,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
+    use crate::events::Kind;
 
     fn slot() -> OwnedSemaphorePermit {
         let pool = Arc::new(tokio::sync::Semaphore::new(1));
@@ -291,7 +292,7 @@ mod tests {
         assert_eq!(stream.next().await.as_deref(), Some(KEEP_ALIVE_FRAME));
         assert_eq!(started.elapsed(), KEEP_ALIVE);
         tokio::time::sleep(Duration::from_secs(5)).await;
-        let id = log.push("ok", None, Value::Null);
+        let id = log.push(Kind::Ok, None, Value::Null);
         let event = stream.next().await.expect("the event");
         assert!(event.starts_with(format!("id: {id}\nevent: ok\ndata: ").as_bytes()));
         let sent = Instant::now();
@@ -302,12 +303,12 @@ mod tests {
     #[tokio::test]
     async fn resumes_after_since_and_follows_live() {
         let log = Arc::new(EventLog::new());
-        let first = log.push("ok", None, Value::Null);
-        let second = log.push("stale", None, Value::Null);
+        let first = log.push(Kind::Ok, None, Value::Null);
+        let second = log.push(Kind::Stale, None, Value::Null);
         let mut follower = Follower::start(&log, Some(first));
         let event = follower.next().await.expect("the retained second event");
         assert_eq!(event.id, second);
-        let third = log.push("ok", None, Value::Null);
+        let third = log.push(Kind::Ok, None, Value::Null);
         let event = follower.next().await.expect("the live third event");
         assert_eq!(event.id, third);
     }
@@ -315,9 +316,9 @@ mod tests {
     #[tokio::test]
     async fn without_since_starts_from_now() {
         let log = Arc::new(EventLog::new());
-        log.push("ok", None, Value::Null);
+        log.push(Kind::Ok, None, Value::Null);
         let mut follower = Follower::start(&log, None);
-        let later = log.push("stale", None, Value::Null);
+        let later = log.push(Kind::Stale, None, Value::Null);
         let event = follower.next().await.expect("the live event");
         assert_eq!(event.id, later);
     }
@@ -326,7 +327,7 @@ mod tests {
     async fn a_lagging_stream_resyncs_without_gaps_or_repeats() {
         let log = Arc::new(EventLog::new());
         let mut follower = Follower::start(&log, None);
-        let ids: Vec<u64> = (0..1100).map(|_| log.push("ok", None, Value::Null)).collect();
+        let ids: Vec<u64> = (0..1100).map(|_| log.push(Kind::Ok, None, Value::Null)).collect();
         let mut seen = Vec::new();
         while seen.len() < 1000 {
             let event = follower.next().await.expect("events are retained");

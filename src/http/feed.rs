@@ -2,11 +2,11 @@
 //! stream starts with a `masters` event holding every master as `GET /v1/masters` renders it,
 //! then gets one with the masters that changed at each published snapshot.
 //!
-//! Agents follow one polestar by the thousand (issue 26: 10,000), all woken by the same change.
-//! Re-reading `GET /v1/masters` on every event cost each of them a request and a full answer;
-//! here each change is rendered once per pair of snapshots (the one a stream sent last, the one
-//! published now) and the same bytes are written to every stream that sent the same snapshot
-//! last, so an agent applies a change without a request of its own.
+//! Agents follow one polestar by the thousand (docs/decisions.md D30: 10,000), all woken by the
+//! same change. Re-reading `GET /v1/masters` on every event cost each of them a request and a
+//! full answer; here each change is rendered once per pair of snapshots (the one a stream sent
+//! last, the one published now) and the same bytes are written to every stream that sent the
+//! same snapshot last, so an agent applies a change without a request of its own.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use axum::body::Bytes;
 
 use super::view::{MasterView, MastersEvent};
+use crate::events;
 use crate::topology::{Master, Snapshot};
 
 /// Changes kept rendered: the streams woken by one change all ask for the same pair; a stream
@@ -75,8 +76,8 @@ pub fn full(snapshot: &Snapshot) -> MastersEvent {
 
 /// The masters of `to` whose view differs from their view in `from` (or that `from` lacks),
 /// and the names of those `from` has and `to` has not. A master whose view differs only in the
-/// Sentinels discovered (never trusted, and what forged hellos churn: issue 26, item 4) wakes
-/// no stream: its list travels with the master's next change, and in every full list.
+/// Sentinels discovered (never trusted, and what forged hellos churn: docs/decisions.md D25)
+/// wakes no stream: its list travels with the master's next change, and in every full list.
 pub fn change(from: &Snapshot, to: &Snapshot) -> MastersEvent {
     let changed = |(name, master): (&String, &Arc<Master>)| match from.masters.get(name) {
         Some(old) if Arc::ptr_eq(old, master) => None,
@@ -102,7 +103,9 @@ fn render(event: &MastersEvent) -> Bytes {
     // Plain data (strings, numbers, addresses): it always serializes.
     let json = serde_json::to_vec(event).unwrap_or_default();
     let mut frame = Vec::with_capacity(json.len() + 24);
-    frame.extend_from_slice(b"event: masters\ndata: ");
+    frame.extend_from_slice(b"event: ");
+    frame.extend_from_slice(events::MASTERS.as_bytes());
+    frame.extend_from_slice(b"\ndata: ");
     frame.extend_from_slice(&json);
     frame.extend_from_slice(b"\n\n");
     Bytes::from(frame)

@@ -143,6 +143,8 @@ pub async fn serve_with(
         let Some((stream, admission)) = accepted else { break };
         let (app, watcher) = (app.clone(), graceful.watcher());
         let acceptor = tls.current();
+        // One connection: the graceful shutdown waits for it through `watcher`, and its own
+        // timeouts end it (a panic in a handler is axum's to answer with a 500).
         tokio::spawn(async move {
             let probation = match &admission {
                 admission::Admission::Probation(p) => Some(p.clone()),

@@ -34,4 +34,15 @@ mod tests {
             assert!(!PAGE.contains(external), "the page refers to {external}");
         }
     }
+
+    /// The page hears a named stream event only if it listens for that name: exactly the
+    /// kinds the event log has (it missed eight of them, and listened for four that are none).
+    #[test]
+    fn the_page_listens_for_every_kind_of_event() {
+        let start = PAGE.find("const KINDS = [").expect("the page's list of kinds");
+        let list = &PAGE[start..][..PAGE[start..].find("];").expect("the list's end")];
+        let listed: Vec<&str> = list.split('"').skip(1).step_by(2).collect();
+        let kinds: Vec<&str> = crate::events::Kind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(listed, kinds);
+    }
 }

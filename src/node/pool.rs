@@ -49,7 +49,8 @@ impl Nodes {
             return;
         }
         let nodes = self.clone();
-        tokio::spawn(async move {
+        // Ends by itself within 3 s.
+        crate::supervise::detached("a node connection's warm-up", async move {
             let _ = timeout(Duration::from_secs(3), nodes.connection(addr)).await;
             nodes.warming.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
         });

@@ -8,7 +8,7 @@
 //! cannot change in place (the listeners: their sockets are bound once, before anything is
 //! served) is kept as it was and logged as needing a restart.
 //!
-//! The Sentinel watcher is restarted rather than reconfigured, through [`watcher::supervise`]:
+//! The Sentinel watcher is restarted rather than reconfigured, through [`watcher::follow_reloads`]:
 //! a new one starts beside the old, takes over once it has a full picture, and only then is the
 //! old one stopped, so the published topology never goes blank in between.
 
@@ -203,7 +203,8 @@ where
 {
     let mut config = config.clone();
     let (tx, rx) = watch::channel(part(&config.borrow_and_update()));
-    tokio::spawn(async move {
+    // Ends when the reloader (the configuration's sender) is dropped, at shutdown.
+    crate::supervise::detached("a reload forwarder", async move {
         while config.changed().await.is_ok() {
             let value = part(&config.borrow_and_update());
             tx.send_if_modified(|current| {

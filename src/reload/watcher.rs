@@ -50,8 +50,8 @@ impl<F> Start for F where
 /// Runs the watcher for the current configuration and replaces it whenever a reload changes
 /// its inputs ([`Changes::watcher`]); returns once `shutdown` is cancelled and the running
 /// watcher has stopped. The daemon calls it as
-/// `tokio::spawn(watcher::supervise(config, writer, events, shutdown, crate::sentinel::spawn))`.
-pub async fn supervise(
+/// `watcher::follow_reloads(config, writer, events, shutdown, crate::source::spawn)`.
+pub async fn follow_reloads(
     mut config: ConfigReader,
     writer: TopologyWriter,
     events: Arc<EventLog>,

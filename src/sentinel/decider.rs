@@ -20,7 +20,7 @@ use super::link::Link;
 use super::message::{Addr, Down, PeerRecord};
 use super::{LinkId, MasterReport, Observation, Report, Scope};
 use crate::config::{Auth, Config, HostPort};
-use crate::events::EventLog;
+use crate::events::{EventLog, Kind};
 use crate::failover::Signal;
 use crate::metrics as m;
 use crate::node::{Endpoint, Nodes, Role};
@@ -145,8 +145,8 @@ pub struct Decider {
     shutdown: CancellationToken,
     /// Data nodes already asked whether their `default` user may publish Sentinel hellos.
     acl_checked: HashSet<std::net::SocketAddr>,
-    /// How many of those questions may be in flight (see [`hello_acl::AT_ONCE`]).
-    acl_limit: Arc<tokio::sync::Semaphore>,
+    /// The questions in flight (at most [`hello_acl::AT_ONCE`]) and the warning lines left.
+    acl_checks: Arc<hello_acl::Checks>,
     /// The links' stop token (a child of `shutdown`), cancelled when the decider is dropped,
     /// also by a panic: a restarted decider does not leave its predecessor's links running.
     links_stop: CancellationToken,
@@ -203,7 +203,7 @@ impl Decider {
             links_stop: shutdown.child_token(),
             shutdown,
             acl_checked: HashSet::new(),
-            acl_limit: Arc::new(tokio::sync::Semaphore::new(hello_acl::AT_ONCE)),
+            acl_checks: Arc::default(),
             batch: None,
             heard,
             dirty: Dirty::All,
@@ -295,9 +295,11 @@ impl Decider {
         let fresh: Vec<_> = fresh.map(|(name, a)| (name.clone(), a)).collect();
         for (master, addr) in fresh {
             self.acl_checked.insert(addr);
-            let (nodes, events, limit) =
-                (self.nodes.clone(), self.events.clone(), self.acl_limit.clone());
-            tokio::spawn(hello_acl::check(nodes, events, limit, master, addr));
+            let (nodes, events, checks) =
+                (self.nodes.clone(), self.events.clone(), self.acl_checks.clone());
+            // Ends by itself: one question with a deadline, once a permit is free.
+            let check = hello_acl::check(nodes, events, checks, master, addr);
+            crate::supervise::detached("a hello ACL check", check);
         }
     }
 
@@ -368,7 +370,7 @@ impl Decider {
         if let Some(q) = &down.quorum {
             data["quorum"] = json!(q);
         }
-        self.events.push("primary_down", Some(master), data);
+        self.events.push(Kind::PrimaryDown, Some(master), data);
     }
 
     /// Runs the rule on one piece of evidence about `master` and carries out what it decides.
@@ -416,7 +418,7 @@ impl Decider {
                     "from": from, "to": to.to_string(), "hostname": to.hostname, "epoch": epoch,
                     "via": via, "latency_ms": ms,
                 });
-                self.events.push("switch", Some(master), data);
+                self.events.push(Kind::Switch, Some(master), data);
             }
             Action::Withdrawn { undone, back, why } => {
                 if let Some(entry) = self.entry_mut(master) {
@@ -425,17 +427,17 @@ impl Decider {
                 let (undone, back) = (undone.node.to_string(), back.map(|b| b.node.to_string()));
                 tracing::warn!(%master, %undone, back = back.as_deref().unwrap_or("-"), why, "provisional primary withdrawn");
                 let data = json!({ "from": undone, "to": back, "why": why });
-                self.events.push("revert", Some(master), data);
+                self.events.push(Kind::Revert, Some(master), data);
             }
             Action::Suspected(suspect) => {
                 let (node, epoch) = (suspect.candidate.node.to_string(), suspect.candidate.epoch);
                 tracing::error!(%master, refused = %node, epoch, reason = %suspect.reason, "suspect: primary refused");
                 let data = json!({ "refused": node, "epoch": epoch, "reason": suspect.reason });
-                self.events.push("suspect", Some(master), data);
+                self.events.push(Kind::Suspect, Some(master), data);
             }
             Action::Cleared => {
                 tracing::info!(%master, "no longer suspect: the Sentinels agree on an acceptable primary");
-                self.events.push("suspect_cleared", Some(master), json!({}));
+                self.events.push(Kind::SuspectCleared, Some(master), json!({}));
             }
             Action::Signal(signal) => {
                 if matches!(signal, Signal::Aborted { .. }) {
@@ -481,7 +483,8 @@ impl Decider {
         }
         let (tx, master, nodes) = (self.checks_tx.clone(), master.to_string(), self.nodes.clone());
         let stop = self.shutdown.clone();
-        tokio::spawn(async move {
+        // Ends by itself within PROMOTION_WATCH, or at shutdown.
+        crate::supervise::detached("a ROLE watch", async move {
             let addr = target.node.addr();
             if once {
                 let role = nodes.role(addr, ROLE_DEADLINE).await;
@@ -542,7 +545,7 @@ impl Decider {
         let name = link.addr.to_string();
         tracing::info!(sentinel = %name, "connected to Sentinel");
         metrics::gauge!(m::SENTINEL_UP, "sentinel" => name.clone()).set(1.0);
-        self.events.push("sentinel_up", None, json!({ "sentinel": name }));
+        self.events.push(Kind::SentinelUp, None, json!({ "sentinel": name }));
     }
 
     /// The configured address answered, and not as a Sentinel: it no longer counts towards
@@ -571,7 +574,11 @@ impl Decider {
         if was_up {
             tracing::warn!(sentinel = %name, %reason, "lost Sentinel");
             metrics::gauge!(m::SENTINEL_UP, "sentinel" => name.clone()).set(0.0);
-            self.events.push("sentinel_down", None, json!({ "sentinel": name, "reason": reason }));
+            self.events.push(
+                Kind::SentinelDown,
+                None,
+                json!({ "sentinel": name, "reason": reason }),
+            );
         } else {
             tracing::debug!(sentinel = %name, %reason, "Sentinel unreachable");
         }
@@ -712,7 +719,7 @@ impl Decider {
             record_discovered(&name, 0);
             let by = self.links[link].addr.to_string();
             tracing::info!(master = %name, "no Sentinel monitors this master any more");
-            self.events.push("master_removed", Some(&name), json!({ "sentinel": by }));
+            self.events.push(Kind::MasterRemoved, Some(&name), json!({ "sentinel": by }));
         }
     }
 
@@ -725,7 +732,7 @@ impl Decider {
         if reachable != self.reachable {
             self.reachable = reachable;
             self.dirty.all();
-            let kind = if reachable { "ok" } else { "stale" };
+            let kind = if reachable { Kind::Ok } else { Kind::Stale };
             if !reachable {
                 tracing::warn!("no Sentinel reachable: serving the last confirmed primaries");
             }

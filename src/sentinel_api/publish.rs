@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio_util::sync::CancellationToken;
 
-use crate::events::{Event, EventLog};
+use crate::events::{Event, EventLog, Kind};
 use crate::topology::{Master, Node, Snapshot, TopologyReader};
 
 use super::resp::{Proto, Reply, encode_bulk};
@@ -156,7 +156,7 @@ fn send(tx: &broadcast::Sender<Arc<Outgoing>>, message: Message) {
 /// The Sentinel message of a `primary_down` event: `<+|->sdown master <name> <ip> <port>`,
 /// `+odown` with ` #quorum N/M` when Sentinel gave it. `None` for any other event.
 pub fn down_message(event: &Event) -> Option<Message> {
-    if event.kind != "primary_down" {
+    if event.kind != Kind::PrimaryDown {
         return None;
     }
     let master = event.master.as_deref()?;
@@ -277,12 +277,12 @@ mod tests {
             if let Some(q) = quorum {
                 data["quorum"] = q.into();
             }
-            log.push("primary_down", Some("m"), data);
+            log.push(Kind::PrimaryDown, Some("m"), data);
         };
         push("+sdown", None);
         push("+odown", Some("2/3"));
         push("-odown", None);
-        log.push("switch", Some("m"), serde_json::json!({"event": "+sdown"}));
+        log.push(Kind::Switch, Some("m"), serde_json::json!({"event": "+sdown"}));
         let got: Vec<_> = log.since(None).iter().filter_map(down_message).collect();
         let msg = |channel, payload: &str| Message { channel, payload: payload.into() };
         assert_eq!(
@@ -327,7 +327,7 @@ mod tests {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let data = serde_json::json!({"event": "+sdown", "node": "10.0.0.1:7001"});
         let first = loop {
-            log.push("primary_down", Some("m"), data.clone());
+            log.push(Kind::PrimaryDown, Some("m"), data.clone());
             let got = tokio::time::timeout(std::time::Duration::from_millis(50), rx.recv()).await;
             if let Ok(Ok(m)) = got {
                 break m;
@@ -336,7 +336,7 @@ mod tests {
         };
         assert_eq!(first.message.channel, "+sdown");
         log.push(
-            "primary_down",
+            Kind::PrimaryDown,
             Some("m"),
             serde_json::json!({"event": "-sdown", "node": "10.0.0.1:7001"}),
         );

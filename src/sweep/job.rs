@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use super::Context;
 use super::diag::{self, States, TcpSocket};
 use super::plan::{Change, Target};
+use crate::events::Kind;
 use crate::node::clients::parse_list;
 use crate::node::{Endpoint, Link, NodeError, Role};
 
@@ -148,7 +149,13 @@ async fn infrastructure(
     let endpoint = Endpoint::at(change.from.addr(), &context.nodes);
     let mut cmd = redis::cmd("CLIENT");
     cmd.arg("LIST");
-    let listing = Link::open_with(&endpoint, "CLIENT LIST", &cmd, LIST_TIMEOUT).await;
+    let mut listing = Link::open_with(&endpoint, "CLIENT LIST", &cmd, LIST_TIMEOUT).await;
+    // A drain of the same node may kill this connection before it is named (it is not yet
+    // `polestar`): asked again at once on a new one, or the first round spares nothing. A node
+    // that does not answer in time is not asked twice.
+    if listing.as_ref().is_err_and(NodeError::connection_gone) {
+        listing = Link::open_with(&endpoint, "CLIENT LIST", &cmd, LIST_TIMEOUT).await;
+    }
     let spared = listing.ok().map(|(_, text): (Link, String)| {
         let list = parse_list(&text);
         (list.infrastructure_peers(), list.settled_peers())
@@ -207,7 +214,7 @@ fn report(context: &Context, change: &Change, target: &Target, round: u32, gone:
         "destroyed": gone.len(),
         "peers": peers,
     });
-    context.events.push("sweep", Some(&change.master), data);
+    context.events.push(Kind::Sweep, Some(&change.master), data);
 }
 
 #[cfg(test)]

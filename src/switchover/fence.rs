@@ -77,7 +77,7 @@ impl Fence {
     /// Renews until `done` (the new primary is published) or `limit`, whichever comes first;
     /// the task that does it is the fence's own renewal, which ends by itself at its limit.
     pub fn release_when(self, done: impl Future<Output = ()> + Send + 'static, limit: Duration) {
-        tokio::spawn(async move {
+        crate::supervise::detached("a switchover fence's release", async move {
             let _ = tokio::time::timeout(limit, done).await;
             self.release().await;
         });

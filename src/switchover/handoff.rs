@@ -20,7 +20,7 @@ use super::link::{NODE_DEADLINE, open_node};
 use super::{Deps, Maintenance};
 use crate::config::Auth;
 use crate::control::{HandedOff, SwitchoverError, SwitchoverOptions};
-use crate::events::EventLog;
+use crate::events::{EventLog, Kind};
 use crate::topology::{MasterState, TopologyReader};
 
 /// How long a node stays out when it is never restarted.
@@ -208,7 +208,7 @@ async fn drain(deps: &Deps, master: &str, node: SocketAddr) -> usize {
 
 fn push(events: &EventLog, done: &HandedOff) {
     let data = serde_json::to_value(done).unwrap_or_default();
-    events.push("handoff", Some(&done.master), data);
+    events.push(Kind::Handoff, Some(&done.master), data);
     tracing::info!(master = %done.master, node = %done.node, role = done.role, drained = done.drained, "handoff: the node is safe to stop");
 }
 
@@ -218,8 +218,8 @@ async fn away(maintenance: Arc<Maintenance>, deps: &Deps, master: &str, node: So
     let run_id = look(node, &deps.nodes).await.and_then(|n| n.run_id);
     let (raw, auth, events) = (deps.raw.clone(), deps.nodes.clone(), deps.events.clone());
     let master = master.to_string();
-    // Ends by itself within HOLD; the process owns it (nothing else needs its result).
-    tokio::spawn(async move {
+    // Ends by itself within HOLD (nothing else needs its result).
+    crate::supervise::detached("a node's handoff", async move {
         let deadline = Instant::now() + HOLD;
         let mut state = Away { run_id, restarted: false };
         while Instant::now() < deadline && maintenance.handoffs.contains(&master, node) {
@@ -236,7 +236,7 @@ async fn away(maintenance: Arc<Maintenance>, deps: &Deps, master: &str, node: So
         }
         maintenance.handoffs.bring_back(&master, node);
         let data = json!({ "node": node, "restarted": state.restarted });
-        events.push("handoff_ended", Some(&master), data);
+        events.push(Kind::HandoffEnded, Some(&master), data);
         tracing::info!(%master, %node, restarted = state.restarted, "handoff over: the node is back in the replica answers");
     });
 }

@@ -17,6 +17,7 @@ use super::info;
 use super::link::{NODE_DEADLINE, SentinelLink, open_node};
 use super::version::{Server, coordinated};
 use crate::control::{ControlError, Switched, SwitchoverError, SwitchoverOptions};
+use crate::events::Kind;
 use crate::metrics as m;
 use crate::node::{Endpoint, Link};
 use crate::sentinel::message::{record, records};
@@ -169,7 +170,8 @@ async fn coordinated_failover(
         Ok(()) => {
             if let Some(drain) = deps.drain.clone() {
                 let (name, published) = (master.to_string(), published(deps, master, plan.primary));
-                tokio::spawn(async move {
+                // Ends by itself within `mark`.
+                crate::supervise::detached("a coordinated failover's mark", async move {
                     let _ = tokio::time::timeout(mark, published).await;
                     drain.coordinated_done(&name);
                 });
@@ -481,7 +483,7 @@ fn report(
             tracing::info!(master, %primary, lag_bytes = s.lag_bytes, waited_ms = s.waited_ms, coordinated = s.coordinated, "switchover: the replicas caught up; Sentinel fails over");
             let mut data = serde_json::to_value(s).unwrap_or_default();
             data["outcome"] = json!(outcome);
-            deps.events.push("switchover", Some(master), data);
+            deps.events.push(Kind::Switchover, Some(master), data);
         }
         Err(e) => {
             tracing::warn!(master, %primary, error = %e, "switchover refused");
@@ -494,7 +496,7 @@ fn report(
             if let SwitchoverError::NotCaughtUp { waited_ms, .. } = e {
                 data["waited_ms"] = json!(waited_ms);
             }
-            deps.events.push("switchover", Some(master), data);
+            deps.events.push(Kind::Switchover, Some(master), data);
         }
     }
 }

@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 use tokio::time::sleep;
 
 use super::*;
+use crate::events::Kind;
 use crate::reload::Reloader;
 use crate::topology::{Master, MasterState, Node, SentinelCounts, Withdrawn};
 
@@ -38,13 +39,13 @@ fn fake(
     let names: Vec<String> = config.masters.iter().flatten().map(|m| m.name.clone()).collect();
     tokio::spawn(async move {
         writer.send_replace(Arc::new(snapshot(&names, false)));
-        events.push("warming", None, Value::Null);
+        events.push(Kind::Stale, None, Value::Null);
         sleep(Duration::from_millis(100)).await;
         writer.send_replace(Arc::new(snapshot(&names, true)));
         loop {
             tokio::select! {
                 _ = sleep(Duration::from_secs(1)) => {
-                    events.push("later", None, json!({ "masters": names.len() }));
+                    events.push(Kind::Ok, None, json!({ "masters": names.len() }));
                 }
                 _ = stop.cancelled() => return,
             }
@@ -52,7 +53,7 @@ fn fake(
     })
 }
 
-/// `supervise` running the fake watcher on a config file with `BASE`, its first state out.
+/// `follow_reloads` running the fake watcher on a config file with `BASE`, its first state out.
 struct Supervised {
     _dir: tempfile::TempDir,
     path: std::path::PathBuf,
@@ -72,7 +73,8 @@ impl Supervised {
         let (writer, mut reader) = topology::channel();
         let events = Arc::new(EventLog::new());
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(supervise(config, writer, events.clone(), shutdown.clone(), fake));
+        let task =
+            tokio::spawn(follow_reloads(config, writer, events.clone(), shutdown.clone(), fake));
         reader.wait_for(|s| complete(s)).await.expect("the first watcher publishes");
         Self { _dir: dir, path, reloader, reader, events, shutdown, task }
     }
@@ -90,19 +92,19 @@ async fn a_restart_never_publishes_a_blank_state_and_versions_keep_growing() {
     reader.wait_for(|s| complete(s) && s.masters.len() == 2).await.expect("the new watcher");
     sleep(Duration::from_millis(1500)).await;
     shutdown.cancel();
-    task.await.expect("supervise ends at shutdown");
+    task.await.expect("follow_reloads ends at shutdown");
     drop(reloader);
 
     let seen = watch.await.expect("the recorder ends with the channel");
     assert!(seen.iter().all(|(_, complete)| *complete), "a blank state was published: {seen:?}");
     assert!(seen.windows(2).all(|w| w[0].0 < w[1].0), "versions must grow: {seen:?}");
-    let kinds: Vec<(&str, Value)> = events
+    let kinds: Vec<(Kind, Value)> = events
         .since(None)
         .into_iter()
         .map(|e| (e.kind, e.data.get("masters").cloned().unwrap_or_default()))
         .collect();
-    assert_eq!(kinds.iter().filter(|(k, _)| *k == "warming").count(), 1, "{kinds:?}");
-    assert!(kinds.contains(&("later", json!(2))), "the new watcher's events: {kinds:?}");
+    assert_eq!(kinds.iter().filter(|(k, _)| *k == Kind::Stale).count(), 1, "{kinds:?}");
+    assert!(kinds.contains(&(Kind::Ok, json!(2))), "the new watcher's events: {kinds:?}");
 }
 
 /// Every snapshot published from now on: its version and whether it was complete.
@@ -123,8 +125,8 @@ async fn a_drain_change_leaves_the_watcher_alone() {
     reloader.reload().expect("a valid file");
     sleep(Duration::from_secs(2)).await;
     shutdown.cancel();
-    task.await.expect("supervise ends at shutdown");
-    let warmed = events.since(None).iter().filter(|e| e.kind == "warming").count();
+    task.await.expect("follow_reloads ends at shutdown");
+    let warmed = events.since(None).iter().filter(|e| e.kind == Kind::Stale).count();
     assert_eq!(warmed, 1, "no second watcher was started");
     assert!(Path::new(&path).exists());
 }
@@ -195,7 +197,7 @@ fn scripted(scripts: Vec<Vec<(u64, Snapshot)>>) -> impl Start {
     }
 }
 
-/// Runs `supervise` over `scripts`; reloads (a new masters list) at second 1 and watches the
+/// Runs `follow_reloads` over `scripts`; reloads (a new masters list) at second 1 and watches the
 /// daemon's primaries `(port, epoch, provisional, withdrawn epoch)` until second `until`.
 async fn reload_over(
     scripts: Vec<Vec<(u64, Snapshot)>>,
@@ -208,7 +210,8 @@ async fn reload_over(
     let (writer, reader) = topology::channel();
     let events = Arc::new(EventLog::new());
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(supervise(config, writer, events, shutdown.clone(), scripted(scripts)));
+    let task =
+        tokio::spawn(follow_reloads(config, writer, events, shutdown.clone(), scripted(scripts)));
     let watch = tokio::spawn(async move {
         let mut reader = reader;
         let mut seen = Vec::new();
@@ -226,7 +229,7 @@ async fn reload_over(
     reloader.reload().expect("a valid file");
     sleep(Duration::from_secs(until) - Duration::from_millis(1500)).await;
     shutdown.cancel();
-    task.await.expect("supervise ends at shutdown");
+    task.await.expect("follow_reloads ends at shutdown");
     drop(reloader);
     watch.await.expect("the recorder ends with the channel")
 }
