@@ -1,15 +1,15 @@
-//! The README's "Tested with" tables, generated from the client tests' runs.
+//! The "Tested with" tables of docs/tested.md, generated from the client tests' runs.
 //!
 //! `clients_netns::` and `clients_sentinel::` append one JSON row per client and run to
 //! `target/client-results/*.jsonl` (client, version, runtime, server, resolver, path, fault,
 //! settings, time back, lost). The ignored test `client_results::render_the_readme_table`
-//! renders them into the README between two pairs of markers: the results, grouped by client,
+//! renders them into docs/tested.md between two pairs of markers: the results, grouped by client,
 //! path, fault and settings (the range of times back over the runs, the writes lost in all),
 //! and the components those runs used (each library with its runtime, the servers, the
 //! resolver). The normal test checks what it can without running a client: both tables are in
 //! the generated format, every client the tests run has a row with its settings, and every
 //! library version in them is the one `tests/clients/package.json` and `requirements.txt` pin
-//! (a pin bumped without a rerun fails). CI never rewrites the README.
+//! (a pin bumped without a rerun fails). CI never rewrites the page.
 //!
 //! Rerun: the client tests (`clients_netns::`, `clients_sentinel::`, root), then
 //! `cargo nextest run --locked --test tests --run-ignored only client_results::render_the_readme_table`.
@@ -36,7 +36,7 @@ fn results_dir() -> PathBuf {
 }
 
 fn readme() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/tested.md")
 }
 
 /// Appends one row to `target/client-results/<file>` (a result lost to a full disk is only a
@@ -143,7 +143,7 @@ fn load_rows() -> Vec<Value> {
         .collect()
 }
 
-/// The README's text between `begin` and `end`, or why there is none.
+/// The page's text between `begin` and `end`, or why there is none.
 fn between<'a>(readme: &'a str, begin: &str, end: &str) -> Result<&'a str, String> {
     let start = readme.find(begin).ok_or(format!("no marker {begin}"))? + begin.len();
     let len = readme[start..].find(end).ok_or(format!("no marker {end}"))?;
@@ -321,21 +321,21 @@ fn missing_from(table: &str) -> Vec<String> {
 
 #[test]
 fn the_readme_client_tables_are_generated_name_every_client_tested_and_the_pinned_versions() {
-    let readme = std::fs::read_to_string(readme()).expect("README.md");
-    let results = between(&readme, BEGIN, END).unwrap_or_else(|e| panic!("README: {e}"));
+    let readme = std::fs::read_to_string(readme()).expect("docs/tested.md");
+    let results = between(&readme, BEGIN, END).unwrap_or_else(|e| panic!("docs/tested.md: {e}"));
     check_results(results).unwrap_or_else(|e| panic!("{e}"));
-    let versions =
-        between(&readme, VERSIONS_BEGIN, VERSIONS_END).unwrap_or_else(|e| panic!("README: {e}"));
+    let versions = between(&readme, VERSIONS_BEGIN, VERSIONS_END)
+        .unwrap_or_else(|e| panic!("docs/tested.md: {e}"));
     check_versions(versions).unwrap_or_else(|e| panic!("{e}"));
     let missing = missing_from(results);
     assert!(
         missing.is_empty(),
-        "the README's table has no row for {missing:?} with those settings: rerun them and render"
+        "docs/tested.md's table has no row for {missing:?} with those settings: rerun them and render"
     );
     let unpinned = unpinned(results, versions, &pins());
     assert!(
         unpinned.is_empty(),
-        "the README's tables name versions the tests do not pin: {unpinned:?}: rerun and render"
+        "docs/tested.md's tables name versions the tests do not pin: {unpinned:?}: rerun and render"
     );
 }
 
@@ -410,16 +410,16 @@ fn the_component_table_lists_libraries_servers_and_resolver_and_checks_pins() {
     assert_eq!(server_version("redis_version:7.0.15\r\n"), "Redis 7.0.15");
 }
 
-/// Renders `target/client-results/*.jsonl` into the README between the markers.
+/// Renders `target/client-results/*.jsonl` into docs/tested.md between the markers.
 #[test]
-#[ignore = "rewrites README.md from target/client-results: run by hand after the client tests"]
+#[ignore = "rewrites docs/tested.md from target/client-results: run by hand after the client tests"]
 fn render_the_readme_table() {
     let rows = load_rows();
     assert!(!rows.is_empty(), "no rows in {}: run the client tests first", results_dir().display());
     let path = readme();
-    let text = std::fs::read_to_string(&path).expect("README.md");
+    let text = std::fs::read_to_string(&path).expect("docs/tested.md");
     let text = replace_between(&text, BEGIN, END, &render(&rows));
     let text = replace_between(&text, VERSIONS_BEGIN, VERSIONS_END, &render_versions(&rows));
-    std::fs::write(&path, text).expect("README.md written");
+    std::fs::write(&path, text).expect("docs/tested.md written");
     eprintln!("{} rows rendered into {}", rows.len(), path.display());
 }

@@ -1,15 +1,15 @@
-//! Real client libraries behind a caching resolver (README, "Tested with"), in the
+//! Real client libraries behind a caching resolver (docs/tested.md, "Tested with"), in the
 //! network-namespace lab: the application host `ap` runs unbound as its system resolver (a stub
 //! zone for `redis.test.` pointing at the central polestar's DNS, `/etc/netns/<ns>/resolv.conf`
 //! naming it), and ioredis, redis-py and Valkey GLIDE clients that connect to `cache.redis.test` by
-//! name through getaddrinfo ([`APPS`]: the libraries' defaults and the settings the README gives,
-//! each writer one write every 10-20 ms, and BLPOP readers). Beside the defaults: redis-py with the
-//! README's retry both with `single_connection_client=True` and with its pool, and ioredis with
-//! `disconnectTimeout: 50`, which the README says plays no part by name (checked:
-//! [`disconnect_timeout_costs_nothing`]). Deployment as the README recommends: a central polestar
-//! (DNS, drain), a node-side polestar beside the first primary (`sweep.local_ports`) and an agent
-//! on the application host (`upstream`, `sweep.remote`). Faults: planned failover, hung primary
-//! (SIGSTOP), dark host (link down).
+//! name through getaddrinfo ([`APPS`]: the libraries' defaults and the settings docs/operating.md
+//! gives, each writer one write every 10-20 ms, and BLPOP readers). Beside the defaults: redis-py
+//! with the retry of docs/operating.md both with `single_connection_client=True` and with its pool,
+//! and ioredis with `disconnectTimeout: 50`, which docs/operating.md says plays no part by name
+//! (checked: [`disconnect_timeout_costs_nothing`]). Deployment as docs/operating.md recommends: a
+//! central polestar (DNS, drain), a node-side polestar beside the first primary
+//! (`sweep.local_ports`) and an agent on the application host (`upstream`, `sweep.remote`). Faults:
+//! planned failover, hung primary (SIGSTOP), dark host (link down).
 //!
 //! The promise checked: 0 acknowledged writes lost and every client back on the new primary
 //! within Sentinel's `+switch-master` + the DNS TTL + 0.5 s. The pinned control (clients given
@@ -77,7 +77,7 @@ pub(crate) struct App {
     script: &'static str,
     before: &'static [&'static str],
     after: &'static [&'static str],
-    /// The client settings, as the README's "Tested with" table names them.
+    /// The client settings, as the "Tested with" table of docs/tested.md names them.
     pub(crate) settings: &'static str,
 }
 
@@ -420,7 +420,7 @@ async fn flip_time(cluster: &Cluster) -> Option<SystemTime> {
         .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
 }
 
-/// The fault as the README's table names it.
+/// The fault as docs/tested.md's table names it.
 fn fault_name(fault: Fault, flavor: &Flavor) -> String {
     let name = match fault {
         Fault::Planned => "planned",
@@ -601,11 +601,11 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// The README: by name, nothing makes ioredis close a connection itself (no `+switch-master`,
-/// no `reconnectOnError` by default): polestar's kill and sweeps close it, so its
-/// `disconnectTimeout` (2 s by default, the wait for a FIN after its own close) costs nothing.
-/// The default must be back within 1 s of `disconnectTimeout: 50` (where it plays a part, on
-/// the Sentinel endpoint, it costs its whole 2 s: `clients_sentinel::ioredis_waits_...`).
+/// docs/operating.md: by name, nothing makes ioredis close a connection itself (no
+/// `+switch-master`, no `reconnectOnError` by default): polestar's kill and sweeps close it, so its
+/// `disconnectTimeout` (2 s by default, the wait for a FIN after its own close) costs nothing. The
+/// default must be back within 1 s of `disconnectTimeout: 50` (where it plays a part, on the
+/// Sentinel endpoint, it costs its whole 2 s: `clients_sentinel::ioredis_waits_...`).
 fn disconnect_timeout_costs_nothing(
     back: &[Option<SystemTime>],
     switch: SystemTime,
@@ -618,7 +618,7 @@ fn disconnect_timeout_costs_nothing(
     (default > low + 1.0).then(|| {
         format!(
             "ioredis by name: back {default:.3}s with the default disconnectTimeout, {low:.3}s \
-             with 50 ms: the README says it plays no part by name"
+             with 50 ms: docs/operating.md says it plays no part by name"
         )
     })
 }

@@ -1,11 +1,11 @@
-//! Sentinel-aware client libraries with the settings the README gives ("Sentinel protocol
-//! endpoint", "Client settings that matter"), through polestar's Sentinel endpoint on a planned
-//! failover: redis-py's `Sentinel.master_for` with its default (no retry inside redis-py), with the
-//! README's redialing connection class and retry, and with the by-name retry alone (the advice that
-//! used to be given: measured, not promised), and node-redis 5's `createSentinel` with its
-//! defaults. And the two settings the README warns about, each beside the advice: redis-py's
-//! `single_connection_client=True` (planned failover) and ioredis's default `disconnectTimeout`
-//! (hung primary).
+//! Sentinel-aware client libraries with the settings docs/using.md ("Sentinel protocol endpoint")
+//! and docs/operating.md ("Client settings that matter") give, through polestar's Sentinel endpoint
+//! on a planned failover: redis-py's `Sentinel.master_for` with its default (no retry inside
+//! redis-py), with the redialing connection class and retry of docs/operating.md, and with the
+//! by-name retry alone (the advice that used to be given: measured, not promised), and node-redis
+//! 5's `createSentinel` with its defaults. And the two settings docs/operating.md warns about, each
+//! beside the advice: redis-py's `single_connection_client=True` (planned failover) and ioredis's
+//! default `disconnectTimeout` (hung primary).
 //!
 //! Each client prints `ack <seq> <unix-ms> <port>` / `err ...` lines (tests/clients/
 //! sentinel_writer.py, sentinel_writer_node_redis.js). Each run prints `CLIENTS_SENTINEL ...`
@@ -23,13 +23,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use polestar_lab::{Lab, LabOptions, query};
 use tokio::time::{Instant, sleep};
 
-/// The README's promise for the settings it recommends: on the new primary within this of the
+/// docs/operating.md's promise for the settings it recommends: on the new primary within this of the
 /// promotion (the new primary first answering `ROLE` master).
 const BACK: Duration = Duration::from_secs(1);
 
 pub(crate) struct Client {
     pub(crate) label: &'static str,
-    /// The settings, as the README's "Tested with" table names them.
+    /// The settings, as the "Tested with" table of docs/tested.md names them.
     pub(crate) settings: &'static str,
     /// The writer script in tests/clients and its settings argument.
     script: &'static str,
@@ -44,7 +44,7 @@ const IOREDIS: &str = "sentinel_writer.js";
 const IOREDIS_ADVISED: &str = "failoverDetector, disconnectTimeout=50, connectTimeout=500, commandTimeout=500, retryStrategy=10 ms, sentinelRetryStrategy=10 ms, maxRetriesPerRequest=2, reconnectOnError(READONLY)";
 const IOREDIS_DEFAULT_DISCONNECT: &str = "failoverDetector, disconnectTimeout default (2000), connectTimeout=500, commandTimeout=500, retryStrategy=10 ms, sentinelRetryStrategy=10 ms, maxRetriesPerRequest=2, reconnectOnError(READONLY)";
 
-/// The README's warnings, each beside its advice (`promised` false: the warned-about setting).
+/// docs/operating.md's warnings, each beside its advice (`promised` false: the warned-about setting).
 pub(crate) const WARNED: [Client; 4] = [
     Client {
         label: "redis-py master_for single_connection_client",
@@ -238,7 +238,7 @@ async fn sentinel_pool_clients_with_the_readme_settings_are_back_within_a_second
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The README: a redis-py client made with `single_connection_client=True` reconnects to the
+/// docs/operating.md: a redis-py client made with `single_connection_client=True` reconnects to the
 /// address it had (only a connection taken from the pool asks the Sentinels), so after a
 /// planned failover it stays on the old, demoted primary (`READONLY`, nothing acknowledged
 /// there); the pool's default is on the new primary within a second.
@@ -251,7 +251,7 @@ async fn redis_py_single_connection_client_stays_on_the_old_primary_where_the_po
     assert_eq!(single.back, None, "single_connection_client reached the new primary");
 }
 
-/// The README: ioredis closes a connection to a hung primary on `+switch-master` with a FIN
+/// docs/operating.md: ioredis closes a connection to a hung primary on `+switch-master` with a FIN
 /// and waits `disconnectTimeout` (2 s by default) for the close before it reconnects; with
 /// `disconnectTimeout: 50` it moves at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -263,7 +263,7 @@ async fn ioredis_waits_its_disconnect_timeout_on_a_hung_primary_unless_it_is_set
     let (slow, advised) = (slow.back.unwrap_or(u64::MAX), advised.back.unwrap_or(u64::MAX));
     assert!(
         slow >= advised.saturating_add(1000),
-        "the default disconnectTimeout cost {slow} ms against {advised} ms: not the README's 2 s wait"
+        "the default disconnectTimeout cost {slow} ms against {advised} ms: not docs/operating.md's 2 s wait"
     );
 }
 

@@ -1,4 +1,4 @@
-//! The discovery contract (README, "HTTP API"; docs/deciding.md) against real Sentinels and the
+//! The discovery contract (docs/using.md, "HTTP API"; docs/deciding.md) against real Sentinels and the
 //! real binary: what the HTTP API says about a master, and that it follows every kind of failover,
 //! never goes backwards, and survives losing and regaining Sentinels.
 

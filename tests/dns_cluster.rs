@@ -1,4 +1,4 @@
-//! The DNS promise (README, "DNS") against real Sentinels and the real binary: the DNS name follows
+//! The DNS promise (docs/using.md, "DNS") against real Sentinels and the real binary: the DNS name follows
 //! every kind of failover (planned, primary killed), the SRV/TXT answers and the SOA serial move
 //! with it, and DNS and the API never disagree once settled.
 

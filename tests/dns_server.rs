@@ -1,6 +1,6 @@
 //! Component tests of the authoritative DNS server: real sockets on loopback, port 0, a
 //! topology channel fed by the test, and raw DNS messages (or `dig`, hickory-resolver, knotd)
-//! checking what the README's "DNS" section promises.
+//! checking what the docs/using.md, "DNS" section promises.
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
 use crate::dns_support;

@@ -594,7 +594,7 @@ async fn two_polestars_lose_no_write_whatever_the_client_caches() {
 
 // ---------------------------------------------------------------------------------------------
 // The same writer through HAProxy with role checks (bench/haproxy.sh's configuration), on the
-// loopback lab: a measurement for the README's "Measured" table, not a check.
+// loopback lab: a measurement for the docs/tested.md, "Measured" table, not a check.
 
 /// HAProxy in front of the lab's nodes (`tcp-check` `PING` and `role:master`, `inter 500ms
 /// fall 2 rise 1`, `on-marked-down shutdown-sessions`), killed on drop.

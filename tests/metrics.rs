@@ -1,6 +1,6 @@
 //! `/metrics` after a real failover, read with a Prometheus text-format parser: every metric the
-//! README's HTTP API table lists has its HELP and TYPE, and the values agree with the API and the
-//! lab.
+//! HTTP API table of docs/using.md lists has its HELP and TYPE, and the values agree with the API
+//! and the lab.
 
 use crate::common;
 
@@ -137,7 +137,7 @@ async fn scrape(env: &Env) -> Exposition {
     Exposition::parse(&body).unwrap_or_else(|e| env.fail(&format!("{e:#}\n{body}")))
 }
 
-/// Every documented metric family (README, "HTTP API") that exists from the start has HELP text and
+/// Every documented metric family (docs/using.md, "HTTP API") that exists from the start has HELP text and
 /// the right TYPE.
 fn check_families(env: &Env, e: &Exposition) {
     let families = [

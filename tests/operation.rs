@@ -1,4 +1,4 @@
-//! The operation contract (README, "Operating polestar") against the real binary and a real
+//! The operation contract (docs/operating.md, "Operating polestar") against the real binary and a real
 //! cluster: systemd notifications (through a fake `NOTIFY_SOCKET`), SIGHUP reloads that never drop
 //! service, SIGTERM during a long-poll, and JSON logs.
 
@@ -352,7 +352,7 @@ async fn drain_status(d: &Daemon, master: &str, node: std::net::SocketAddr) -> u
     response.await.expect("POST drain").status().as_u16()
 }
 
-/// SIGHUP applies the `drain` and `sweep` sections, not only masters (README, "Reload and stop"):
+/// SIGHUP applies the `drain` and `sweep` sections, not only masters (docs/operating.md, "Reload and stop"):
 /// the manual drain refused while draining is off is accepted after a reload turns it on; and
 /// client-side sweeping turned on by a later reload (draining off again) aborts this host's
 /// connection to the old primary at the next failover: `ECONNABORTED`, which only a socket

@@ -40,6 +40,10 @@ DEBIAN_FRONTEND=noninteractive dpkg -i "$deb" >/dev/null
   || fail "polestar --help does not describe run"
 grep -qx /etc/polestar/polestar.yaml /var/lib/dpkg/info/polestar.conffiles \
   || fail "/etc/polestar/polestar.yaml is not a conffile"
+# The unit's Documentation= names these; the README links the pages under docs/.
+for doc in README.md docs/operating.md docs/using.md docs/decisions.md; do
+  [ -f "/usr/share/doc/polestar/$doc" ] || fail "/usr/share/doc/polestar/$doc is not installed"
+done
 
 step "checking the user and permissions"
 entry=$(getent passwd polestar) || fail "no polestar user"

@@ -23,7 +23,7 @@ pub const FOLLOW: Duration = Duration::from_secs(6);
 /// event at once, in full every second) brings changed records. The bound is twice the promise
 /// because what is measured here also holds the test's own sampling (every [`POLL`], after it
 /// asked each Sentinel) and a loaded 2-core machine's scheduling; the real delays are printed
-/// (`readiness: ...`) and the README gives them.
+/// (`readiness: ...`) and docs/operating.md gives them.
 pub const WITHIN: Duration = Duration::from_secs(4);
 /// Sentinel refreshes a replica's INFO every 10 s: it may take that long to show a change.
 const SENTINEL_SHOWS: Duration = Duration::from_secs(40);

@@ -1,4 +1,4 @@
-//! Replication lag injected for real (README, "Will it fail over?"): in a namespace cluster, the
+//! Replication lag injected for real (docs/operating.md, "Will it fail over?"): in a namespace cluster, the
 //! link toward one replica is shaped with `tbf` and a bounded writer fills the primary faster than
 //! that link carries, until the replica lags past `readiness.max_lag`. The other replica has
 //! `replica-priority 0`, so the lagging one is the only one a failover could promote: the verdict

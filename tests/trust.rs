@@ -485,7 +485,7 @@ async fn sentinels_name(lab: &Lab, addr: SocketAddr) -> usize {
 async fn a_forged_hello_one_epoch_ahead_naming_an_unrelated_node_is_refused_and_suspect() {
     let unrelated = Unrelated::start().await;
     // Sentinel turns the real primary into a replica of the forged one on its own after
-    // about 8 s (polestar cannot stop that: the ACL in the README is the defence); watch less.
+    // about 8 s (polestar cannot stop that: the ACL in docs/operating.md is the defence); watch less.
     let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
     let mut config = PolestarConfig::for_lab(&lab);
     config.masters = vec![(lab.master_name().to_string(), Some("cache".to_string()))];

@@ -1,10 +1,10 @@
 //! The zone as DNS sees it: every record of one topology snapshot, built once per change and
 //! never mutated, so a query reads it without a lock and never sees half of a change.
 //!
-//! Name layout (README, "DNS"): `<label>.<zone>` A/AAAA (primary) and TXT (`epoch=`, `state=`),
-//! `_redis._tcp.<label>.<zone>` SRV, `replicas.<label>.<zone>` A/AAAA (healthy replicas), SOA
-//! and NS at the apex. A master without a known primary answers SERVFAIL for its A, AAAA and
-//! SRV, never an empty answer that resolvers would cache.
+//! Name layout (docs/using.md, "DNS"): `<label>.<zone>` A/AAAA (primary) and TXT (`epoch=`,
+//! `state=`), `_redis._tcp.<label>.<zone>` SRV, `replicas.<label>.<zone>` A/AAAA (healthy
+//! replicas), SOA and NS at the apex. A master without a known primary answers SERVFAIL for its A,
+//! AAAA and SRV, never an empty answer that resolvers would cache.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;

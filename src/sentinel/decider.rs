@@ -284,7 +284,7 @@ impl Decider {
     }
 
     /// Asks every node of a master's lineage not asked yet whether its `default` user may
-    /// publish a Sentinel hello, and warns if so (the README gives the ACL that denies it).
+    /// publish a Sentinel hello, and warns if so (docs/operating.md gives the ACL that denies it).
     fn check_hello_acls(&mut self) {
         let lineage = self
             .masters

@@ -117,7 +117,7 @@ pub async fn check(
         Verdict::MayPublish => {
             let line =
                 checks.lines.lock().unwrap_or_else(PoisonError::into_inner).next(Instant::now());
-            const FOUND: &str = "a data node lets its default user publish Sentinel hellos: any client can move every Sentinel to a node of its choice; deny PUBLISH on __sentinel__:* (see the README)";
+            const FOUND: &str = "a data node lets its default user publish Sentinel hellos: any client can move every Sentinel to a node of its choice; deny PUBLISH on __sentinel__:* (see docs/operating.md, \"TLS, tokens and the ACL polestar needs\")";
             match line {
                 Line::Warn => tracing::warn!(%master, node = %addr, "{FOUND}"),
                 Line::WarnOfMore => {

@@ -9,7 +9,7 @@ tests/clients_netns.rs; every line on stdout is one JSON event.
                                                                 them (timeout 0)
 
 SETTINGS: `default` (GLIDE's own: request timeout 250 ms, its reconnect backoff) or `advised`
-(the README's: request timeout 500 ms, connection timeout 500 ms, reconnect after 10 ms, 20 ms,
+(docs/operating.md's: request timeout 500 ms, connection timeout 500 ms, reconnect after 10 ms, 20 ms,
 40 ms ... capped at 160 ms). Each write is one atomic batch `RPUSH` + `CLIENT INFO`, so the log
 names the node that acknowledged it (`laddr=`); the batch is refused as a whole by a node that
 is paused (it waits) or read-only, as a plain `RPUSH` would be.

@@ -6,7 +6,7 @@ tests/clients_netns.rs; every line on stdout is one JSON event.
                                         RPUSH acked:NAME <seq>, logs each reply
 
 redis-py's default retry (3 retries, ExponentialWithJitterBackoff(base=1, cap=10)) sleeps up to
-2 s, then up to 4 s, between reconnects; `fast` retries the way the README recommends for
+2 s, then up to 4 s, between reconnects; `fast` retries the way docs/operating.md recommends for
 failover (ExponentialBackoff(cap=0.5, base=0.05), 10 retries). The client holds one connection
 (`single_connection_client=True`) unless `pool` is given: then it takes one from redis-py's
 connection pool for each command, as `redis.Redis(host=...)` does by default.

@@ -4,7 +4,7 @@ usage: sentinel_writer.py SENTINELS NAME KEY SECONDS [SETTINGS]
   SENTINELS  comma-separated host:port of the Sentinels (or of polestar's Sentinel endpoint)
   SETTINGS   `tuned` (the default here: 0.5 s socket timeouts, no retry inside redis-py, the
              loop retries), `default` (`master_for(name)` with redis-py's own settings) or
-             `advised` (the README's: `retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)`),
+             `advised` (docs/operating.md's: `retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)`),
              `redial` (that retry with a connection class that asks the Sentinels on every
              reconnect) or `single` (`Redis(connection_pool=master_for(name).connection_pool,
              single_connection_client=True)`)
