@@ -2,6 +2,10 @@
 //! every master, turns what the links report into [`Evidence`], applies [`decide`] and carries
 //! out the actions (the snapshot first, then logs, events, metrics and signals to the drain
 //! side). Its only I/O is spawning: `ROLE` watches and warm-ups run as tasks that report back.
+//!
+//! Beside the loop and the carrying out of actions here: [`links`] (the configured Sentinels'
+//! tasks, started by [`Decider::run`], never by the constructor), [`peers`] (discovered
+//! Sentinels), [`downs`] (a primary's own down states) and [`view`] (what is published).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -62,53 +66,6 @@ struct Entry {
     withdrawn: Option<Candidate>,
 }
 
-/// Which node's `+sdown` and `+odown` are recorded and not yet ended, so that a transition
-/// several Sentinels announce is recorded once (`+odown` once per episode).
-#[derive(Default)]
-struct Downs {
-    sdown: Option<Addr>,
-    odown: Option<Addr>,
-}
-
-impl Downs {
-    /// Whether `down` of `node` is a transition not recorded yet (and notes it if so).
-    fn note(&mut self, node: &Addr, down: &Down) -> bool {
-        let slot = if down.objective { &mut self.odown } else { &mut self.sdown };
-        match (down.began, slot.as_ref() == Some(node)) {
-            (true, false) => *slot = Some(node.clone()),
-            (false, true) => *slot = None,
-            _ => return false,
-        }
-        true
-    }
-
-    /// Whether the recorded `+odown` is of `node`.
-    fn odown_of(&self, node: &Node) -> bool {
-        self.odown.as_ref().is_some_and(|a| names(node, a))
-    }
-
-    /// `node` is published as the primary (again): its next down is a new episode, even if
-    /// Sentinel never said the last one ended (after a failover it names it as a replica).
-    fn primary_is(&mut self, node: &Node) {
-        for slot in [&mut self.sdown, &mut self.odown] {
-            if slot.as_ref().is_some_and(|a| names(node, a)) {
-                *slot = None;
-            }
-        }
-    }
-}
-
-/// One configured Sentinel.
-struct LinkState {
-    addr: HostPort,
-    up: bool,
-    /// Reported a full reconciliation since it came up.
-    reconciled: bool,
-    myid: Option<String>,
-    /// The link task; restarted with a log line if it ever ends on its own (a panic).
-    task: JoinHandle<()>,
-}
-
 /// What a `ROLE` watch found, sent back to the decider's loop.
 struct Checked {
     master: String,
@@ -166,9 +123,10 @@ impl Drop for Decider {
 }
 
 impl Decider {
-    /// Starts the links at once: with `heard`, they leave their records of each master there
-    /// for the readiness poll (it must be given here, before they start: a `with_heard` after
-    /// `new` left every link without it, and the poll asked every Sentinel everything).
+    /// The decider of `config`'s Sentinels and masters; it spawns nothing: the links start when
+    /// it runs. With `heard`, they leave their records of each master there for the readiness
+    /// poll (given here: a `with_heard` after `new` once left every link without it, and the
+    /// poll asked every Sentinel everything).
     pub fn new(
         config: &Config,
         writer: TopologyWriter,
@@ -226,6 +184,7 @@ impl Decider {
     }
 
     pub async fn run(mut self) {
+        self.start_links();
         self.publish_snapshot();
         let mut tick = tokio::time::interval(TICK);
         loop {
@@ -237,44 +196,15 @@ impl Decider {
             }
             self.publish_snapshot();
         }
-        for link in self.links.drain(..) {
-            if let Err(e) = link.task.await {
-                tracing::error!(sentinel = %link.addr, "the Sentinel link panicked: {e}");
-            }
-        }
-    }
-
-    fn add_link(&mut self, addr: HostPort) {
-        let id = self.links.len();
-        let task = self.spawn_link(id, &addr);
-        metrics::gauge!(m::SENTINEL_UP, "sentinel" => addr.to_string()).set(0.0);
-        self.links.push(LinkState { addr, up: false, reconciled: false, myid: None, task });
-    }
-
-    fn spawn_link(&self, id: LinkId, addr: &HostPort) -> JoinHandle<()> {
-        let link = Link {
-            id,
-            endpoint: Endpoint::new(addr.host.clone(), addr.port, &self.sentinel_auth),
-            masters: self.wanted_names.clone(),
-            tx: self.tx.clone(),
-            stop: self.links_stop.child_token(),
-            heard: self.heard.clone(),
-        };
-        tokio::spawn(link.run())
+        self.join_links().await;
     }
 
     /// Once a second: the rule sees time pass (where it waits for it), idle node connections
-    /// close, and a link task
-    /// that ended on its own (only a panic ends one before shutdown) is restarted.
+    /// close, and a link task that ended on its own (only a panic ends one before shutdown) is
+    /// restarted.
     fn tick(&mut self) {
         self.nodes.prune(NODE_IDLE);
-        for id in 0..self.links.len() {
-            if self.links[id].task.is_finished() && !self.shutdown.is_cancelled() {
-                tracing::error!(sentinel = %self.links[id].addr, "Sentinel link task ended unexpectedly: restarting it");
-                self.observe(Observation::Down { link: id, reason: "link task ended".into() });
-                self.links[id].task = self.spawn_link(id, &self.links[id].addr.clone());
-            }
-        }
+        self.restart_ended_links();
         let timed = self.masters.iter().filter(|(_, e)| e.state.waits_for_time());
         let names: Vec<String> = timed.map(|(name, _)| name.clone()).collect();
         for name in names {
@@ -349,28 +279,6 @@ impl Decider {
                 self.apply(&master, Evidence::Promoted { from, target, at });
             }
         }
-    }
-
-    /// A master's own `+sdown`/`-sdown`/`+odown`/`-odown`, from a configured Sentinel: into
-    /// the event log (once per transition) for the Sentinel API's subscribers, nowhere else.
-    fn master_down(&mut self, link: LinkId, master: &str, node: &Addr, down: &Down) {
-        let Some(entry) = self.entry_mut(master) else { return };
-        if !entry.downs.note(node, down) {
-            return;
-        }
-        if down.objective {
-            let mark =
-                if down.began { Mark::Odown { at: Instant::now() } } else { Mark::OdownEnded };
-            entry.phases = phases::decide(entry.phases, mark).0;
-        }
-        let (event, node) = (down.channel(), format!("{}:{}", node.host, node.port));
-        let sentinel = self.links.get(link).map(|l| l.addr.to_string());
-        tracing::info!(%master, %node, sentinel = sentinel.as_deref().unwrap_or("-"), "{event} of the primary");
-        let mut data = json!({ "event": event, "node": node, "sentinel": sentinel });
-        if let Some(q) = &down.quorum {
-            data["quorum"] = json!(q);
-        }
-        self.events.push(Kind::PrimaryDown, Some(master), data);
     }
 
     /// Runs the rule on one piece of evidence about `master` and carries out what it decides.
@@ -534,56 +442,6 @@ impl Decider {
         Some(entry)
     }
 
-    fn link_up(&mut self, id: LinkId, myid: Option<String>) {
-        // Every master's view counts the reachable Sentinels.
-        self.dirty.all();
-        let Some(link) = self.links.get_mut(id) else { return };
-        link.up = true;
-        link.reconciled = false;
-        link.myid = myid;
-        self.quorum.voters.insert(id);
-        let name = link.addr.to_string();
-        tracing::info!(sentinel = %name, "connected to Sentinel");
-        metrics::gauge!(m::SENTINEL_UP, "sentinel" => name.clone()).set(1.0);
-        self.events.push(Kind::SentinelUp, None, json!({ "sentinel": name }));
-    }
-
-    /// The configured address answered, and not as a Sentinel: it no longer counts towards
-    /// the majority (until it answers as one).
-    fn not_a_sentinel(&mut self, id: LinkId, reason: &str) {
-        self.dirty.all();
-        if self.quorum.voters.remove(&id) {
-            let name = self.links.get(id).map(|l| l.addr.to_string()).unwrap_or_default();
-            tracing::error!(sentinel = %name, %reason, "a configured Sentinel address is no Sentinel: it does not count towards the majority");
-        }
-        self.link_down(id, reason);
-    }
-
-    fn link_down(&mut self, id: LinkId, reason: &str) {
-        self.dirty.all();
-        let Some(link) = self.links.get_mut(id) else { return };
-        let was_up = link.up;
-        link.up = false;
-        link.reconciled = false;
-        let name = link.addr.to_string();
-        let names: Vec<String> = self.masters.keys().cloned().collect();
-        for master in names {
-            self.forget_peers(&master, id);
-            self.apply(&master, Evidence::Gone { from: id });
-        }
-        if was_up {
-            tracing::warn!(sentinel = %name, %reason, "lost Sentinel");
-            metrics::gauge!(m::SENTINEL_UP, "sentinel" => name.clone()).set(0.0);
-            self.events.push(
-                Kind::SentinelDown,
-                None,
-                json!({ "sentinel": name, "reason": reason }),
-            );
-        } else {
-            tracing::debug!(sentinel = %name, %reason, "Sentinel unreachable");
-        }
-    }
-
     /// One Sentinel's answer about its masters. Their rules are all run first and what they
     /// decided is carried out after, with one snapshot published before any of it: a report of
     /// a thousand masters that each switch (every start-up) published a thousand snapshots of a
@@ -650,53 +508,6 @@ impl Decider {
         self.apply(&report.name, evidence);
     }
 
-    /// Records the peers `from` lists for `master`; logs the ones no configured Sentinel
-    /// listed before.
-    fn set_peers(&mut self, master: &str, from: LinkId, peers: Vec<PeerRecord>) {
-        let Some(entry) = self.entry_mut(master) else { return };
-        if entry.peers.get(&from) == Some(&peers) {
-            return;
-        }
-        entry.peers.insert(from, peers);
-        let after = self.discovered(master);
-        let Some(entry) = self.masters.get_mut(master) else { return };
-        self.dirty.master(master);
-        let found = entry.discovered.update(after);
-        if let Some(new) = entry.discovered.log_due(&found, std::time::Instant::now()) {
-            let (by, total) = (&self.links[from].addr, entry.discovered.total());
-            let first = found.first.unwrap_or_default();
-            tracing::warn!(%master, sentinel = %first, new, total, listed_by = %by, "discovered Sentinels that are not configured: shown (at most 16) but never trusted; add them to sentinels.addresses if they are yours");
-        }
-        record_discovered(master, entry.discovered.total());
-    }
-
-    fn forget_peers(&mut self, master: &str, from: LinkId) {
-        let Some(entry) = self.entry_mut(master) else { return };
-        if entry.peers.remove(&from).is_some() {
-            let now = self.discovered(master);
-            record_discovered(master, now.len());
-            if let Some(entry) = self.entry_mut(master) {
-                entry.discovered.update(now);
-            }
-        }
-    }
-
-    /// The Sentinels the configured ones list for `master` that are not configured themselves
-    /// (by address, or by the run id a configured address answered with).
-    fn discovered(&self, master: &str) -> BTreeSet<String> {
-        let Some(entry) = self.masters.get(master) else { return BTreeSet::new() };
-        let configured = |p: &PeerRecord| {
-            self.links.iter().any(|l| {
-                l.myid.as_deref() == Some(p.runid.as_str())
-                    || (l.addr.host == p.addr.host && l.addr.port == p.addr.port)
-            })
-        };
-        let peers = entry.peers.values().flatten().filter(|p| !configured(p));
-        peers
-            .map(|p| HostPort { host: p.addr.host.clone(), port: p.addr.port }.to_string())
-            .collect()
-    }
-
     /// Forgets masters no reachable, reconciled Sentinel monitors any more (`-monitor`), when
     /// polestar serves every monitored master.
     fn drop_unmonitored(&mut self, link: LinkId, seen: &HashSet<String>) {
@@ -722,118 +533,6 @@ impl Decider {
             self.events.push(Kind::MasterRemoved, Some(&name), json!({ "sentinel": by }));
         }
     }
-
-    /// Builds the views of the masters marked since the last snapshot (every master after a
-    /// change of the Sentinels' standing) and publishes them if any differs. At 1,000 idle
-    /// masters, building every view on every tick of the loop was a tenth of polestar's idle
-    /// CPU.
-    fn publish_snapshot(&mut self) {
-        let reachable = self.links.iter().any(|l| l.up);
-        if reachable != self.reachable {
-            self.reachable = reachable;
-            self.dirty.all();
-            let kind = if reachable { Kind::Ok } else { Kind::Stale };
-            if !reachable {
-                tracing::warn!("no Sentinel reachable: serving the last confirmed primaries");
-            }
-            self.events.push(kind, None, json!({ "sentinels_reachable": reachable }));
-        }
-        let before = self.topology.current();
-        let published = match std::mem::take(&mut self.dirty) {
-            Dirty::Clean => None,
-            Dirty::Masters(names) => {
-                let view = |n: &String| self.masters.get(n).map(|e| self.view(n, e));
-                let views: Vec<(Option<Master>, String)> =
-                    names.into_iter().map(|n| (view(&n), n)).collect();
-                self.topology.update(views, reachable)
-            }
-            Dirty::All => {
-                let views = self.masters.iter().map(|(n, e)| self.view(n, e));
-                self.topology.publish(views.collect::<Vec<_>>(), reachable)
-            }
-        };
-        #[cfg(debug_assertions)]
-        self.assert_views_published();
-        if let Some(snapshot) = published {
-            // A master that did not change kept its `Arc`, and so its gauges.
-            let changed = |m: &&Arc<Master>| {
-                before.masters.get(&m.name).is_none_or(|old| !Arc::ptr_eq(old, m))
-            };
-            for master in snapshot.masters.values().filter(changed) {
-                record_gauges(master);
-            }
-        }
-    }
-
-    /// The published snapshot holds exactly the views a full rebuild gives: a master whose
-    /// view changed without being marked would leave a stale answer in DNS. Debug builds (the
-    /// tests) check it at every snapshot.
-    #[cfg(debug_assertions)]
-    fn assert_views_published(&self) {
-        let current = self.topology.current();
-        let published: Vec<&Master> = current.masters.values().map(|m| m.as_ref()).collect();
-        let views: Vec<Master> = self.masters.iter().map(|(n, e)| self.view(n, e)).collect();
-        assert_eq!(published, views.iter().collect::<Vec<_>>(), "a view changed unmarked");
-        assert_eq!(current.source_reachable, self.reachable, "reachability unpublished");
-    }
-
-    fn view(&self, name: &str, e: &Entry) -> Master {
-        let publication = &e.state.publication;
-        let primary = publication.primary();
-        let state = match () {
-            _ if primary.is_none() => MasterState::Unknown,
-            _ if !self.links.iter().any(|l| l.up) => MasterState::Stale,
-            _ if e.state.suspect.is_some() => MasterState::Suspect,
-            _ if e.state.failing_over_published(&self.quorum) => MasterState::Failover,
-            _ => MasterState::Ok,
-        };
-        let sentinels = SentinelCounts {
-            configured: self.links.len(),
-            reachable: self.links.iter().filter(|l| l.up).count(),
-            agreeing: primary.map(|p| e.state.agreeing(p)).unwrap_or(0),
-            discovered: e.discovered.shown().cloned().collect(),
-        };
-        Master {
-            name: name.to_string(),
-            label: e.label.clone(),
-            primary: primary.map(|p| p.node.clone()),
-            epoch: primary.map(|p| p.epoch),
-            since: publication.since(),
-            state,
-            replicas: e.state.replicas.clone(),
-            sentinels,
-            withdrawn: withdrawn(e.withdrawn.as_ref(), primary),
-            provisional: matches!(publication, Publication::Provisional { .. }),
-        }
-    }
-}
-
-/// Which masters' published views may have changed since the last snapshot.
-#[derive(Debug, Default, PartialEq, Eq)]
-enum Dirty {
-    #[default]
-    Clean,
-    Masters(BTreeSet<String>),
-    /// Every master (a Sentinel came or went, an epoch was reached, the first snapshot).
-    All,
-}
-
-impl Dirty {
-    fn master(&mut self, name: &str) {
-        match self {
-            Self::All => {}
-            Self::Masters(names) => {
-                if !names.contains(name) {
-                    names.insert(name.to_string());
-                }
-            }
-            Self::Clean => *self = Self::Masters(BTreeSet::from([name.to_string()])),
-        }
-    }
-
-    fn all(&mut self) {
-        *self = Self::All;
-    }
 }
 
 /// Whether the snapshot already holds the states an action comes from.
@@ -849,26 +548,15 @@ fn names(node: &Node, a: &Addr) -> bool {
     a.port == node.port && (by_name || a.host.parse() == Ok(node.ip))
 }
 
-/// A withdrawn flip is shown while it is above the published epoch (and so explains it).
-fn withdrawn(undone: Option<&Candidate>, published: Option<&Candidate>) -> Option<Withdrawn> {
-    let undone = undone.filter(|u| published.is_none_or(|p| u.epoch > p.epoch))?;
-    Some(Withdrawn { node: undone.node.clone(), epoch: undone.epoch })
-}
+mod downs;
+mod links;
+mod peers;
+mod view;
 
-fn record_discovered(master: &str, n: usize) {
-    metrics::gauge!(m::SENTINELS_DISCOVERED, "master" => master.to_string()).set(n as f64);
-}
-
-fn record_gauges(master: &Master) {
-    let name = master.name.clone();
-    metrics::gauge!(m::MASTER_EPOCH, "master" => name.clone())
-        .set(master.epoch.unwrap_or(0) as f64);
-    for state in MasterState::ALL {
-        let value = if state == master.state { 1.0 } else { 0.0 };
-        metrics::gauge!(m::MASTER_STATE, "master" => name.clone(), "state" => state.as_str())
-            .set(value);
-    }
-}
+use downs::Downs;
+use links::LinkState;
+use peers::record_discovered;
+use view::Dirty;
 
 #[cfg(test)]
 mod tests;

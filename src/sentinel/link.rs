@@ -15,7 +15,7 @@
 //! down, and the link reconnects to the same address with backoff, forever. Links exist only
 //! for configured addresses (see the trust model in `super`).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -43,6 +43,10 @@ use crate::readiness::facts::MasterFacts;
 use crate::readiness::heard::{Heard, Records};
 use crate::readiness::{self};
 use crate::topology::{Node, Replica};
+
+mod translate;
+
+use translate::{Tell, translate};
 
 const PING_EVERY: Duration = Duration::from_secs(1);
 const PING_DEADLINE: Duration = Duration::from_millis(1500);
@@ -285,8 +289,8 @@ impl Link {
         Ok(self.on_event(event, at, state, conn, pending))
     }
 
-    /// Turns one event into what the decider is told (now, or once its lookups are done, in
-    /// the order of the events) and what is to be reconciled.
+    /// Carries out what one event asks ([`translate`]): tells the decider (now, or once its
+    /// lookups are done, in the order of the events); returns what is to be reconciled.
     fn on_event(
         &self,
         event: Event,
@@ -295,94 +299,69 @@ impl Link {
         conn: &MultiplexedConnection,
         pending: &mut Pending,
     ) -> Option<Scope> {
-        let link = self.id;
-        match event {
-            Event::NewEpoch(epoch) => {
-                state.last_epoch = Some(epoch);
-                self.send(Observation::Epoch { link, epoch });
-            }
-            Event::FailoverStarted { master, elected } => {
-                if let Some(epoch) = state.last_epoch {
-                    state.remember(&master, epoch);
-                }
-                // Whether this Sentinel runs it as Valkey's coordinated failover, asked now:
-                // the answer reaches the decider before this Sentinel's `+selected-slave`,
-                // which waits behind it in `pending` (an election or a tick later).
-                let mut conn = conn.clone();
-                pending.push(Box::pin(async move {
-                    let coordinated = coordinated(&mut conn, &master).await;
-                    let in_progress = true;
-                    let aborted = false;
-                    Ok(Some(Observation::Failover {
-                        link,
-                        master,
-                        in_progress,
-                        aborted,
-                        coordinated,
-                        elected,
-                    }))
-                }));
-            }
-            Event::Promoting { master, replica, sent } => {
-                let epoch = state.failover_epoch.get(&master).copied().filter(|_| sent);
-                pending.push(Box::pin(async move {
-                    let promoted = match epoch {
-                        Some(epoch) => resolve(&replica).await.map(|node| (node, epoch)),
-                        None => None,
-                    };
-                    Ok(Some(Observation::Promoting { link, master, replica, promoted, at }))
-                }));
-            }
-            Event::Promoted { master, primary } => {
-                let epoch = state.failover_epoch.remove(&master);
-                let mut conn = conn.clone();
-                pending.push(Box::pin(async move {
-                    let epoch = match epoch {
-                        Some(e) => e,
-                        None => config_epoch(&mut conn, &master).await?,
-                    };
-                    let node = resolve(&primary).await;
-                    Ok(node.map(|node| Observation::Promoted { link, master, node, epoch, at }))
-                }));
-            }
-            Event::FailoverEnded { master, aborted } => {
-                state.failover_epoch.remove(&master);
-                let scope = self.scope(master.clone());
-                pending.push(ready(Observation::Failover {
-                    link,
-                    master,
-                    in_progress: false,
-                    aborted,
-                    coordinated: false,
-                    elected: false,
-                }));
-                return scope;
-            }
-            Event::NodeBack { master, node, converted_to } => {
-                let scope = self.scope(master.clone());
-                pending.push(Box::pin(async move {
-                    let node = resolve(&node).await;
-                    Ok(node.map(|node| Observation::NodeBack { link, master, node, converted_to }))
-                }));
-                return scope;
-            }
-            Event::MasterDown { master, node, down } => {
-                let scope = self.scope(master.clone());
-                pending.push(ready(Observation::MasterDown { link, master, node, down }));
-                return scope;
-            }
-            Event::Switched { master, .. } | Event::Changed { master } => {
-                return self.scope(master);
-            }
-            Event::Topology => return Some(Scope::All),
+        let told = translate(event, state, self.masters.as_deref());
+        match told.tell {
+            Some(Tell::Epoch(epoch)) => self.send(Observation::Epoch { link: self.id, epoch }),
+            Some(tell) => pending.push(lookup(self.id, tell, at, conn)),
+            None => {}
         }
-        None
+        told.reconcile
     }
+}
 
-    /// The reconciliation an event about `master` asks for: none for a master not served.
-    fn scope(&self, master: String) -> Option<Scope> {
-        let wanted = self.masters.as_ref().is_none_or(|names| names.contains(&master));
-        wanted.then(|| Scope::Masters(BTreeSet::from([master])))
+/// What the decider is told of `tell`, once the lookups it needs are done: the Sentinel's
+/// coordinated flag or epoch over `conn`, and the addresses resolved.
+fn lookup(link: LinkId, tell: Tell, at: Instant, conn: &MultiplexedConnection) -> Telling {
+    let mut conn = conn.clone();
+    match tell {
+        Tell::Epoch(epoch) => ready(Observation::Epoch { link, epoch }),
+        // Asked now: the answer reaches the decider before this Sentinel's `+selected-slave`,
+        // which waits behind it (an election or a tick later).
+        Tell::FailoverStarted { master, elected } => Box::pin(async move {
+            let coordinated = coordinated(&mut conn, &master).await;
+            let (in_progress, aborted) = (true, false);
+            Ok(Some(Observation::Failover {
+                link,
+                master,
+                in_progress,
+                aborted,
+                coordinated,
+                elected,
+            }))
+        }),
+        Tell::Promoting { master, replica, epoch } => Box::pin(async move {
+            let promoted = match epoch {
+                Some(epoch) => resolve(&replica).await.map(|node| (node, epoch)),
+                None => None,
+            };
+            Ok(Some(Observation::Promoting { link, master, replica, promoted, at }))
+        }),
+        Tell::Promoted { master, primary, epoch } => Box::pin(async move {
+            let epoch = match epoch {
+                Some(e) => e,
+                None => config_epoch(&mut conn, &master).await?,
+            };
+            let node = resolve(&primary).await;
+            Ok(node.map(|node| Observation::Promoted { link, master, node, epoch, at }))
+        }),
+        Tell::FailoverEnded { master, aborted } => {
+            let (in_progress, coordinated, elected) = (false, false, false);
+            ready(Observation::Failover {
+                link,
+                master,
+                in_progress,
+                aborted,
+                coordinated,
+                elected,
+            })
+        }
+        Tell::NodeBack { master, node, converted_to } => Box::pin(async move {
+            let node = resolve(&node).await;
+            Ok(node.map(|node| Observation::NodeBack { link, master, node, converted_to }))
+        }),
+        Tell::MasterDown { master, node, down } => {
+            ready(Observation::MasterDown { link, master, node, down })
+        }
     }
 }
 

@@ -169,12 +169,16 @@ async fn reports_of_down_sentinels_do_not_count() {
 #[tokio::test]
 async fn a_link_task_that_ends_is_restarted() {
     let (mut d, _r) = decider();
-    d.links[0].task.abort();
-    while !d.links[0].task.is_finished() {
+    let running = |d: &Decider| d.links[0].task.as_ref().is_some_and(|t| !t.is_finished());
+    assert!(d.links.iter().all(|l| l.task.is_none()), "the constructor spawns nothing");
+    d.start_links();
+    assert!(running(&d));
+    d.links[0].task.as_ref().expect("started").abort();
+    while running(&d) {
         tokio::task::yield_now().await;
     }
     d.tick();
-    assert!(!d.links[0].task.is_finished(), "a new link task runs");
+    assert!(running(&d), "a new link task runs");
 }
 
 /// A primary's own down events (docs/deciding.md, "The evidence"): three Sentinels' `+sdown` of the
