@@ -266,6 +266,7 @@ impl Daemon {
     /// every task to end.
     async fn serve_until_shutdown(mut self) -> anyhow::Result<()> {
         self.tasks.spawn(service::watchdog(self.stop()));
+        self.tasks.spawn(crate::alloc::trim(self.stop()));
         let result = first_to_stop(&mut self.tasks, &self.shutdown).await;
         service::stopping();
         self.shutdown.cancel();

@@ -2,6 +2,7 @@
 //! and HTTP, and makes stale client connections fail fast on failover.
 
 pub mod agent;
+pub mod alloc;
 pub mod client;
 pub mod config;
 pub mod control;

@@ -121,6 +121,7 @@ fn parse_size(text: &str) -> Result<String, String> {
 }
 
 fn main() -> ExitCode {
+    polestar::alloc::configure();
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let code = command(cli.command);
