@@ -44,32 +44,21 @@ use crate::readiness::heard::{Heard, Records};
 use crate::readiness::{self};
 use crate::topology::{Node, Replica};
 
+mod flow;
+mod reconcile;
 mod translate;
 
+use flow::*;
+use reconcile::*;
 use translate::{Tell, translate};
 
 const PING_EVERY: Duration = Duration::from_secs(1);
 const PING_DEADLINE: Duration = Duration::from_millis(1500);
-/// The full reconciliation runs every `RECONCILE_PER_MASTER` × masters, within these bounds.
-const RECONCILE_MIN: Duration = Duration::from_secs(1);
-const RECONCILE_MAX: Duration = Duration::from_secs(30);
-const RECONCILE_PER_MASTER: Duration = Duration::from_millis(10);
 const RESOLVE_DEADLINE: Duration = Duration::from_secs(1);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// Pushes read from the connection but not yet handled; a flood past it is dropped.
-const PUSH_QUEUE: usize = 1024;
-/// Events waiting for a lookup (a hostname, an epoch) before they are passed on.
-const MAX_PENDING: usize = 64;
-/// Observations of events passed on per second on average (and in a burst).
-const EVENT_BUDGET: u16 = 1000;
-/// Dropped events are logged at most this often per Sentinel.
-const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
 /// Failovers whose epoch a session remembers.
 const MAX_FAILOVERS: usize = 4096;
-/// Every this many full reconciliations a link asks every master's peers, changed or not.
-const PEERS_EVERY: u32 = 6;
-
 #[derive(Debug, thiserror::Error)]
 enum LinkError {
     #[error("{0}")]
@@ -144,8 +133,10 @@ impl Link {
         }
     }
 
-    async fn session(&self) -> Result<(), LinkError> {
-        let (sink, mut pushes) = push_queue();
+    /// Connects, checks that the address is a Sentinel (`SENTINEL MYID`) and subscribes to
+    /// all its events, before the first reconciliation so that no change falls in between.
+    async fn open(&self) -> Result<(MultiplexedConnection, Pushes), LinkError> {
+        let (sink, pushes) = push_queue();
         let connected = connect(&self.endpoint, Some(sink)).await;
         let mut conn = connected.map_err(|e| match speaks_no_resp(&e) {
             true => LinkError::NotSentinel(e),
@@ -156,13 +147,27 @@ impl Link {
             true => LinkError::NotSentinel(e),
             false => LinkError::Redis(e),
         })?;
-        // Subscribe before the first reconciliation so that no change falls in between.
         conn.psubscribe("*").await?;
         self.send(Observation::Up { link: self.id, myid: text(&myid) });
+        Ok((conn, pushes))
+    }
+
+    /// A reconciliation of `scope`, run beside the event loop on a clone of the connection;
+    /// `peers`: the peer counts a full one compares against (`None` for a scoped one).
+    fn reconciliation(
+        &self,
+        scope: Scope,
+        peers: Option<PeerCounts>,
+        conn: &MultiplexedConnection,
+    ) -> InFlight<(Report, Read)> {
+        let (only, keep, conn) = (self.masters.clone(), self.heard.is_some(), conn.clone());
+        Box::pin(reconcile(self.id, scope, only, conn, keep, peers))
+    }
+
+    async fn session(&self) -> Result<(), LinkError> {
+        let (conn, mut pushes) = self.open().await?;
         let mut state = Session::default();
-        let keep = self.heard.is_some();
-        let peers = Some(PeerCounts::default());
-        let first = reconcile(self.id, Scope::All, self.masters.clone(), conn.clone(), keep, peers);
+        let first = self.reconciliation(Scope::All, Some(PeerCounts::default()), &conn);
         let (first, mut read) = first.await?;
         let mut peers = read.peers.take();
         self.hear(read);
@@ -242,14 +247,11 @@ impl Link {
                 if scope == Scope::All {
                     every.reset();
                 }
-                let only = self.masters.clone();
-                let keep = self.heard.is_some();
                 let counts = match scope {
                     Scope::All => Some(peers.take().unwrap_or_default()),
                     Scope::Masters(_) => None,
                 };
-                let conn = conn.clone();
-                running = Some(Box::pin(reconcile(self.id, scope, only, conn, keep, counts)));
+                running = Some(self.reconciliation(scope, counts, &conn));
             }
         }
     }
@@ -365,168 +367,6 @@ fn lookup(link: LinkId, tell: Tell, at: Instant, conn: &MultiplexedConnection) -
     }
 }
 
-/// What this Sentinel knows of the masters in `scope`: their primaries and replicas, and for
-/// a full reconciliation every master it monitors and the peers it knows; with `keep`, also
-/// its records as the readiness poll reads them.
-async fn reconcile(
-    link: LinkId,
-    scope: Scope,
-    only: Option<Arc<HashSet<String>>>,
-    mut conn: MultiplexedConnection,
-    keep: bool,
-    peers: Option<PeerCounts>,
-) -> Result<(Report, Read), LinkError> {
-    let conn = &mut conn;
-    let full = scope == Scope::All;
-    let served = |m: &MasterRecord| only.as_ref().is_none_or(|names| names.contains(&m.name));
-    let masters: Vec<(MasterRecord, Option<MasterFacts>)> = match &scope {
-        Scope::All => {
-            let masters: Value = redis::cmd("SENTINEL").arg("MASTERS").query_async(conn).await?;
-            let records = borrowed_records(&masters).filter_map(|r| read_master(&r, keep));
-            records.filter(|(m, _)| served(m)).collect()
-        }
-        Scope::Masters(names) => {
-            // A master this Sentinel no longer monitors answers an error: it is left out of
-            // the report, which the scope tells the decider is news.
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for name in names {
-                pipe.cmd("SENTINEL").arg("MASTER").arg(name);
-            }
-            let replies: Vec<Value> = pipe.query_async(conn).await?;
-            let records = replies.iter().filter_map(Borrowed::new);
-            records.filter_map(|r| read_master(&r, keep)).collect()
-        }
-    };
-    let mut peers = peers.filter(|_| full);
-    if let Some(p) = &mut peers {
-        p.rounds = p.rounds.wrapping_add(1);
-    }
-    let asks: Vec<Asks> = masters.iter().map(|(m, _)| Asks::of(m, peers.as_ref())).collect();
-    let replies: Vec<Value> = match asks.iter().any(Asks::any) {
-        true => pipeline(&masters, &asks).query_async(conn).await?,
-        false => Vec::new(),
-    };
-    let mut report = Report { link, scope: scope.clone(), masters: Vec::new(), with_peers: full };
-    let mut read = Read { scope, masters: HashMap::new(), peers: None };
-    let mut replies = replies.into_iter();
-    let none = Value::Array(Vec::new());
-    for ((m, facts), asked) in masters.into_iter().zip(asks) {
-        let addr = if asked.addr { Some(replies.next().unwrap_or(Value::Nil)) } else { None };
-        let replicas = if asked.replicas { replies.next() } else { None };
-        let listed = if asked.peers { replies.next() } else { None };
-        let replicas = replicas.as_ref().unwrap_or(&none);
-        let listed = listed.map(|v| {
-            let records = records(&v);
-            records.iter().filter_map(PeerRecord::from_record).collect::<Vec<_>>()
-        });
-        if let (Some(p), Some(listed)) = (&mut peers, &listed) {
-            p.asked.insert(m.name.clone(), listed.len());
-        }
-        if let Some(master) = facts {
-            let replicas = readiness::parse::replicas(replicas);
-            read.masters.insert(m.name.clone(), Records { master: Ok(master), replicas });
-        }
-        if let Some(master) = master_report(&m, addr.as_ref(), replicas, listed).await {
-            report.masters.push(master);
-        }
-    }
-    read.peers = peers;
-    Ok((report, read))
-}
-
-/// One master of `SENTINEL MASTERS`/`MASTER`, read in place, and with `keep` its facts for the
-/// readiness poll (the same fields: every record that reads has them).
-fn read_master(r: &Borrowed<'_>, keep: bool) -> Option<(MasterRecord, Option<MasterFacts>)> {
-    let m = MasterRecord::from_record(r)?;
-    let facts = if keep { Some(readiness::parse::master_record(r)?) } else { None };
-    Some((m, facts))
-}
-
-/// What a reconciliation asks of one master besides its record.
-struct Asks {
-    /// `SENTINEL GET-MASTER-ADDR-BY-NAME`: only while the record shows a failover in
-    /// progress. Sentinel answers it with the record's own address except while it leads a
-    /// failover past the promotion (`sentinelGetCurrentMasterAddress`: the promoted replica
-    /// from `RECONF_SLAVES` on, when the record already holds the new epoch and still the old
-    /// address), and only a Sentinel with `failover_in_progress` is in that state. Otherwise the
-    /// record's address and epoch are one reading, changed together by Sentinel
-    /// (`sentinelResetMasterAndChangeAddress` on a switch, a hello's configuration). Asking it
-    /// of every master was a third of a full reconciliation's commands at 1,000 masters.
-    addr: bool,
-    /// `SENTINEL REPLICAS`: unless `num-slaves` says there are none.
-    replicas: bool,
-    /// `SENTINEL SENTINELS`: in a full reconciliation, when [`PeerCounts`] says so.
-    peers: bool,
-}
-
-impl Asks {
-    fn of(m: &MasterRecord, peers: Option<&PeerCounts>) -> Self {
-        Self {
-            addr: m.failover_in_progress,
-            replicas: m.replicas != Some(0),
-            peers: peers.is_some_and(|p| p.due(m)),
-        }
-    }
-
-    fn any(&self) -> bool {
-        self.addr || self.replicas || self.peers
-    }
-}
-
-/// The commands `asks` calls for, in the order [`reconcile`] reads their replies.
-fn pipeline(masters: &[(MasterRecord, Option<MasterFacts>)], asks: &[Asks]) -> redis::Pipeline {
-    let mut pipe = redis::pipe();
-    for ((m, _), asked) in masters.iter().zip(asks) {
-        let mut ask = |sub: &str| {
-            pipe.cmd("SENTINEL").arg(sub).arg(&m.name);
-        };
-        if asked.addr {
-            ask("GET-MASTER-ADDR-BY-NAME");
-        }
-        if asked.replicas {
-            ask("REPLICAS");
-        }
-        if asked.peers {
-            ask("SENTINELS");
-        }
-    }
-    pipe
-}
-
-/// One reconciliation's records for the readiness poll (empty unless asked to keep them),
-/// and the peer counts a full one was given back.
-struct Read {
-    scope: Scope,
-    masters: HashMap<String, Records>,
-    peers: Option<PeerCounts>,
-}
-
-/// A full reconciliation asks a master's peers (`SENTINEL SENTINELS`, a record per peer) only
-/// when its `num-other-sentinels` differs from the number listed last time, and every
-/// [`PEERS_EVERY`]th full reconciliation: peers are shown, never trusted, and at 1,000 masters
-/// asking them every time was a third of a link's commands and most of what it parsed.
-#[derive(Default)]
-struct PeerCounts {
-    /// Peers listed for each master when last asked.
-    asked: HashMap<String, usize>,
-    rounds: u32,
-}
-
-impl PeerCounts {
-    fn due(&self, m: &MasterRecord) -> bool {
-        self.rounds % PEERS_EVERY == 1
-            || m.peers.is_none()
-            || self.asked.get(&m.name) != m.peers.as_ref()
-    }
-}
-
-/// The full reconciliation's period for a Sentinel that monitors `masters` masters.
-fn full_every(masters: usize) -> Duration {
-    let masters = u32::try_from(masters).unwrap_or(u32::MAX);
-    RECONCILE_PER_MASTER.saturating_mul(masters).clamp(RECONCILE_MIN, RECONCILE_MAX)
-}
-
 /// Forgets the Sentinel's records when the link ends, whichever way.
 struct Forget(Option<Heard>, String);
 
@@ -535,27 +375,6 @@ impl Drop for Forget {
         if let Some(heard) = &self.0 {
             heard.forget(&self.1);
         }
-    }
-}
-
-/// What the events since the last reconciliation ask to look at again.
-#[derive(Default)]
-struct Due(Option<Scope>);
-
-impl Due {
-    fn add(&mut self, scope: Scope) {
-        self.0 = Some(match (self.0.take(), scope) {
-            (None, s) => s,
-            (Some(Scope::All), _) | (_, Scope::All) => Scope::All,
-            (Some(Scope::Masters(mut a)), Scope::Masters(b)) => {
-                a.extend(b);
-                Scope::Masters(a)
-            }
-        });
-    }
-
-    fn take(&mut self) -> Option<Scope> {
-        self.0.take()
     }
 }
 
@@ -577,177 +396,12 @@ impl Session {
     }
 }
 
-/// Events dropped in a session, logged at most every [`DROP_LOG_EVERY`] (a flood must not
-/// become a flood of log lines).
-#[derive(Default)]
-struct Drops {
-    count: u64,
-    logged: Option<Instant>,
-}
-
-impl Drops {
-    fn note(&mut self, endpoint: &Endpoint, why: &str) {
-        self.count += 1;
-        if self.logged.is_some_and(|at| at.elapsed() < DROP_LOG_EVERY) {
-            return;
-        }
-        self.logged = Some(Instant::now());
-        let (sentinel, dropped) = (endpoint.name(), std::mem::take(&mut self.count));
-        tracing::warn!(%sentinel, dropped, "Sentinel {why}: events dropped, reconciling instead");
-    }
-}
-
-/// A command in flight beside the event loop.
-type InFlight<T> = Pin<Box<dyn Future<Output = Result<T, LinkError>> + Send>>;
-
-/// What an event tells the decider once its lookups are done (`None`: nothing, e.g. a
-/// hostname that does not resolve).
-type Telling = InFlight<Option<Observation>>;
-
-fn ready(observation: Observation) -> Telling {
-    Box::pin(std::future::ready(Ok(Some(observation))))
-}
-
-/// The observations of events, in the order of the events, within a budget: at most
-/// [`MAX_PENDING`] waiting for a lookup and [`EVENT_BUDGET`] a second on average (bursts of as
-/// many), so that a Sentinel flooding events can neither grow this queue nor the decider's.
-/// What does not fit is dropped and a full reconciliation is asked for instead.
-struct Pending {
-    queue: FuturesOrdered<Telling>,
-    tokens: f64,
-    refilled: Instant,
-    dropped: bool,
-}
-
-impl Default for Pending {
-    fn default() -> Self {
-        let tokens = f64::from(EVENT_BUDGET);
-        Self { queue: FuturesOrdered::new(), tokens, refilled: Instant::now(), dropped: false }
-    }
-}
-
-impl Pending {
-    fn push(&mut self, telling: Telling) {
-        let now = Instant::now();
-        let budget = f64::from(EVENT_BUDGET);
-        let refill = now.duration_since(self.refilled).as_secs_f64() * budget;
-        self.tokens = (self.tokens + refill).min(budget);
-        self.refilled = now;
-        if self.tokens < 1.0 || self.queue.len() >= MAX_PENDING {
-            self.dropped = true;
-            return;
-        }
-        self.tokens -= 1.0;
-        self.queue.push_back(telling);
-    }
-
-    /// Whether events were dropped since the last call.
-    fn overflowed(&mut self) -> bool {
-        std::mem::take(&mut self.dropped)
-    }
-}
-
-/// The receiving end of a connection's pushes: at most [`PUSH_QUEUE`] of them wait. The
-/// connection's reader never waits on it: a push that does not fit is dropped and `lost` is
-/// notified (once for any number of drops), which the link answers with a full
-/// reconciliation; a disconnection that did not fit also sets `disconnected`.
-struct Pushes {
-    /// The connection's push sink holds the sender; it closes with the connection.
-    rx: mpsc::Receiver<PushInfo>,
-    lost: Arc<Notify>,
-    disconnected: Arc<AtomicBool>,
-}
-
-fn push_queue() -> (PushSink, Pushes) {
-    let (tx, rx) = mpsc::channel(PUSH_QUEUE);
-    let lost = Arc::new(Notify::new());
-    let disconnected = Arc::new(AtomicBool::new(false));
-    let pushes = Pushes { rx, lost: lost.clone(), disconnected: disconnected.clone() };
-    let sink: PushSink = Box::new(move |push: PushInfo| {
-        let is_disconnection = push.kind == PushKind::Disconnection;
-        match tx.try_send(push) {
-            Ok(()) => Ok(()),
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                if is_disconnection {
-                    disconnected.store(true, Ordering::Relaxed);
-                }
-                lost.notify_one();
-                Ok(())
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => Err(()),
-        }
-    });
-    (sink, pushes)
-}
-
 async fn ping_once(mut conn: MultiplexedConnection) -> Result<(), LinkError> {
     let ping = redis::cmd("PING");
     match timeout(PING_DEADLINE, ping.query_async::<Value>(&mut conn)).await {
         Ok(r) => r.map(drop).map_err(LinkError::from),
         Err(_) => Err(LinkError::PingTimeout(PING_DEADLINE)),
     }
-}
-
-/// The config epoch this Sentinel holds for `master` (`SENTINEL MASTER <name>`).
-/// Whether this Sentinel runs the failover of `master` as Valkey 9's coordinated one
-/// ([`coordinated_failover`]). An error or an odd reply counts as a plain failover: its
-/// promotion is fenced, as every failover's was before Valkey 9. The events behind it wait
-/// for it at most the connection's response timeout (a Sentinel answers in a round trip;
-/// its `+selected-slave` comes an election or a timer tick after `+try-failover`).
-async fn coordinated(conn: &mut MultiplexedConnection, master: &str) -> bool {
-    let reply = redis::cmd("SENTINEL").arg("MASTER").arg(master).query_async::<Value>(conn).await;
-    let record = reply.ok().as_ref().and_then(super::message::record);
-    record.is_some_and(|r| coordinated_failover(&r))
-}
-
-async fn config_epoch(conn: &mut MultiplexedConnection, master: &str) -> Result<u64, LinkError> {
-    let reply: Value = redis::cmd("SENTINEL").arg("MASTER").arg(master).query_async(conn).await?;
-    let epoch = super::message::record(&reply)
-        .and_then(|r| r.get("config-epoch").and_then(|e| e.parse().ok()));
-    epoch.ok_or_else(|| {
-        LinkError::Redis(redis::RedisError::from((
-            redis::ErrorKind::Parse,
-            "no config-epoch in SENTINEL MASTER reply",
-        )))
-    })
-}
-
-async fn master_report(
-    m: &MasterRecord,
-    addr: Option<&Value>,
-    replicas: &Value,
-    peers: Option<Vec<PeerRecord>>,
-) -> Option<MasterReport> {
-    // During a failover the address comes from get-master-addr-by-name, read after the epoch:
-    // it already names the promoted replica, never the old primary with the new epoch (see
-    // [`Asks::addr`]); otherwise the record's own address is the one it would answer.
-    let primary = addr.and_then(master_addr).unwrap_or_else(|| m.addr.clone());
-    let primary = resolve(&primary).await?;
-    let (mut nodes, mut followers) = (Vec::new(), Vec::new());
-    for r in records(replicas).iter().filter_map(ReplicaRecord::from_record) {
-        if let Some(n) = resolve(&r.addr).await {
-            if let Some(upstream) = r.follows(&m.addr) {
-                followers.push(Follower { node: n.clone(), upstream });
-            }
-            nodes.push(Replica {
-                ip: n.ip,
-                port: n.port,
-                hostname: n.hostname,
-                healthy: r.healthy,
-                down: r.down,
-            });
-        }
-    }
-    nodes.sort_by_key(|r| (r.ip, r.port));
-    Some(MasterReport {
-        name: m.name.clone(),
-        primary,
-        epoch: m.epoch,
-        failover_in_progress: m.failover_in_progress,
-        replicas: nodes,
-        followers,
-        peers,
-    })
 }
 
 /// An address as clients will use it: IPs as they are, hostnames (`announce-hostnames`)

@@ -1,0 +1,248 @@
+//! Reconciliation: what one Sentinel knows of the masters in scope (`SENTINEL MASTERS` or
+//! `MASTER`, and `REPLICAS`, `SENTINELS`, the address during a failover) in one pipeline,
+//! paced by the number of masters (docs/decisions.md D21).
+
+use super::*;
+
+/// The full reconciliation runs every `RECONCILE_PER_MASTER` × masters, within these bounds.
+pub(super) const RECONCILE_MIN: Duration = Duration::from_secs(1);
+
+pub(super) const RECONCILE_MAX: Duration = Duration::from_secs(30);
+
+pub(super) const RECONCILE_PER_MASTER: Duration = Duration::from_millis(10);
+
+/// Every this many full reconciliations a link asks every master's peers, changed or not.
+pub(super) const PEERS_EVERY: u32 = 6;
+
+/// What this Sentinel knows of the masters in `scope`: their primaries and replicas, and for
+/// a full reconciliation every master it monitors and the peers it knows; with `keep`, also
+/// its records as the readiness poll reads them.
+pub(super) async fn reconcile(
+    link: LinkId,
+    scope: Scope,
+    only: Option<Arc<HashSet<String>>>,
+    mut conn: MultiplexedConnection,
+    keep: bool,
+    peers: Option<PeerCounts>,
+) -> Result<(Report, Read), LinkError> {
+    let conn = &mut conn;
+    let full = scope == Scope::All;
+    let served = |m: &MasterRecord| only.as_ref().is_none_or(|names| names.contains(&m.name));
+    let masters: Vec<(MasterRecord, Option<MasterFacts>)> = match &scope {
+        Scope::All => {
+            let masters: Value = redis::cmd("SENTINEL").arg("MASTERS").query_async(conn).await?;
+            let records = borrowed_records(&masters).filter_map(|r| read_master(&r, keep));
+            records.filter(|(m, _)| served(m)).collect()
+        }
+        Scope::Masters(names) => {
+            // A master this Sentinel no longer monitors answers an error: it is left out of
+            // the report, which the scope tells the decider is news.
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for name in names {
+                pipe.cmd("SENTINEL").arg("MASTER").arg(name);
+            }
+            let replies: Vec<Value> = pipe.query_async(conn).await?;
+            let records = replies.iter().filter_map(Borrowed::new);
+            records.filter_map(|r| read_master(&r, keep)).collect()
+        }
+    };
+    let mut peers = peers.filter(|_| full);
+    if let Some(p) = &mut peers {
+        p.rounds = p.rounds.wrapping_add(1);
+    }
+    let asks: Vec<Asks> = masters.iter().map(|(m, _)| Asks::of(m, peers.as_ref())).collect();
+    let replies: Vec<Value> = match asks.iter().any(Asks::any) {
+        true => pipeline(&masters, &asks).query_async(conn).await?,
+        false => Vec::new(),
+    };
+    let mut report = Report { link, scope: scope.clone(), masters: Vec::new(), with_peers: full };
+    let mut read = Read { scope, masters: HashMap::new(), peers: None };
+    let mut replies = replies.into_iter();
+    let none = Value::Array(Vec::new());
+    for ((m, facts), asked) in masters.into_iter().zip(asks) {
+        let addr = if asked.addr { Some(replies.next().unwrap_or(Value::Nil)) } else { None };
+        let replicas = if asked.replicas { replies.next() } else { None };
+        let listed = if asked.peers { replies.next() } else { None };
+        let replicas = replicas.as_ref().unwrap_or(&none);
+        let listed = listed.map(|v| {
+            let records = records(&v);
+            records.iter().filter_map(PeerRecord::from_record).collect::<Vec<_>>()
+        });
+        if let (Some(p), Some(listed)) = (&mut peers, &listed) {
+            p.asked.insert(m.name.clone(), listed.len());
+        }
+        if let Some(master) = facts {
+            let replicas = readiness::parse::replicas(replicas);
+            read.masters.insert(m.name.clone(), Records { master: Ok(master), replicas });
+        }
+        if let Some(master) = master_report(&m, addr.as_ref(), replicas, listed).await {
+            report.masters.push(master);
+        }
+    }
+    read.peers = peers;
+    Ok((report, read))
+}
+
+/// One master of `SENTINEL MASTERS`/`MASTER`, read in place, and with `keep` its facts for the
+/// readiness poll (the same fields: every record that reads has them).
+pub(super) fn read_master(
+    r: &Borrowed<'_>,
+    keep: bool,
+) -> Option<(MasterRecord, Option<MasterFacts>)> {
+    let m = MasterRecord::from_record(r)?;
+    let facts = if keep { Some(readiness::parse::master_record(r)?) } else { None };
+    Some((m, facts))
+}
+
+/// What a reconciliation asks of one master besides its record.
+pub(super) struct Asks {
+    /// `SENTINEL GET-MASTER-ADDR-BY-NAME`: only while the record shows a failover in
+    /// progress. Sentinel answers it with the record's own address except while it leads a
+    /// failover past the promotion (`sentinelGetCurrentMasterAddress`: the promoted replica
+    /// from `RECONF_SLAVES` on, when the record already holds the new epoch and still the old
+    /// address), and only a Sentinel with `failover_in_progress` is in that state. Otherwise the
+    /// record's address and epoch are one reading, changed together by Sentinel
+    /// (`sentinelResetMasterAndChangeAddress` on a switch, a hello's configuration). Asking it
+    /// of every master was a third of a full reconciliation's commands at 1,000 masters.
+    pub(super) addr: bool,
+    /// `SENTINEL REPLICAS`: unless `num-slaves` says there are none.
+    pub(super) replicas: bool,
+    /// `SENTINEL SENTINELS`: in a full reconciliation, when [`PeerCounts`] says so.
+    pub(super) peers: bool,
+}
+
+impl Asks {
+    pub(super) fn of(m: &MasterRecord, peers: Option<&PeerCounts>) -> Self {
+        Self {
+            addr: m.failover_in_progress,
+            replicas: m.replicas != Some(0),
+            peers: peers.is_some_and(|p| p.due(m)),
+        }
+    }
+
+    pub(super) fn any(&self) -> bool {
+        self.addr || self.replicas || self.peers
+    }
+}
+
+/// The commands `asks` calls for, in the order [`reconcile`] reads their replies.
+pub(super) fn pipeline(
+    masters: &[(MasterRecord, Option<MasterFacts>)],
+    asks: &[Asks],
+) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    for ((m, _), asked) in masters.iter().zip(asks) {
+        let mut ask = |sub: &str| {
+            pipe.cmd("SENTINEL").arg(sub).arg(&m.name);
+        };
+        if asked.addr {
+            ask("GET-MASTER-ADDR-BY-NAME");
+        }
+        if asked.replicas {
+            ask("REPLICAS");
+        }
+        if asked.peers {
+            ask("SENTINELS");
+        }
+    }
+    pipe
+}
+
+/// One reconciliation's records for the readiness poll (empty unless asked to keep them),
+/// and the peer counts a full one was given back.
+pub(super) struct Read {
+    pub(super) scope: Scope,
+    pub(super) masters: HashMap<String, Records>,
+    pub(super) peers: Option<PeerCounts>,
+}
+
+/// A full reconciliation asks a master's peers (`SENTINEL SENTINELS`, a record per peer) only
+/// when its `num-other-sentinels` differs from the number listed last time, and every
+/// [`PEERS_EVERY`]th full reconciliation: peers are shown, never trusted, and at 1,000 masters
+/// asking them every time was a third of a link's commands and most of what it parsed.
+#[derive(Default)]
+pub(super) struct PeerCounts {
+    /// Peers listed for each master when last asked.
+    pub(super) asked: HashMap<String, usize>,
+    pub(super) rounds: u32,
+}
+
+impl PeerCounts {
+    pub(super) fn due(&self, m: &MasterRecord) -> bool {
+        self.rounds % PEERS_EVERY == 1
+            || m.peers.is_none()
+            || self.asked.get(&m.name) != m.peers.as_ref()
+    }
+}
+
+/// The full reconciliation's period for a Sentinel that monitors `masters` masters.
+pub(super) fn full_every(masters: usize) -> Duration {
+    let masters = u32::try_from(masters).unwrap_or(u32::MAX);
+    RECONCILE_PER_MASTER.saturating_mul(masters).clamp(RECONCILE_MIN, RECONCILE_MAX)
+}
+
+/// The config epoch this Sentinel holds for `master` (`SENTINEL MASTER <name>`).
+/// Whether this Sentinel runs the failover of `master` as Valkey 9's coordinated one
+/// ([`coordinated_failover`]). An error or an odd reply counts as a plain failover: its
+/// promotion is fenced, as every failover's was before Valkey 9. The events behind it wait
+/// for it at most the connection's response timeout (a Sentinel answers in a round trip;
+/// its `+selected-slave` comes an election or a timer tick after `+try-failover`).
+pub(super) async fn coordinated(conn: &mut MultiplexedConnection, master: &str) -> bool {
+    let reply = redis::cmd("SENTINEL").arg("MASTER").arg(master).query_async::<Value>(conn).await;
+    let record = reply.ok().as_ref().and_then(crate::sentinel::message::record);
+    record.is_some_and(|r| coordinated_failover(&r))
+}
+
+pub(super) async fn config_epoch(
+    conn: &mut MultiplexedConnection,
+    master: &str,
+) -> Result<u64, LinkError> {
+    let reply: Value = redis::cmd("SENTINEL").arg("MASTER").arg(master).query_async(conn).await?;
+    let epoch = crate::sentinel::message::record(&reply)
+        .and_then(|r| r.get("config-epoch").and_then(|e| e.parse().ok()));
+    epoch.ok_or_else(|| {
+        LinkError::Redis(redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "no config-epoch in SENTINEL MASTER reply",
+        )))
+    })
+}
+
+pub(super) async fn master_report(
+    m: &MasterRecord,
+    addr: Option<&Value>,
+    replicas: &Value,
+    peers: Option<Vec<PeerRecord>>,
+) -> Option<MasterReport> {
+    // During a failover the address comes from get-master-addr-by-name, read after the epoch:
+    // it already names the promoted replica, never the old primary with the new epoch (see
+    // [`Asks::addr`]); otherwise the record's own address is the one it would answer.
+    let primary = addr.and_then(master_addr).unwrap_or_else(|| m.addr.clone());
+    let primary = resolve(&primary).await?;
+    let (mut nodes, mut followers) = (Vec::new(), Vec::new());
+    for r in records(replicas).iter().filter_map(ReplicaRecord::from_record) {
+        if let Some(n) = resolve(&r.addr).await {
+            if let Some(upstream) = r.follows(&m.addr) {
+                followers.push(Follower { node: n.clone(), upstream });
+            }
+            nodes.push(Replica {
+                ip: n.ip,
+                port: n.port,
+                hostname: n.hostname,
+                healthy: r.healthy,
+                down: r.down,
+            });
+        }
+    }
+    nodes.sort_by_key(|r| (r.ip, r.port));
+    Some(MasterReport {
+        name: m.name.clone(),
+        primary,
+        epoch: m.epoch,
+        failover_in_progress: m.failover_in_progress,
+        replicas: nodes,
+        followers,
+        peers,
+    })
+}
