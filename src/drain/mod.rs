@@ -15,7 +15,8 @@
 //!   that the fence below is one round trip on it rather than a connection opened then.
 //! - **Promoting** (the leader won its election as the leader of O's failover, or chose N): O
 //!   is fenced at once with `CLIENT PAUSE <ms> WRITE`, because from now until O is demoted
-//!   both nodes accept writes and O's are lost. Reads go on. The pause is short and renewed every `interval`, so that it lapses by itself if
+//!   both nodes accept writes and O's are lost. Reads go on. The pause is short and renewed
+//!   every `interval`, so that it lapses by itself if
 //!   polestar dies; a fence that no flip or confirmation follows within
 //!   [`episode::FENCE_HOLD`] is left to lapse.
 //! - **Flipped** (DNS and HTTP answer N): every client of O that is not spared is killed at

@@ -102,7 +102,7 @@ pub struct Decider {
     shutdown: CancellationToken,
     /// Data nodes already asked whether their `default` user may publish Sentinel hellos.
     acl_checked: HashSet<std::net::SocketAddr>,
-    /// The questions in flight (at most [`hello_acl::AT_ONCE`]) and the warning lines left.
+    /// The questions in flight (at most [`hello_acl::AT_ONCE`]) and the warning's interval.
     acl_checks: Arc<hello_acl::Checks>,
     /// The links' stop token (a child of `shutdown`), cancelled when the decider is dropped,
     /// also by a panic: a restarted decider does not leave its predecessor's links running.

@@ -2,12 +2,12 @@
 //! user may `PUBLISH` on `__sentinel__:hello` lets any unauthenticated client move every Sentinel
 //! to a node of its choice with one forged hello. polestar refuses such a primary (see `core`'s
 //! lineage), but Sentinel itself still demotes the real primary; only the ACL prevents that, so
-//! polestar says so, once per node: an event each, and a warning line each for the first
-//! [`LINES`] nodes of a minute (a fleet of a thousand open nodes is one finding, not a
-//! thousand lines at start-up).
+//! polestar says so, once per node: an event each, and a warning line once per interval with
+//! how many were found (a fleet of a thousand open nodes is one finding, not a thousand lines
+//! at start-up).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -15,6 +15,7 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 
 use crate::events::{EventLog, Kind};
+use crate::log_every::LogEvery;
 use crate::node::Nodes;
 
 /// How long the node may take to answer.
@@ -47,55 +48,16 @@ pub fn verdict(reply: Option<redis::RedisResult<Value>>) -> Verdict {
 /// thousand at once were a thousand connections open together.
 pub const AT_ONCE: usize = 8;
 
-/// Warning lines per [`LINES_EVERY`]; the nodes found beyond them are logged at debug.
-pub const LINES: usize = 5;
-pub const LINES_EVERY: Duration = Duration::from_secs(60);
-
-/// What every check shares: the permits of the checks in flight and the warning lines left.
+/// What every check shares: the permits of the checks in flight, and the warning line (once
+/// per [`crate::log_every::INTERVAL`], with the count of nodes found since).
 pub struct Checks {
     permits: Semaphore,
-    lines: Mutex<Lines>,
+    warned: LogEvery,
 }
 
 impl Default for Checks {
     fn default() -> Self {
-        Self { permits: Semaphore::new(AT_ONCE), lines: Mutex::new(Lines::new(Instant::now())) }
-    }
-}
-
-/// How a finding is logged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Line {
-    /// Its own warning line.
-    Warn,
-    /// The first beyond the budget: a warning that the rest of the interval goes to debug.
-    WarnOfMore,
-    /// At debug.
-    Debug,
-}
-
-/// The warning lines logged in the current interval.
-#[derive(Debug)]
-pub struct Lines {
-    since: Instant,
-    logged: usize,
-}
-
-impl Lines {
-    pub fn new(now: Instant) -> Self {
-        Self { since: now, logged: 0 }
-    }
-
-    pub fn next(&mut self, now: Instant) -> Line {
-        if now.duration_since(self.since) >= LINES_EVERY {
-            *self = Self::new(now);
-        }
-        self.logged += 1;
-        match self.logged {
-            n if n <= LINES => Line::Warn,
-            n if n == LINES + 1 => Line::WarnOfMore,
-            _ => Line::Debug,
-        }
+        Self { permits: Semaphore::new(AT_ONCE), warned: LogEvery::new() }
     }
 }
 
@@ -115,15 +77,12 @@ pub async fn check(
     cmd.arg("DRYRUN").arg("default").arg("PUBLISH").arg("__sentinel__:hello").arg("x");
     match verdict(nodes.query_once(addr, &cmd, DEADLINE).await) {
         Verdict::MayPublish => {
-            let line =
-                checks.lines.lock().unwrap_or_else(PoisonError::into_inner).next(Instant::now());
             const FOUND: &str = "a data node lets its default user publish Sentinel hellos: any client can move every Sentinel to a node of its choice; deny PUBLISH on __sentinel__:* (see docs/operating.md, \"TLS, tokens and the ACL polestar needs\")";
-            match line {
-                Line::Warn => tracing::warn!(%master, node = %addr, "{FOUND}"),
-                Line::WarnOfMore => {
-                    tracing::warn!(%master, node = %addr, "{FOUND}; more such nodes this minute are logged at debug, each in a hello_acl event")
+            match checks.warned.hit(Instant::now()) {
+                Some(found) => {
+                    tracing::warn!(%master, node = %addr, found, "{FOUND} ({found} such node(s) since the last line; each one is a hello_acl event)")
                 }
-                Line::Debug => tracing::debug!(%master, node = %addr, "{FOUND}"),
+                None => tracing::debug!(%master, node = %addr, "{FOUND}"),
             }
             let data = json!({ "node": addr.to_string(), "user": "default" });
             events.push(Kind::HelloAcl, Some(&master), data);
@@ -158,17 +117,5 @@ mod tests {
         assert!(matches!(verdict(err("ERR", "unknown subcommand 'DRYRUN'")), Verdict::Unknown(_)));
         assert_eq!(verdict(err("ERR", "User 'default' not found")), Verdict::Denied);
         assert!(matches!(verdict(None), Verdict::Unknown(_)));
-    }
-
-    #[test]
-    fn a_minute_warns_of_five_nodes_and_of_more_once_then_starts_again() {
-        let start = Instant::now();
-        let mut lines = Lines::new(start);
-        let first: Vec<Line> = (0..8).map(|_| lines.next(start)).collect();
-        let mut want = vec![Line::Warn; LINES];
-        want.extend([Line::WarnOfMore, Line::Debug, Line::Debug]);
-        assert_eq!(first, want);
-        assert_eq!(lines.next(start + LINES_EVERY - Duration::from_millis(1)), Line::Debug);
-        assert_eq!(lines.next(start + LINES_EVERY), Line::Warn, "a new minute, new lines");
     }
 }

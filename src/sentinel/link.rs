@@ -311,6 +311,19 @@ impl Link {
     }
 }
 
+/// A failover of `master` starting (`started`: whether it is coordinated, whether this
+/// Sentinel was elected to lead it) or over (`None`, and whether it was `aborted`).
+fn failover(
+    link: LinkId,
+    master: String,
+    started: Option<(bool, bool)>,
+    aborted: bool,
+) -> Observation {
+    let (coordinated, elected) = started.unwrap_or_default();
+    let in_progress = started.is_some();
+    Observation::Failover { link, master, in_progress, aborted, coordinated, elected }
+}
+
 /// What the decider is told of `tell`, once the lookups it needs are done: the Sentinel's
 /// coordinated flag or epoch over `conn`, and the addresses resolved.
 fn lookup(link: LinkId, tell: Tell, at: Instant, conn: &MultiplexedConnection) -> Telling {
@@ -321,15 +334,7 @@ fn lookup(link: LinkId, tell: Tell, at: Instant, conn: &MultiplexedConnection) -
         // which waits behind it (an election or a tick later).
         Tell::FailoverStarted { master, elected } => Box::pin(async move {
             let coordinated = coordinated(&mut conn, &master).await;
-            let (in_progress, aborted) = (true, false);
-            Ok(Some(Observation::Failover {
-                link,
-                master,
-                in_progress,
-                aborted,
-                coordinated,
-                elected,
-            }))
+            Ok(Some(failover(link, master, Some((coordinated, elected)), false)))
         }),
         Tell::Promoting { master, replica, epoch } => Box::pin(async move {
             let promoted = match epoch {
@@ -346,17 +351,7 @@ fn lookup(link: LinkId, tell: Tell, at: Instant, conn: &MultiplexedConnection) -
             let node = resolve(&primary).await;
             Ok(node.map(|node| Observation::Promoted { link, master, node, epoch, at }))
         }),
-        Tell::FailoverEnded { master, aborted } => {
-            let (in_progress, coordinated, elected) = (false, false, false);
-            ready(Observation::Failover {
-                link,
-                master,
-                in_progress,
-                aborted,
-                coordinated,
-                elected,
-            })
-        }
+        Tell::FailoverEnded { master, aborted } => ready(failover(link, master, None, aborted)),
         Tell::NodeBack { master, node, converted_to } => Box::pin(async move {
             let node = resolve(&node).await;
             Ok(node.map(|node| Observation::NodeBack { link, master, node, converted_to }))
