@@ -90,15 +90,15 @@ struct Daemon {
     events: Arc<EventLog>,
     /// What everyone reads: the writer's view masked by the handoffs under way.
     reader: TopologyReader,
-    readiness: crate::readiness::Reader,
 }
 
 /// What the topology's writer side hands the readers: the writer's own (unmasked) view, the
-/// switchovers and handoffs under way, and the drain coordinator.
+/// switchovers and handoffs under way, the drain coordinator and the readiness verdicts.
 struct Writing {
     raw: TopologyReader,
     maintenance: Arc<Maintenance>,
     drain: DrainHandle,
+    readiness: crate::readiness::Reader,
 }
 
 impl Daemon {
@@ -111,7 +111,6 @@ impl Daemon {
             tasks: JoinSet::new(),
             events: Arc::new(EventLog::new()),
             reader,
-            readiness: crate::readiness::nothing(),
         };
         (daemon, published)
     }
@@ -143,13 +142,12 @@ impl Daemon {
         let (live, reader) = (self.live.clone(), self.reader.clone());
         let poll = crate::readiness::poll::run(live, reader, heard, readiness_tx, self.stop());
         self.tasks.spawn(poll.map(Ok));
-        self.readiness = readiness;
         let events = self.events.clone();
         let watch =
             watcher::follow_reloads(self.live.clone(), raw_writer, events, self.stop(), start);
         let watch = tokio::spawn(watch);
         self.tasks.spawn(until_shutdown("the topology watcher", watch, self.stop()));
-        Writing { raw, maintenance, drain }
+        Writing { raw, maintenance, drain, readiness }
     }
 
     /// The drain coordinator: its handle, and the sender of its fence and drain signals.
@@ -174,7 +172,7 @@ impl Daemon {
         metrics: PrometheusHandle,
     ) {
         if let (Some(listeners), Some(d)) = (listeners.dns, &config.dns) {
-            self.serve_dns(listeners, d);
+            self.serve_dns(listeners, d, writing.readiness.clone());
         }
         if let Some(listener) = listeners.http {
             self.serve_http(listener, writing, metrics);
@@ -184,11 +182,16 @@ impl Daemon {
         }
     }
 
-    fn serve_dns(&mut self, listeners: crate::dns::Listeners, d: &crate::config::Dns) {
+    fn serve_dns(
+        &mut self,
+        listeners: crate::dns::Listeners,
+        d: &crate::config::Dns,
+        readiness: crate::readiness::Reader,
+    ) {
         let (cfg, mut topology, stop) = (d.clone(), self.reader.clone(), self.stop());
         if let Some(max_lag) = d.replica_max_lag {
             let follow = crate::readiness::lagging::follow;
-            let (filtered, feed) = follow(topology, self.readiness.clone(), max_lag, stop.clone());
+            let (filtered, feed) = follow(topology, readiness, max_lag, stop.clone());
             self.tasks.spawn(feed.map(Ok));
             topology = filtered;
         }
@@ -218,7 +221,7 @@ impl Daemon {
             ),
             metrics,
             drain: Some(writing.drain),
-            readiness: self.readiness.clone(),
+            readiness: writing.readiness,
             tls: reload::project(live, |c| c.http.as_ref()?.tls.clone()),
         };
         let stop = self.stop();
