@@ -259,6 +259,44 @@ impl Unrelated {
     }
 }
 
+/// The hello ACL docs/operating.md gives for the `default` user, applied as written to a real
+/// redis-server: polestar's own check (`ACL DRYRUN default PUBLISH __sentinel__:hello x`)
+/// gets a refusal, and the application keeps its keys and its own channels.
+#[tokio::test]
+async fn the_documented_default_user_acl_denies_hellos_and_keeps_the_application_working() {
+    let docs = include_str!("../docs/operating.md");
+    let block = docs.split("```").find(|b| b.trim_start().starts_with("user default "));
+    let block = block.expect("docs/operating.md gives a `user default` ACL");
+    let rules: Vec<&str> = block.split_whitespace().skip(2).collect();
+    let node = Unrelated::start().await;
+    let dryrun = |channel: &str| {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("DRYRUN").arg("default").arg("PUBLISH").arg(channel).arg("x");
+        cmd
+    };
+    let before: redis::Value =
+        polestar_lab::query(node.addr, &dryrun("__sentinel__:hello")).await.expect("ACL DRYRUN");
+    assert_eq!(before, redis::Value::Okay, "a fresh node's default user may publish a hello");
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg("default").arg("reset").arg(&rules);
+    polestar_lab::query::<String>(node.addr, &setuser).await.expect("the documented ACL");
+    // What polestar's check reads as denied: any answer but OK (Redis 7 explains in a string).
+    let hello: redis::Value =
+        polestar_lab::query(node.addr, &dryrun("__sentinel__:hello")).await.expect("ACL DRYRUN");
+    let text = match &hello {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        other => panic!("ACL DRYRUN answered {other:?}"),
+    };
+    assert!(text.contains("no permissions"), "the hello is not denied: {text}");
+    let own: redis::Value =
+        polestar_lab::query(node.addr, &dryrun("app:events")).await.expect("ACL DRYRUN");
+    assert_eq!(own, redis::Value::Okay, "the application's own channels stay allowed");
+    let set: String = polestar_lab::query(node.addr, redis::cmd("SET").arg("k").arg("v"))
+        .await
+        .expect("the default user still writes");
+    assert_eq!(set, "OK");
+}
+
 /// Gives every Sentinel and data node of the lab an ACL user `polestar` with its secret, and
 /// a polestar config that uses them: credentials the fakes must never see.
 async fn with_credentials(lab: &Lab, config: &mut PolestarConfig, dir: &std::path::Path) {
