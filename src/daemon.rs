@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures::FutureExt;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -169,7 +168,7 @@ impl Daemon {
         config: &Config,
         listeners: Listeners,
         writing: Writing,
-        metrics: PrometheusHandle,
+        metrics: crate::metrics::Handle,
     ) {
         if let (Some(listeners), Some(d)) = (listeners.dns, &config.dns) {
             self.serve_dns(listeners, d, writing.readiness.clone());
@@ -204,7 +203,7 @@ impl Daemon {
         &mut self,
         listener: tokio::net::TcpListener,
         writing: Writing,
-        metrics: PrometheusHandle,
+        metrics: crate::metrics::Handle,
     ) {
         let live = &self.live;
         let api = crate::http::Api {

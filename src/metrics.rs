@@ -2,8 +2,14 @@
 //! exist from the start: every series of a known master is registered (counters at 0) as soon
 //! as the master is known, so that `rate()` and absence alerts work before the first failover.
 
+use std::sync::Arc;
+
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+mod per_master;
+
+pub use per_master::PerMaster;
 
 pub const SENTINEL_UP: &str = "polestar_sentinel_up";
 pub const SENTINELS_DISCOVERED: &str = "polestar_sentinels_discovered";
@@ -63,9 +69,37 @@ pub fn register_master(master: &str) {
     drop(metrics::histogram!(SWITCHOVER_WAIT, "master" => master.to_string()));
 }
 
+/// What `GET /metrics` renders: the exporter's series, then the per-master ones.
+#[derive(Clone)]
+pub struct Handle {
+    exporter: PrometheusHandle,
+    per_master: Arc<PerMaster>,
+}
+
+impl Handle {
+    /// The Prometheus text exposition of every series.
+    pub fn render(&self) -> String {
+        let mut out = self.exporter.render();
+        self.per_master.render(&mut out);
+        out
+    }
+}
+
 /// Installs the process-wide recorder (once; later calls get a recorder that is not global,
 /// which only happens in tests that start several daemons in one process).
-pub fn install() -> PrometheusHandle {
+pub fn install() -> Handle {
+    let recorder = recorder();
+    let handle =
+        Handle { exporter: recorder.exporter.handle(), per_master: recorder.per_master.clone() };
+    if metrics::set_global_recorder(recorder).is_ok() {
+        describe();
+        crate::phases::register();
+    }
+    handle
+}
+
+/// The recorder: the exporter with the histograms' buckets, and the per-master records.
+fn recorder() -> per_master::Recorder {
     let buckets = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
     let builder = PrometheusBuilder::new();
     let builder = builder
@@ -81,19 +115,8 @@ pub fn install() -> PrometheusHandle {
             &crate::phases::BUCKETS,
         )
         .expect("the failover phases have buckets");
-    let builder = builder
-        .set_buckets_for_metric(
-            metrics_exporter_prometheus::Matcher::Full(SWITCHOVER_WAIT.into()),
-            &SWITCHOVER_WAIT_BUCKETS,
-        )
-        .expect("the switchover wait has buckets");
-    let recorder = builder.build_recorder();
-    let handle = recorder.handle();
-    if metrics::set_global_recorder(recorder).is_ok() {
-        describe();
-        crate::phases::register();
-    }
-    handle
+    let exporter = builder.build_recorder();
+    per_master::Recorder { exporter, per_master: Arc::default() }
 }
 
 fn describe() {

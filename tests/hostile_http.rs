@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use metrics_exporter_prometheus::PrometheusHandle;
 use polestar::control::{BoxFuture, Control, ControlError};
 use polestar::events::EventLog;
 use polestar::http::{self, Api};
@@ -43,8 +42,8 @@ impl Drop for Server {
     }
 }
 
-fn metrics_handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+fn metrics_handle() -> polestar::metrics::Handle {
+    static HANDLE: OnceLock<polestar::metrics::Handle> = OnceLock::new();
     HANDLE.get_or_init(polestar::metrics::install).clone()
 }
 

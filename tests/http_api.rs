@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use metrics_exporter_prometheus::PrometheusHandle;
 use polestar::client;
 use polestar::control::{BoxFuture, Control, ControlError};
 use polestar::events::{EventLog, Kind};
@@ -64,8 +63,8 @@ impl Drop for Server {
 }
 
 /// The global recorder's handle: counters recorded with the `metrics` macros only show there.
-fn metrics_handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+fn metrics_handle() -> polestar::metrics::Handle {
+    static HANDLE: OnceLock<polestar::metrics::Handle> = OnceLock::new();
     HANDLE.get_or_init(polestar::metrics::install).clone()
 }
 

@@ -37,7 +37,6 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio_util::sync::CancellationToken;
@@ -71,7 +70,7 @@ pub struct Api {
     /// `http.agent_token_file`, likewise: agents presenting it get slots of their own.
     pub agent_token: Token,
     pub control: Arc<dyn Control>,
-    pub metrics: PrometheusHandle,
+    pub metrics: crate::metrics::Handle,
     /// Manual drains (`POST /v1/masters/{name}/drain`); `None` answers 501.
     pub drain: Option<crate::drain::DrainHandle>,
     /// The readiness verdicts and replica lags ([`crate::readiness::nothing`] when none).
