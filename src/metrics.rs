@@ -9,7 +9,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 mod per_master;
 
-pub use per_master::PerMaster;
+use per_master::PerMaster;
 
 pub const SENTINEL_UP: &str = "polestar_sentinel_up";
 pub const SENTINELS_DISCOVERED: &str = "polestar_sentinels_discovered";
@@ -89,8 +89,7 @@ impl Handle {
 /// which only happens in tests that start several daemons in one process).
 pub fn install() -> Handle {
     let recorder = recorder();
-    let handle =
-        Handle { exporter: recorder.exporter.handle(), per_master: recorder.per_master.clone() };
+    let handle = recorder.handle();
     if metrics::set_global_recorder(recorder).is_ok() {
         describe();
         crate::phases::register();

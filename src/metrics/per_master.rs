@@ -254,14 +254,14 @@ impl PerMaster {
     /// order, masters by name.
     pub fn render(&self, out: &mut String) {
         let masters = self.masters.read().unwrap_or_else(PoisonError::into_inner);
-        let mut masters: Vec<(&str, &Record)> =
-            masters.iter().map(|(name, record)| (&**name, &**record)).collect();
-        masters.sort_unstable_by_key(|(name, _)| *name);
-        let help = self.help.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let mut masters: Vec<(String, &Record)> =
+            masters.iter().map(|(name, record)| (label_value(name), &**record)).collect();
+        masters.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let help = self.help.lock().unwrap_or_else(PoisonError::into_inner);
         for family in &self.layout.families {
             let mut lines = String::new();
             for (master, record) in &masters {
-                render_series(&mut lines, family, &label_value(master), record);
+                render_series(&mut lines, family, master, record);
             }
             if lines.is_empty() {
                 continue;
@@ -426,6 +426,13 @@ impl HistogramFn for Slot {
 pub struct Recorder {
     pub(super) exporter: PrometheusRecorder,
     pub(super) per_master: Arc<PerMaster>,
+}
+
+impl Recorder {
+    /// What renders every series this recorder keeps.
+    pub(super) fn handle(&self) -> super::Handle {
+        super::Handle { exporter: self.exporter.handle(), per_master: self.per_master.clone() }
+    }
 }
 
 impl metrics::Recorder for Recorder {
