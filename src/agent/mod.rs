@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, Upstream};
 use crate::events::{EventLog, Kind};
 use crate::http::view::{MASTERS_HEADER, MasterView, MastersEvent};
-use crate::topology::{Snapshot, TopologyWriter};
+use crate::topology::{Publisher, Snapshot};
 use state::Labels;
 
 /// The upstream sends a keep-alive every 15 s; three missed ones mean the stream is dead.
@@ -111,7 +111,7 @@ type Answer = (usize, Option<Vec<MasterView>>);
 pub fn spawn(
     config: &Config,
     upstream: &Upstream,
-    writer: TopologyWriter,
+    writer: Publisher,
     events: Arc<EventLog>,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
@@ -123,7 +123,7 @@ pub fn spawn(
         let merger = Merger {
             labels: Followed(masters.clone()),
             latest: vec![None; urls.len()],
-            writer: crate::topology::Publisher::new(writer.clone()),
+            writer: writer.clone(),
             events: events.clone(),
             refused: HashSet::new(),
             lineage: state::Lineage::default(),
@@ -221,7 +221,7 @@ struct Merger {
     labels: Followed,
     /// The last answer of each upstream (`None`: down).
     latest: Vec<Option<Vec<MasterView>>>,
-    writer: crate::topology::Publisher,
+    writer: Publisher,
     events: Arc<EventLog>,
     /// Refusals logged already, so that a fake upstream repeating one does not flood the log.
     refused: HashSet<String>,

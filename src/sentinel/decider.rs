@@ -30,9 +30,7 @@ use crate::metrics as m;
 use crate::node::{Endpoint, Nodes, Role};
 use crate::phases::{self, Mark, Timeline};
 use crate::readiness::Heard;
-use crate::topology::{
-    Master, MasterState, Node, Publisher, SentinelCounts, TopologyWriter, Withdrawn,
-};
+use crate::topology::{Master, MasterState, Node, Publisher, SentinelCounts, Withdrawn};
 
 /// How long one `ROLE` answer of a watched node may take.
 const ROLE_DEADLINE: Duration = Duration::from_millis(1000);
@@ -129,7 +127,7 @@ impl Decider {
     /// poll asked every Sentinel everything).
     pub fn new(
         config: &Config,
-        writer: TopologyWriter,
+        topology: Publisher,
         events: Arc<EventLog>,
         heard: Option<Heard>,
         shutdown: CancellationToken,
@@ -151,7 +149,7 @@ impl Decider {
             sentinel_auth: sentinels.as_ref().map(|s| s.auth.clone()).unwrap_or_default(),
             nodes: Arc::new(Nodes::new(config.nodes.clone())),
             drain: None,
-            topology: Publisher::new(writer),
+            topology,
             events,
             reachable: false,
             tx,

@@ -33,7 +33,7 @@ use message::{Addr, Down, PeerRecord};
 
 use crate::config::Config;
 use crate::events::EventLog;
-use crate::topology::{Node, Replica, TopologyWriter};
+use crate::topology::{Node, Publisher, Replica};
 
 /// Index of a link in the decider's table: the index of its configured address.
 pub type LinkId = usize;
@@ -152,7 +152,7 @@ pub struct MasterReport {
 /// deaf.
 pub fn spawn(
     config: &Config,
-    writer: TopologyWriter,
+    writer: Publisher,
     events: Arc<EventLog>,
     drain: Option<tokio::sync::mpsc::UnboundedSender<crate::failover::Signal>>,
     heard: Option<crate::readiness::Heard>,

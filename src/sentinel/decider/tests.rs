@@ -12,9 +12,9 @@ fn decider() -> (Decider, crate::topology::TopologyReader) {
     let text = "sentinels: {addresses: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:3']}\n\
                 masters: [{name: m}]";
     let config = Config::parse(text, Path::new("/")).expect("valid test config");
-    let (writer, reader) = crate::topology::channel();
+    let (publisher, reader) = crate::topology::channel();
     let events = Arc::new(EventLog::new());
-    (Decider::new(&config, writer, events, None, CancellationToken::new()), reader)
+    (Decider::new(&config, publisher, events, None, CancellationToken::new()), reader)
 }
 
 fn node(port: u16) -> Node {
@@ -278,9 +278,9 @@ async fn an_address_shown_to_be_no_sentinel_does_not_count_towards_the_majority(
 async fn a_report_of_many_switching_masters_publishes_once() {
     let text = "sentinels: {addresses: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:3']}\n";
     let config = Config::parse(text, Path::new("/")).expect("valid test config");
-    let (writer, reader) = crate::topology::channel();
+    let (publisher, reader) = crate::topology::channel();
     let mut d =
-        Decider::new(&config, writer, Arc::new(EventLog::new()), None, CancellationToken::new());
+        Decider::new(&config, publisher, Arc::new(EventLog::new()), None, CancellationToken::new());
     for l in 0..3 {
         up(&mut d, l);
     }
