@@ -32,12 +32,12 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::{MissedTickBehavior, interval, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 
-use super::core::Follower;
+use super::core::{Candidate, Follower, SentinelId};
 use super::message::{
     Addr, Borrowed, Event, MasterRecord, PeerRecord, ReplicaRecord, borrowed_records,
     coordinated_failover, master_addr, records, text,
 };
-use super::{LinkId, MasterReport, Observation, Report, Scope};
+use super::{MasterReport, Observation, Report, Scope};
 use crate::node::{Endpoint, PushSink, connect};
 use crate::readiness::facts::MasterFacts;
 use crate::readiness::heard::{Heard, Records};
@@ -86,7 +86,7 @@ fn speaks_no_resp(e: &redis::RedisError) -> bool {
 }
 
 pub struct Link {
-    pub id: LinkId,
+    pub id: SentinelId,
     pub endpoint: Endpoint,
     /// Only these masters are reported (`None`: all).
     pub masters: Option<Arc<HashSet<String>>>,
@@ -115,9 +115,9 @@ impl Link {
             let observation = match result {
                 Ok(()) => return,
                 Err(LinkError::NotSentinel(e)) => {
-                    Observation::NotSentinel { link: self.id, reason: e.to_string() }
+                    Observation::NotSentinel { from: self.id, reason: e.to_string() }
                 }
-                Err(e) => Observation::Down { link: self.id, reason: e.to_string() },
+                Err(e) => Observation::Down { from: self.id, reason: e.to_string() },
             };
             if self.tx.send(observation).is_err() {
                 return;
@@ -148,7 +148,7 @@ impl Link {
             false => LinkError::Redis(e),
         })?;
         conn.psubscribe("*").await?;
-        self.send(Observation::Up { link: self.id, myid: text(&myid) });
+        self.send(Observation::Up { from: self.id, myid: text(&myid) });
         Ok((conn, pushes))
     }
 
@@ -303,7 +303,9 @@ impl Link {
     ) -> Option<Scope> {
         let told = translate(event, state, self.masters.as_deref());
         match told.tell {
-            Some(Tell::Epoch(epoch)) => self.send(Observation::Epoch { link: self.id, epoch }),
+            Some(Tell::NewEpoch(epoch)) => {
+                self.send(Observation::NewEpoch { from: self.id, epoch })
+            }
             Some(tell) => pending.push(lookup(self.id, tell, at, conn)),
             None => {}
         }
@@ -311,53 +313,42 @@ impl Link {
     }
 }
 
-/// A failover of `master` starting (`started`: whether it is coordinated, whether this
-/// Sentinel was elected to lead it) or over (`None`, and whether it was `aborted`).
-fn failover(
-    link: LinkId,
-    master: String,
-    started: Option<(bool, bool)>,
-    aborted: bool,
-) -> Observation {
-    let (coordinated, elected) = started.unwrap_or_default();
-    let in_progress = started.is_some();
-    Observation::Failover { link, master, in_progress, aborted, coordinated, elected }
-}
-
 /// What the decider is told of `tell`, once the lookups it needs are done: the Sentinel's
 /// coordinated flag or epoch over `conn`, and the addresses resolved.
-fn lookup(link: LinkId, tell: Tell, at: Instant, conn: &MultiplexedConnection) -> Telling {
+fn lookup(from: SentinelId, tell: Tell, at: Instant, conn: &MultiplexedConnection) -> Telling {
     let mut conn = conn.clone();
     match tell {
-        Tell::Epoch(epoch) => ready(Observation::Epoch { link, epoch }),
+        Tell::NewEpoch(epoch) => ready(Observation::NewEpoch { from, epoch }),
         // Asked now: the answer reaches the decider before this Sentinel's `+selected-slave`,
         // which waits behind it (an election or a tick later).
         Tell::FailoverStarted { master, elected } => Box::pin(async move {
             let coordinated = coordinated(&mut conn, &master).await;
-            Ok(Some(failover(link, master, Some((coordinated, elected)), false)))
+            Ok(Some(Observation::FailoverStarted { from, master, coordinated, elected }))
         }),
         Tell::Promoting { master, replica, epoch } => Box::pin(async move {
-            let promoted = match epoch {
-                Some(epoch) => resolve(&replica).await.map(|node| (node, epoch)),
+            let target = match epoch {
+                Some(epoch) => resolve(&replica).await.map(|node| Candidate { node, epoch }),
                 None => None,
             };
-            Ok(Some(Observation::Promoting { link, master, replica, promoted, at }))
+            Ok(Some(Observation::Promoting { from, master, replica, target, at }))
         }),
-        Tell::Promoted { master, primary, epoch } => Box::pin(async move {
+        Tell::Promoted { master, replica, epoch } => Box::pin(async move {
             let epoch = match epoch {
                 Some(e) => e,
                 None => config_epoch(&mut conn, &master).await?,
             };
-            let node = resolve(&primary).await;
-            Ok(node.map(|node| Observation::Promoted { link, master, node, epoch, at }))
+            let target = resolve(&replica).await.map(|node| Candidate { node, epoch });
+            Ok(target.map(|target| Observation::Promoted { from, master, target, at }))
         }),
-        Tell::FailoverEnded { master, aborted } => ready(failover(link, master, None, aborted)),
+        Tell::FailoverEnded { master, aborted } => {
+            ready(Observation::FailoverEnded { from, master, aborted })
+        }
         Tell::NodeBack { master, node, converted_to } => Box::pin(async move {
             let node = resolve(&node).await;
-            Ok(node.map(|node| Observation::NodeBack { link, master, node, converted_to }))
+            Ok(node.map(|node| Observation::NodeBack { from, master, node, converted_to }))
         }),
         Tell::MasterDown { master, node, down } => {
-            ready(Observation::MasterDown { link, master, node, down })
+            ready(Observation::MasterDown { from, master, node, down })
         }
     }
 }
@@ -492,7 +483,7 @@ mod tests {
     #[test]
     fn events_past_the_budget_are_dropped() {
         let mut pending = Pending::default();
-        let up = || ready(Observation::Up { link: 0, myid: None });
+        let up = || ready(Observation::Up { from: 0, myid: None });
         for _ in 0..MAX_PENDING {
             pending.push(up());
         }

@@ -18,7 +18,7 @@ pub(super) const PEERS_EVERY: u32 = 6;
 /// a full reconciliation every master it monitors and the peers it knows; with `keep`, also
 /// its records as the readiness poll reads them.
 pub(super) async fn reconcile(
-    link: LinkId,
+    from: SentinelId,
     scope: Scope,
     only: Option<Arc<HashSet<String>>>,
     mut conn: MultiplexedConnection,
@@ -56,7 +56,7 @@ pub(super) async fn reconcile(
         true => pipeline(&masters, &asks).query_async(conn).await?,
         false => Vec::new(),
     };
-    let mut report = Report { link, scope: scope.clone(), masters: Vec::new(), with_peers: full };
+    let mut report = Report { from, scope: scope.clone(), masters: Vec::new(), with_peers: full };
     let mut read = Read { scope, masters: HashMap::new(), peers: None };
     let mut replies = replies.into_iter();
     let none = Value::Array(Vec::new());
