@@ -96,6 +96,7 @@ pub fn install() -> PrometheusHandle {
     handle
 }
 
+/// Every metric's description, one entry per metric: as long as the list of metrics.
 fn describe() {
     describe_counter!(
         SWITCHOVERS,

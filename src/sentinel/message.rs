@@ -121,6 +121,8 @@ impl Event {
     }
 }
 
+/// The event an instance channel carries: one match over Sentinel's channels, as long as the
+/// list of those polestar reads.
 fn instance_event(channel: &str, payload: &str, i: Instance<'_>) -> Option<Event> {
     let master = i.master.to_string();
     let event = match channel {

@@ -41,7 +41,8 @@ pub struct Told {
 }
 
 /// Reads `event` with what the session remembers (the last epoch, each failover's epoch);
-/// `wanted`: the masters this polestar serves (`None`: all).
+/// `wanted`: the masters this polestar serves (`None`: all). One arm per kind of event: as
+/// long as the list of [`Event`]s.
 pub fn translate(event: Event, session: &mut Session, wanted: Option<&HashSet<String>>) -> Told {
     let scope = |master: &str| {
         let served = wanted.is_none_or(|names| names.contains(master));
