@@ -173,46 +173,64 @@ async fn run(
 ) {
     // The followers hold the senders; the merger ends with shutdown, not with them.
     let (tx, mut rx) = mpsc::channel::<Answer>(QUEUE);
-    let mut followers = JoinSet::new();
-    // Which upstream each task follows, to restart the one that panicked.
-    let mut ids = std::collections::HashMap::new();
-    let start = |followers: &mut JoinSet<usize>,
-                 ids: &mut std::collections::HashMap<_, _>,
-                 index: usize| {
-        let follower = Follower {
-            index,
-            url: urls[index].clone(),
-            client: client.clone(),
-            tx: tx.clone(),
-            events: events.clone(),
-            shutdown: shutdown.clone(),
-        };
-        let task = followers.spawn(async move {
-            follower.run().await;
-            index
-        });
-        ids.insert(task.id(), index);
-    };
-    for index in 0..urls.len() {
-        start(&mut followers, &mut ids, index);
+    let stop = shutdown.clone();
+    let (tasks, ids) = (JoinSet::new(), std::collections::HashMap::new());
+    let mut followers = Followers { tasks, ids, urls, client, tx, events, shutdown: stop };
+    for index in 0..followers.urls.len() {
+        followers.start(index);
     }
     loop {
         tokio::select! {
             Some((index, views)) = rx.recv() => merger.apply(index, views),
-            Some(done) = followers.join_next_with_id() => {
-                let id = match &done {
-                    Ok((id, _)) => *id,
-                    Err(e) => e.id(),
-                };
-                let Some(index) = ids.remove(&id) else { continue };
-                if shutdown.is_cancelled() {
-                    continue;
-                }
-                tracing::error!(upstream = %urls[index], "the upstream follower stopped; restarting it");
-                start(&mut followers, &mut ids, index);
-            }
+            Some(done) = followers.tasks.join_next_with_id() => followers.restart(done),
             _ = shutdown.cancelled() => return,
         }
+    }
+}
+
+/// One follower task per upstream, owned here and restarted when it stops before shutdown.
+struct Followers {
+    tasks: JoinSet<usize>,
+    /// Which upstream each task follows, to restart the one that stopped.
+    ids: std::collections::HashMap<tokio::task::Id, usize>,
+    urls: Vec<String>,
+    client: reqwest::Client,
+    /// To the merger; every follower holds a clone.
+    tx: mpsc::Sender<Answer>,
+    events: Arc<EventLog>,
+    shutdown: CancellationToken,
+}
+
+impl Followers {
+    fn start(&mut self, index: usize) {
+        let follower = Follower {
+            index,
+            url: self.urls[index].clone(),
+            client: self.client.clone(),
+            tx: self.tx.clone(),
+            events: self.events.clone(),
+            shutdown: self.shutdown.clone(),
+        };
+        let task = self.tasks.spawn(async move {
+            follower.run().await;
+            index
+        });
+        self.ids.insert(task.id(), index);
+    }
+
+    /// A follower's task ended (it panicked, or shutdown stopped it): started again, unless
+    /// shutting down.
+    fn restart(&mut self, done: Result<(tokio::task::Id, usize), tokio::task::JoinError>) {
+        let id = match &done {
+            Ok((id, _)) => *id,
+            Err(e) => e.id(),
+        };
+        let Some(index) = self.ids.remove(&id) else { return };
+        if self.shutdown.is_cancelled() {
+            return;
+        }
+        tracing::error!(upstream = %self.urls[index], "the upstream follower stopped; restarting it");
+        self.start(index);
     }
 }
 

@@ -120,6 +120,20 @@ impl Drop for Decider {
     }
 }
 
+/// The configured masters, name to DNS label (`None`: every master the Sentinels monitor).
+fn wanted(config: &Config) -> Option<BTreeMap<String, String>> {
+    let masters = config.masters.as_ref()?;
+    Some(masters.iter().map(|m| (m.name.clone(), m.label.clone())).collect())
+}
+
+/// An entry, with nothing known yet, for each configured master.
+fn entries(wanted: Option<&BTreeMap<String, String>>) -> BTreeMap<String, Entry> {
+    let entry = |(name, label): (&String, &String)| {
+        (name.clone(), Entry { label: label.clone(), ..Entry::default() })
+    };
+    wanted.into_iter().flatten().map(entry).collect()
+}
+
 impl Decider {
     /// The decider of `config`'s Sentinels and masters; it spawns nothing: the links start when
     /// it runs. With `heard`, they leave their records of each master there for the readiness
@@ -135,13 +149,10 @@ impl Decider {
         let (tx, rx) = mpsc::unbounded_channel();
         let (checks_tx, checks_rx) = mpsc::unbounded_channel();
         let sentinels = config.sentinels().cloned();
-        let wanted = config.masters.as_ref().map(|ms| {
-            ms.iter().map(|m| (m.name.clone(), m.label.clone())).collect::<BTreeMap<_, _>>()
-        });
-        let wanted_names =
-            wanted.as_ref().map(|w| Arc::new(w.keys().cloned().collect::<HashSet<_>>()));
+        let wanted = wanted(config);
+        let wanted_names = wanted.as_ref().map(|w| Arc::new(w.keys().cloned().collect()));
         let mut decider = Self {
-            masters: BTreeMap::new(),
+            masters: entries(wanted.as_ref()),
             wanted,
             wanted_names,
             links: Vec::new(),
@@ -164,14 +175,7 @@ impl Decider {
             heard,
             dirty: Dirty::All,
         };
-        for (name, label) in decider.wanted.clone().into_iter().flatten() {
-            decider.masters.insert(name, Entry { label, ..Entry::default() });
-        }
-        for addr in sentinels.map(|s| s.addresses).unwrap_or_default() {
-            decider.add_link(addr);
-        }
-        // Every configured address votes until it is shown to be no Sentinel.
-        decider.quorum.voters = (0..decider.links.len()).collect();
+        decider.add_links(sentinels.map(|s| s.addresses).unwrap_or_default());
         decider
     }
 

@@ -5,9 +5,15 @@
 use super::*;
 
 impl Decider {
-    pub(super) fn add_link(&mut self, addr: HostPort) {
-        metrics::gauge!(m::SENTINEL_UP, "sentinel" => addr.to_string()).set(0.0);
-        self.links.push(LinkState { addr, up: false, reconciled: false, myid: None, task: None });
+    /// A link for each configured address, down until it comes up; every one votes until it
+    /// is shown to be no Sentinel.
+    pub(super) fn add_links(&mut self, addresses: Vec<HostPort>) {
+        for addr in addresses {
+            metrics::gauge!(m::SENTINEL_UP, "sentinel" => addr.to_string()).set(0.0);
+            let link = LinkState { addr, up: false, reconciled: false, myid: None, task: None };
+            self.links.push(link);
+        }
+        self.quorum.voters = (0..self.links.len()).collect();
     }
 
     /// Starts every link's task.
