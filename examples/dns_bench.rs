@@ -37,12 +37,12 @@ async fn main() -> anyhow::Result<()> {
         replica_max_lag: None,
         rate_limit_slip: config::DEFAULT_SLIP,
     };
-    let (writer, reader) = topology::channel();
-    writer.send_replace(Arc::new(snapshot(masters, 0)));
+    let (publisher, reader) = topology::channel();
+    publisher.replace(snapshot(masters, 0));
     let listeners = Listeners::bind(&cfg).await?;
     let shutdown = CancellationToken::new();
     if let Some(ms) = churn {
-        tokio::spawn(churn_topology(writer, masters, Duration::from_millis(ms)));
+        tokio::spawn(churn_topology(publisher, masters, Duration::from_millis(ms)));
     }
     if let Ok(addr) = std::env::var("SENTINEL_API") {
         let listeners = polestar::sentinel_api::bind(&[addr.parse()?]).await?;
@@ -72,18 +72,18 @@ async fn main() -> anyhow::Result<()> {
     serve(listeners, cfg, reader, shutdown).await
 }
 
-async fn churn_topology(writer: topology::TopologyWriter, masters: usize, every: Duration) {
+async fn churn_topology(publisher: topology::Publisher, masters: usize, every: Duration) {
     let mut tick = tokio::time::interval(every);
     for round in 1u64.. {
         tick.tick().await;
-        writer.send_replace(Arc::new(snapshot(masters, round)));
+        publisher.replace(snapshot(masters, round));
     }
 }
 
 fn snapshot(count: usize, round: u64) -> Snapshot {
     let masters =
         (0..count).map(|i| master(i, if i == 0 { round } else { 0 })).collect::<BTreeMap<_, _>>();
-    Snapshot { version: round + 1, masters, source_reachable: true }
+    Snapshot { version: 0, masters, source_reachable: true }
 }
 
 fn master(i: usize, round: u64) -> (String, Arc<Master>) {

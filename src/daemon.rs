@@ -26,7 +26,7 @@ use crate::failover::Signal;
 use crate::reload::{self, ConfigReader, Reloader, watcher};
 use crate::service;
 use crate::switchover::Maintenance;
-use crate::topology::{self, TopologyReader, TopologyWriter};
+use crate::topology::{self, Publisher, TopologyReader};
 
 /// How long startup waits for a first confirmed state before saying `ready` anyway.
 const FIRST_STATE_DEADLINE: Duration = Duration::from_secs(10);
@@ -102,7 +102,7 @@ struct Writing {
 
 impl Daemon {
     /// The daemon, and the writer of the published topology (the mask's).
-    fn new(live: ConfigReader, shutdown: CancellationToken) -> (Self, TopologyWriter) {
+    fn new(live: ConfigReader, shutdown: CancellationToken) -> (Self, Publisher) {
         let (published, reader) = topology::channel();
         let daemon = Self {
             live,
@@ -124,8 +124,8 @@ impl Daemon {
 
     /// The drain coordinator, the topology's writer (Sentinels or an upstream, restarted on a
     /// reload that changes them), the handoff mask and the readiness poll.
-    fn start_writer(&mut self, config: &Config, published: TopologyWriter) -> Writing {
-        let (raw_writer, raw) = topology::channel();
+    fn start_writer(&mut self, config: &Config, published: Publisher) -> Writing {
+        let (raw_publisher, raw) = topology::channel();
         let maintenance = Arc::new(Maintenance::default());
         let handoffs = maintenance.handoffs.subscribe();
         let mask = crate::switchover::mask::run(raw.clone(), handoffs, published, self.stop());
@@ -134,7 +134,7 @@ impl Daemon {
         // The links leave their records of each master here; the readiness poll reads them.
         let heard = crate::readiness::Heard::default();
         let heard_by_links = heard.clone();
-        let start = move |c: &Config, w: TopologyWriter, e: Arc<EventLog>, s: CancellationToken| {
+        let start = move |c: &Config, w: Publisher, e: Arc<EventLog>, s: CancellationToken| {
             crate::source::spawn(c, w, e, drain_tx.clone(), heard_by_links.clone(), s)
         };
         let (readiness_tx, readiness) = crate::readiness::channel();
@@ -143,7 +143,7 @@ impl Daemon {
         self.tasks.spawn(poll.map(Ok));
         let events = self.events.clone();
         let watch =
-            watcher::follow_reloads(self.live.clone(), raw_writer, events, self.stop(), start);
+            watcher::follow_reloads(self.live.clone(), raw_publisher, events, self.stop(), start);
         let watch = tokio::spawn(watch);
         self.tasks.spawn(until_shutdown("the topology watcher", watch, self.stop()));
         Writing { raw, maintenance, drain, readiness }

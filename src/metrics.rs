@@ -118,6 +118,7 @@ fn recorder() -> per_master::Recorder {
     per_master::Recorder { exporter, per_master: Arc::default() }
 }
 
+/// Every metric's description, one entry per metric: as long as the list of metrics.
 fn describe() {
     describe_counter!(
         SWITCHOVERS,

@@ -21,13 +21,13 @@ use crate::failover::Signal;
 use crate::reload::ConfigReader;
 use crate::sentinel::admin::SentinelControl;
 use crate::switchover::{Deps, Maintenance};
-use crate::topology::{TopologyReader, TopologyWriter};
+use crate::topology::{Publisher, TopologyReader};
 
 /// Starts the topology's writer. Only the Sentinel side sends fence/drain signals: an agent
 /// leaves that to the polestar it follows; nor does it leave records for the readiness poll.
 pub fn spawn(
     config: &Config,
-    writer: TopologyWriter,
+    writer: Publisher,
     events: Arc<EventLog>,
     drain: mpsc::UnboundedSender<Signal>,
     heard: crate::readiness::Heard,

@@ -161,24 +161,23 @@ impl Snapshot {
 
 /// The readers' end: clone it freely, `borrow()` for the current snapshot, `changed()` to wait.
 pub type TopologyReader = watch::Receiver<Arc<Snapshot>>;
-/// The one writer's end, held by the decider.
-pub type TopologyWriter = watch::Sender<Arc<Snapshot>>;
 
-pub fn channel() -> (TopologyWriter, TopologyReader) {
-    watch::channel(Arc::new(Snapshot::default()))
+/// A new topology: the writer's end, only ever a [`Publisher`], and a reader.
+pub fn channel() -> (Publisher, TopologyReader) {
+    let (writer, reader) = watch::channel(Arc::new(Snapshot::default()));
+    (Publisher { writer }, reader)
 }
 
-/// The one place that bumps [`Snapshot::version`]: every writer of the topology publishes
-/// through one of these, over the daemon's single [`TopologyWriter`].
+/// The one place that bumps [`Snapshot::version`]: the writer's end of a topology is only
+/// handed out as one of these. Clones publish into the same channel, one version sequence
+/// (the daemon hands one to each watcher generation and to the forwarding of a restarted
+/// one); the channel closes, and readers' `changed()` fails, when the last clone is dropped.
+#[derive(Clone)]
 pub struct Publisher {
-    writer: TopologyWriter,
+    writer: watch::Sender<Arc<Snapshot>>,
 }
 
 impl Publisher {
-    pub fn new(writer: TopologyWriter) -> Self {
-        Self { writer }
-    }
-
     /// Publishes these masters if anything differs from the current snapshot (or nothing was
     /// published yet), with the next version; returns the new snapshot when it did. A master
     /// that did not change keeps its `Arc`: snapshots share what did not change.
@@ -253,6 +252,11 @@ impl Publisher {
         self.writer.subscribe()
     }
 
+    /// How many readers hold the topology now.
+    pub fn readers(&self) -> usize {
+        self.writer.receiver_count()
+    }
+
     /// The snapshot published last.
     pub fn current(&self) -> Arc<Snapshot> {
         self.writer.borrow().clone()
@@ -288,8 +292,7 @@ mod tests {
 
     #[test]
     fn the_publisher_bumps_the_version_only_on_a_change() {
-        let (writer, reader) = channel();
-        let publisher = Publisher::new(writer);
+        let (publisher, reader) = channel();
         assert!(publisher.publish([master("m", 1)], true).is_some(), "the first one counts");
         assert_eq!(reader.borrow().version, 1);
         assert!(publisher.publish([master("m", 1)], true).is_none(), "nothing changed");
@@ -303,8 +306,7 @@ mod tests {
 
     #[test]
     fn an_update_replaces_only_the_views_given_and_shares_the_rest() {
-        let (writer, reader) = channel();
-        let publisher = Publisher::new(writer);
+        let (publisher, reader) = channel();
         publisher.publish([master("a", 1), master("b", 1)], true);
         let a = reader.borrow().masters["a"].clone();
         let same = [(Some(master("b", 1)), "b".to_string())];

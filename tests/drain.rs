@@ -2,7 +2,6 @@
 //! own servers on free loopback ports, drives the `Coordinator` with the signals the Sentinel side
 //! sends, and watches real client connections close (or stay).
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -14,7 +13,7 @@ use polestar::failover::Signal;
 use polestar::node::clients::parse_list;
 use polestar::node::infrastructure::Infrastructure;
 use polestar::node::{Endpoint, Link, NodeError};
-use polestar::topology::{self, Master, MasterState, Node, Replica, SentinelCounts, Snapshot};
+use polestar::topology::{self, Master, MasterState, Node, Replica, SentinelCounts};
 use polestar_lab::conf::Monitor;
 use polestar_lab::{Flavor, ServerOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -204,7 +203,7 @@ struct Harness {
     signals: mpsc::UnboundedSender<Signal>,
     events: Arc<EventLog>,
     handle: DrainHandle,
-    topology: topology::TopologyWriter,
+    topology: topology::Publisher,
     shutdown: CancellationToken,
 }
 
@@ -260,7 +259,7 @@ impl Harness {
             .iter()
             .map(|n| Replica { ip: n.ip, port: n.port, hostname: None, healthy: true, down: false })
             .collect();
-        let m = Master {
+        let master = Master {
             withdrawn: None,
             provisional: false,
             name: master.into(),
@@ -272,9 +271,7 @@ impl Harness {
             replicas,
             sentinels: SentinelCounts::default(),
         };
-        let masters = BTreeMap::from([(master.to_string(), Arc::new(m))]);
-        let snapshot = Snapshot { version: 1, masters, source_reachable: true };
-        self.topology.send_replace(Arc::new(snapshot));
+        self.topology.publish([master], true);
     }
 
     /// The first event of `kind` matching `pred`, waiting up to 10 s (generous: on a loaded

@@ -93,7 +93,7 @@ fn well_formed(addr: &Addr) {
 
 fn check_event(event: &Event) {
     match event {
-        Event::Promoting { master, replica: a, .. } | Event::Promoted { master, primary: a } => {
+        Event::Promoting { master, replica: a, .. } | Event::Promoted { master, replica: a } => {
             assert!(!master.is_empty());
             well_formed(a);
         }
@@ -237,7 +237,7 @@ proptest! {
             format!("slave 10.0.0.2:{port} 10.0.0.2 {port} @ {master} 10.0.0.1 6379")
         };
         match Event::parse(c, &payload) {
-            Some(Event::Promoted { master: m, primary: a }) => {
+            Some(Event::Promoted { master: m, replica: a }) => {
                 prop_assert_eq!(m, master);
                 prop_assert_eq!(a, Addr { host: "10.0.0.2".into(), port });
             }

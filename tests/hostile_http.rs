@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use polestar::control::{BoxFuture, Control, ControlError};
 use polestar::events::EventLog;
 use polestar::http::{self, Api};
-use polestar::topology::{self, Master, MasterState, Node, SentinelCounts, Snapshot};
+use polestar::topology::{self, Master, MasterState, Node, SentinelCounts};
 use reqwest::StatusCode;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -33,7 +33,7 @@ struct Server {
     url: String,
     client: reqwest::Client,
     shutdown: CancellationToken,
-    _writer: topology::TopologyWriter,
+    _publisher: topology::Publisher,
 }
 
 impl Drop for Server {
@@ -54,7 +54,7 @@ async fn start() -> Server {
 const AGENT_TOKEN: &str = "agent-token";
 
 async fn start_with(caps: http::Caps) -> Server {
-    let (writer, reader) = topology::channel();
+    let (publisher, reader) = topology::channel();
     let master = Master {
         withdrawn: None,
         provisional: false,
@@ -67,8 +67,7 @@ async fn start_with(caps: http::Caps) -> Server {
         replicas: vec![],
         sentinels: SentinelCounts::default(),
     };
-    let masters = [("mymaster".to_string(), Arc::new(master))].into_iter().collect();
-    writer.send_replace(Arc::new(Snapshot { version: 1, masters, source_reachable: true }));
+    publisher.publish([master], true);
     let api = Api {
         topology: reader,
         events: Arc::new(EventLog::new()),
@@ -85,7 +84,7 @@ async fn start_with(caps: http::Caps) -> Server {
     let shutdown = CancellationToken::new();
     tokio::spawn(http::serve_with(listener, api, caps, shutdown.clone()));
     let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("ok");
-    Server { addr, url: format!("http://{addr}"), client, shutdown, _writer: writer }
+    Server { addr, url: format!("http://{addr}"), client, shutdown, _publisher: publisher }
 }
 
 impl Server {

@@ -9,9 +9,7 @@ use polestar::client;
 use polestar::control::{BoxFuture, Control, ControlError};
 use polestar::events::{EventLog, Kind};
 use polestar::http::{self, Api};
-use polestar::topology::{
-    self, Master, MasterState, Node, Replica, SentinelCounts, Snapshot, TopologyWriter,
-};
+use polestar::topology::{self, Master, MasterState, Node, Publisher, Replica, SentinelCounts};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -48,7 +46,7 @@ impl Control for FakeControl {
 /// A served API; shuts the server down when dropped.
 struct Server {
     url: String,
-    writer: TopologyWriter,
+    publisher: Publisher,
     events: Arc<EventLog>,
     control: Arc<FakeControl>,
     shutdown: CancellationToken,
@@ -69,7 +67,7 @@ fn metrics_handle() -> polestar::metrics::Handle {
 }
 
 async fn start(admin_token: Option<&str>) -> Server {
-    let (writer, reader) = topology::channel();
+    let (publisher, reader) = topology::channel();
     let events = Arc::new(EventLog::new());
     let reply = Mutex::new(Reply::Accept);
     let control = Arc::new(FakeControl { reply, calls: Mutex::new(vec![]) });
@@ -90,7 +88,7 @@ async fn start(admin_token: Option<&str>) -> Server {
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(http::serve(listener, api, shutdown.clone()));
     let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("ok");
-    Server { url, writer, events, control, shutdown, server, client }
+    Server { url, publisher, events, control, shutdown, server, client }
 }
 
 fn master(name: &str, primary: Option<&str>, epoch: Option<u64>) -> Master {
@@ -125,10 +123,7 @@ fn master(name: &str, primary: Option<&str>, epoch: Option<u64>) -> Master {
 
 impl Server {
     fn publish(&self, masters: Vec<Master>, source_reachable: bool) {
-        let version = self.writer.borrow().version + 1;
-        let masters = masters.into_iter().map(|m| (m.name.clone(), Arc::new(m))).collect();
-        let snapshot = Snapshot { version, masters, source_reachable };
-        self.writer.send_replace(Arc::new(snapshot));
+        self.publisher.publish(masters, source_reachable);
     }
 
     fn publish_one(&self, primary: Option<&str>, epoch: Option<u64>) {
@@ -138,7 +133,7 @@ impl Server {
     /// How many hold the topology: the API's own reader, and one more per request waiting for
     /// an epoch (a long-poll, a waiting failover) once its floor is taken.
     fn topology_readers(&self) -> usize {
-        self.writer.receiver_count()
+        self.publisher.readers()
     }
 
     /// Until one more request waits on the topology than `before` readers: a publication

@@ -697,10 +697,11 @@ async fn a_flood_of_subscribers_stays_within_the_cap_and_costs_bounded_memory() 
 /// flat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_subscribers_are_disconnected_not_buffered() {
-    use polestar::topology::{self, Master, MasterState, Node, Replica, SentinelCounts, Snapshot};
+    use polestar::topology::{self, Master, MasterState, Node, Replica, SentinelCounts};
     const REPLICAS: u16 = 100;
     const CHANGES: usize = 300;
-    let snapshot = |version: u64| {
+    // Change `version`'s view of the master: its replicas all up on even ones, down on odd.
+    let master_at = |version: u64| {
         let replicas = (0..REPLICAS)
             .map(|i| Replica {
                 ip: [10, 0, 0, 2].into(),
@@ -722,11 +723,10 @@ async fn slow_subscribers_are_disconnected_not_buffered() {
             replicas,
             sentinels: SentinelCounts::default(),
         };
-        let masters = [("m".to_string(), Arc::new(master))].into_iter().collect();
-        Arc::new(Snapshot { version, masters, source_reachable: true })
+        [master]
     };
-    let (writer, reader) = topology::channel();
-    writer.send_replace(snapshot(0));
+    let (publisher, reader) = topology::channel();
+    publisher.publish(master_at(0), true);
     let listeners = polestar::sentinel_api::bind(&["127.0.0.1:0".parse().unwrap()]).await.unwrap();
     let addr = listeners[0].local_addr().unwrap();
     let api = polestar::sentinel_api::Api {
@@ -770,7 +770,7 @@ async fn slow_subscribers_are_disconnected_not_buffered() {
     });
     let before = rss_kib(std::process::id());
     for version in 1..=CHANGES as u64 {
-        writer.send_replace(snapshot(version));
+        publisher.publish(master_at(version), true);
         // The next change once the reading subscriber has this one: the topology is a `watch`
         // (the newest wins), so two changes published before polestar looked add up to none,
         // and a 3 ms pause was this machine's speed, not polestar's. The ones that do not read

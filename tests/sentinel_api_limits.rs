@@ -200,12 +200,12 @@ struct InProcess {
     addr: SocketAddr,
     stop: tokio_util::sync::CancellationToken,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
-    _writer: polestar::topology::TopologyWriter,
+    _publisher: polestar::topology::Publisher,
 }
 
 impl InProcess {
     async fn start(max_connections: usize, input_budget: usize) -> InProcess {
-        let (writer, reader) = polestar::topology::channel();
+        let (publisher, reader) = polestar::topology::channel();
         let any: SocketAddr = "127.0.0.1:0".parse().expect("an address");
         let listeners = polestar::sentinel_api::bind(&[any]).await.expect("bind");
         let addr = listeners[0].local_addr().expect("bound");
@@ -220,7 +220,7 @@ impl InProcess {
         };
         let stop = tokio_util::sync::CancellationToken::new();
         let server = tokio::spawn(polestar::sentinel_api::serve(listeners, api, stop.clone()));
-        InProcess { addr, stop, server, _writer: writer }
+        InProcess { addr, stop, server, _publisher: publisher }
     }
 
     async fn stop(self) {

@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, Upstream};
 use crate::events::{EventLog, Kind};
 use crate::http::view::{MASTERS_HEADER, MasterView, MastersEvent};
-use crate::topology::{Snapshot, TopologyWriter};
+use crate::topology::{Publisher, Snapshot};
 use state::Labels;
 
 /// The upstream sends a keep-alive every 15 s; three missed ones mean the stream is dead.
@@ -111,7 +111,7 @@ type Answer = (usize, Option<Vec<MasterView>>);
 pub fn spawn(
     config: &Config,
     upstream: &Upstream,
-    writer: TopologyWriter,
+    writer: Publisher,
     events: Arc<EventLog>,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
@@ -123,7 +123,7 @@ pub fn spawn(
         let merger = Merger {
             labels: Followed(masters.clone()),
             latest: vec![None; urls.len()],
-            writer: crate::topology::Publisher::new(writer.clone()),
+            writer: writer.clone(),
             events: events.clone(),
             refused: HashSet::new(),
             lineage: state::Lineage::default(),
@@ -173,46 +173,64 @@ async fn run(
 ) {
     // The followers hold the senders; the merger ends with shutdown, not with them.
     let (tx, mut rx) = mpsc::channel::<Answer>(QUEUE);
-    let mut followers = JoinSet::new();
-    // Which upstream each task follows, to restart the one that panicked.
-    let mut ids = std::collections::HashMap::new();
-    let start = |followers: &mut JoinSet<usize>,
-                 ids: &mut std::collections::HashMap<_, _>,
-                 index: usize| {
-        let follower = Follower {
-            index,
-            url: urls[index].clone(),
-            client: client.clone(),
-            tx: tx.clone(),
-            events: events.clone(),
-            shutdown: shutdown.clone(),
-        };
-        let task = followers.spawn(async move {
-            follower.run().await;
-            index
-        });
-        ids.insert(task.id(), index);
-    };
-    for index in 0..urls.len() {
-        start(&mut followers, &mut ids, index);
+    let stop = shutdown.clone();
+    let (tasks, ids) = (JoinSet::new(), std::collections::HashMap::new());
+    let mut followers = Followers { tasks, ids, urls, client, tx, events, shutdown: stop };
+    for index in 0..followers.urls.len() {
+        followers.start(index);
     }
     loop {
         tokio::select! {
             Some((index, views)) = rx.recv() => merger.apply(index, views),
-            Some(done) = followers.join_next_with_id() => {
-                let id = match &done {
-                    Ok((id, _)) => *id,
-                    Err(e) => e.id(),
-                };
-                let Some(index) = ids.remove(&id) else { continue };
-                if shutdown.is_cancelled() {
-                    continue;
-                }
-                tracing::error!(upstream = %urls[index], "the upstream follower stopped; restarting it");
-                start(&mut followers, &mut ids, index);
-            }
+            Some(done) = followers.tasks.join_next_with_id() => followers.restart(done),
             _ = shutdown.cancelled() => return,
         }
+    }
+}
+
+/// One follower task per upstream, owned here and restarted when it stops before shutdown.
+struct Followers {
+    tasks: JoinSet<usize>,
+    /// Which upstream each task follows, to restart the one that stopped.
+    ids: std::collections::HashMap<tokio::task::Id, usize>,
+    urls: Vec<String>,
+    client: reqwest::Client,
+    /// To the merger; every follower holds a clone.
+    tx: mpsc::Sender<Answer>,
+    events: Arc<EventLog>,
+    shutdown: CancellationToken,
+}
+
+impl Followers {
+    fn start(&mut self, index: usize) {
+        let follower = Follower {
+            index,
+            url: self.urls[index].clone(),
+            client: self.client.clone(),
+            tx: self.tx.clone(),
+            events: self.events.clone(),
+            shutdown: self.shutdown.clone(),
+        };
+        let task = self.tasks.spawn(async move {
+            follower.run().await;
+            index
+        });
+        self.ids.insert(task.id(), index);
+    }
+
+    /// A follower's task ended (it panicked, or shutdown stopped it): started again, unless
+    /// shutting down.
+    fn restart(&mut self, done: Result<(tokio::task::Id, usize), tokio::task::JoinError>) {
+        let id = match &done {
+            Ok((id, _)) => *id,
+            Err(e) => e.id(),
+        };
+        let Some(index) = self.ids.remove(&id) else { return };
+        if self.shutdown.is_cancelled() {
+            return;
+        }
+        tracing::error!(upstream = %self.urls[index], "the upstream follower stopped; restarting it");
+        self.start(index);
     }
 }
 
@@ -221,7 +239,7 @@ struct Merger {
     labels: Followed,
     /// The last answer of each upstream (`None`: down).
     latest: Vec<Option<Vec<MasterView>>>,
-    writer: crate::topology::Publisher,
+    writer: Publisher,
     events: Arc<EventLog>,
     /// Refusals logged already, so that a fake upstream repeating one does not flood the log.
     refused: HashSet<String>,

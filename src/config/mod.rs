@@ -357,29 +357,11 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
     let readiness = top.raw("readiness").map(|v| readiness::parse(v, p)).unwrap_or_default();
     top.finish(p);
 
-    // `nodes.tls` defaults to `sentinels.tls`: data nodes and Sentinels of one deployment
-    // usually share a CA, and a node polestar cannot reach is a fence that cannot happen.
-    let sentinel_tls = sentinels.as_ref().and_then(|s| s.as_ref()).map(|s| s.auth.tls.clone());
-    let nodes = match nodes {
-        Some((auth, true)) => auth,
-        Some((auth, false)) => Auth { tls: sentinel_tls.unwrap_or_default(), ..auth },
-        None => Auth { tls: sentinel_tls.unwrap_or_default(), ..Auth::default() },
-    };
+    let nodes = nodes_auth(nodes, sentinels.as_ref().and_then(|s| s.as_ref()));
     if let Some(u) = &upstream {
         plaintext(u, sweep.as_ref().and_then(|s| s.as_ref()), p);
     }
-    let source = match (sentinels, upstream) {
-        (Some(s), None) => Source::Sentinels(s?),
-        (None, Some(u)) => Source::Upstream(u),
-        (Some(_), Some(_)) => {
-            p.push("upstream", "give either `sentinels` or `upstream`, not both");
-            return None;
-        }
-        (None, None) => {
-            p.push("sentinels", "missing: give the Sentinel addresses (or `upstream`)");
-            return None;
-        }
-    };
+    let source = source(sentinels, upstream, p)?;
     Some(Config {
         source,
         masters: masters.flatten(),
@@ -393,6 +375,38 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
         file: None,
         warnings: Vec::new(),
     })
+}
+
+/// `nodes`' credentials, `nodes.tls` defaulting to `sentinels.tls` (when `nodes` has no `tls`
+/// of its own): data nodes and Sentinels of one deployment usually share a CA, and a node
+/// polestar cannot reach is a fence that cannot happen.
+fn nodes_auth(nodes: Option<(Auth, bool)>, sentinels: Option<&Sentinels>) -> Auth {
+    let sentinel_tls = || sentinels.map(|s| s.auth.tls.clone()).unwrap_or_default();
+    match nodes {
+        Some((auth, true)) => auth,
+        Some((auth, false)) => Auth { tls: sentinel_tls(), ..auth },
+        None => Auth { tls: sentinel_tls(), ..Auth::default() },
+    }
+}
+
+/// Where the truth comes from: `sentinels` or `upstream`, exactly one of them.
+fn source(
+    sentinels: Option<Option<Sentinels>>,
+    upstream: Option<Upstream>,
+    p: &mut Problems,
+) -> Option<Source> {
+    match (sentinels, upstream) {
+        (Some(s), None) => Some(Source::Sentinels(s?)),
+        (None, Some(u)) => Some(Source::Upstream(u)),
+        (Some(_), Some(_)) => {
+            p.push("upstream", "give either `sentinels` or `upstream`, not both");
+            None
+        }
+        (None, None) => {
+            p.push("sentinels", "missing: give the Sentinel addresses (or `upstream`)");
+            None
+        }
+    }
 }
 
 fn sentinels(value: Value, base: &Path, p: &mut Problems) -> Option<Sentinels> {

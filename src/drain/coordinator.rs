@@ -129,33 +129,9 @@ impl Coordinator {
     fn apply(&mut self, signal: Signal, episodes: &mut Episodes, shutdown: &CancellationToken) {
         tracing::debug!(?signal, "drain signal");
         match signal {
-            Signal::FailoverStarted { master, primary } => {
-                tracing::debug!(%master, node = %primary, "failover started: opening the fence's link");
-                let link = self.link(&primary);
-                // Ends by itself after the link's deadline and WARM_HOLD.
-                crate::supervise::detached("the fence link's warm-up", async move {
-                    link.warm().await;
-                    tokio::time::sleep(WARM_HOLD).await;
-                });
-            }
+            Signal::FailoverStarted { master, primary } => self.warm_fence_link(&master, &primary),
             Signal::Promoting { master, old, new, coordinated, .. } => {
-                // The replica being promoted may be an old primary still in its window: its
-                // episode must neither sweep nor demote it any more.
-                if let Some(new) = &new {
-                    stop_node(episodes, &master, new.addr(), Stop::Primary);
-                }
-                // Fenced until the flip: from now on O's writes are lost. Lifted within
-                // FENCE_HOLD if no flip or confirmation follows.
-                let hold = Instant::now() + FENCE_HOLD;
-                self.promoting.insert(master.clone(), hold);
-                if !fence_at_promotion(coordinated, self.coordinated.holds(&master)) {
-                    tracing::info!(%master, node = %old, "coordinated failover: Sentinel's FAILOVER fences the old primary itself; no fence of ours");
-                    return;
-                }
-                self.order(episodes, shutdown, &master, &old, |o| {
-                    o.until = o.until.max(hold);
-                    o.fence_until = o.fence_until.max(hold);
-                });
+                self.promoting(episodes, shutdown, &master, &old, new.as_ref(), coordinated);
             }
             Signal::Flipped { old: None, master, new, .. } => {
                 // A first publication (a watcher restarted by a reload, or after a panic):
@@ -187,6 +163,48 @@ impl Coordinator {
                 self.returning(episodes, shutdown, &master, &node, &published, epoch)
             }
         }
+    }
+
+    /// A failover starts: the link the fence will go over is opened now, so that fencing
+    /// takes one round trip.
+    fn warm_fence_link(&mut self, master: &str, primary: &Node) {
+        tracing::debug!(%master, node = %primary, "failover started: opening the fence's link");
+        let link = self.link(primary);
+        // Ends by itself after the link's deadline and WARM_HOLD.
+        crate::supervise::detached("the fence link's warm-up", async move {
+            link.warm().await;
+            tokio::time::sleep(WARM_HOLD).await;
+        });
+    }
+
+    /// `new` is being promoted: the old primary is fenced until the flip (unless Sentinel's
+    /// coordinated failover fences it itself).
+    fn promoting(
+        &mut self,
+        episodes: &mut Episodes,
+        shutdown: &CancellationToken,
+        master: &str,
+        old: &Node,
+        new: Option<&Node>,
+        coordinated: bool,
+    ) {
+        // The replica being promoted may be an old primary still in its window: its
+        // episode must neither sweep nor demote it any more.
+        if let Some(new) = new {
+            stop_node(episodes, master, new.addr(), Stop::Primary);
+        }
+        // Fenced until the flip: from now on O's writes are lost. Lifted within
+        // FENCE_HOLD if no flip or confirmation follows.
+        let hold = Instant::now() + FENCE_HOLD;
+        self.promoting.insert(master.to_string(), hold);
+        if !fence_at_promotion(coordinated, self.coordinated.holds(master)) {
+            tracing::info!(%master, node = %old, "coordinated failover: Sentinel's FAILOVER fences the old primary itself; no fence of ours");
+            return;
+        }
+        self.order(episodes, shutdown, master, old, |o| {
+            o.until = o.until.max(hold);
+            o.fence_until = o.fence_until.max(hold);
+        });
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -318,18 +336,19 @@ impl Coordinator {
         {
             return;
         }
-        let now = Instant::now();
-        let mut orders = Orders {
-            generation: 0,
-            closed: false,
-            until: now,
-            fence_until: now,
-            drain: None,
-            target: None,
-            demote: None,
-            stop: None,
-        };
+        let mut orders = Orders::none(Instant::now());
         change(&mut orders);
+        episodes.insert(key, self.start_episode(shutdown, master, node, orders));
+    }
+
+    /// A new episode for (`master`, `node`) on `orders`: the sender of its orders.
+    fn start_episode(
+        &mut self,
+        shutdown: &CancellationToken,
+        master: &str,
+        node: &Node,
+        orders: Orders,
+    ) -> watch::Sender<Orders> {
         let (tx, _) = watch::channel(orders);
         let episode = Episode::new(self.shared(), master.to_string(), self.link(node));
         let stop = shutdown.child_token();
@@ -341,7 +360,7 @@ impl Coordinator {
                 () = episode.run(running) => {}
             }
         });
-        episodes.insert(key, tx);
+        tx
     }
 }
 

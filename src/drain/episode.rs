@@ -98,6 +98,22 @@ pub struct Orders {
     pub stop: Option<Stop>,
 }
 
+impl Orders {
+    /// No orders yet: a window that ends `now`, nothing to fence, drain or demote.
+    pub fn none(now: Instant) -> Self {
+        Self {
+            generation: 0,
+            closed: false,
+            until: now,
+            fence_until: now,
+            drain: None,
+            target: None,
+            demote: None,
+            stop: None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DrainOrder {
     /// The flip (or the return); the cutoff is `at + grace`.
@@ -214,6 +230,11 @@ impl Shell<'_> {
         }
     }
 
+    /// When the fence loop and the drain loop are next due.
+    fn due(&self, state: &State, orders: &Orders) -> (Instant, Option<Instant>) {
+        (self.fence_due(orders), self.drain_due(state, orders))
+    }
+
     fn fence_due(&self, orders: &Orders) -> Instant {
         if self.fence_news { Instant::now() } else { self.next.min(orders.until) }
     }
@@ -288,10 +309,7 @@ impl Episode {
     async fn drive(&self, state: &mut State, mut orders: watch::Receiver<Orders>) -> u64 {
         let mut shell = Shell::new(Instant::now());
         loop {
-            let (fence_at, drain_at) = {
-                let current = orders.borrow();
-                (shell.fence_due(&current), shell.drain_due(state, &current))
-            };
+            let (fence_at, drain_at) = shell.due(state, &orders.borrow());
             let (fence_idle, drain_idle) = (shell.fence_io.is_none(), shell.drain_io.is_none());
             let event = tokio::select! {
                 answer = finished(&mut shell.fence_io), if !fence_idle => {
@@ -522,15 +540,13 @@ impl Episode {
         demotion
     }
 
-    async fn try_demote(
+    /// Asks the node's `ROLE`: `None` when it is a master this demotion may turn into a
+    /// replica, else what the attempt comes to.
+    async fn not_a_master_to_demote(
         &self,
-        to: &Node,
         seen_replica: bool,
         fenced: bool,
-    ) -> Result<Outcome, NodeError> {
-        if let Some(why) = self.not_published_to(to) {
-            return Ok(Outcome::Refused(why));
-        }
+    ) -> Result<Option<Outcome>, NodeError> {
         // Our pause must hold until REPLICAOF runs, and the fence loop renews nothing while it
         // waits here: it is renewed first, in one pipeline with ROLE, for the demotion's own
         // deadlines. (It lapsed during a demotion that took 1.5 s on a loaded machine, and the
@@ -540,14 +556,28 @@ impl Episode {
         } else {
             self.link.role().await?
         };
-        match role {
+        Ok(match role {
+            // A replica earlier, a master now: promoted again (by Sentinel), not ours.
             Role::Master if seen_replica => {
-                // A replica earlier, a master now: promoted again (by Sentinel), not ours.
-                return Ok(Outcome::Refused("it answered replica before: promoted again".into()));
+                Some(Outcome::Refused("it answered replica before: promoted again".into()))
             }
-            Role::Master => {}
-            Role::Replica => return Ok(Outcome::AlreadyReplica),
-            Role::Other(other) => return Ok(Outcome::Refused(format!("it answers ROLE {other}"))),
+            Role::Master => None,
+            Role::Replica => Some(Outcome::AlreadyReplica),
+            Role::Other(other) => Some(Outcome::Refused(format!("it answers ROLE {other}"))),
+        })
+    }
+
+    async fn try_demote(
+        &self,
+        to: &Node,
+        seen_replica: bool,
+        fenced: bool,
+    ) -> Result<Outcome, NodeError> {
+        if let Some(why) = self.not_published_to(to) {
+            return Ok(Outcome::Refused(why));
+        }
+        if let Some(outcome) = self.not_a_master_to_demote(seen_replica, fenced).await? {
+            return Ok(outcome);
         }
         if let Some(why) = self.target_not_master(to).await {
             return Ok(Outcome::Refused(why));

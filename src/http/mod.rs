@@ -144,29 +144,37 @@ pub async fn serve_with(
         let acceptor = tls.current();
         // One connection: the graceful shutdown waits for it through `watcher`, and its own
         // timeouts end it (a panic in a handler is axum's to answer with a 500).
-        tokio::spawn(async move {
-            let probation = match &admission {
-                admission::Admission::Probation(p) => Some(p.clone()),
-                admission::Admission::Open { .. } => None,
-            };
-            match acceptor {
-                None => serve_one(stream, app, probation, watcher).await,
-                Some(acceptor) => {
-                    // In the connection's task: a slow handshake holds its slot, not the loop.
-                    let handshake = acceptor.accept(stream);
-                    if let Ok(Ok(stream)) =
-                        tokio::time::timeout(HEADER_READ_TIMEOUT, handshake).await
-                    {
-                        serve_one(stream, app, probation, watcher).await;
-                    }
-                }
-            }
-            drop(admission);
-        });
+        tokio::spawn(serve_accepted(stream, acceptor, app, admission, watcher));
     }
     // Idle connections close at once; the wait is bounded for ones stuck mid-request.
     let _ = tokio::time::timeout(HEADER_READ_TIMEOUT, graceful.shutdown()).await;
     Ok(())
+}
+
+/// One accepted connection, holding its admission until it ends: its TLS handshake first when
+/// TLS is configured, in the connection's task (a slow handshake holds its slot, not the
+/// accept loop).
+async fn serve_accepted(
+    stream: tokio::net::TcpStream,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    app: Router,
+    admission: admission::Admission,
+    watcher: hyper_util::server::graceful::Watcher,
+) {
+    let probation = match &admission {
+        admission::Admission::Probation(p) => Some(p.clone()),
+        admission::Admission::Open { .. } => None,
+    };
+    match acceptor {
+        None => serve_one(stream, app, probation, watcher).await,
+        Some(acceptor) => {
+            let handshake = acceptor.accept(stream);
+            if let Ok(Ok(stream)) = tokio::time::timeout(HEADER_READ_TIMEOUT, handshake).await {
+                serve_one(stream, app, probation, watcher).await;
+            }
+        }
+    }
+    drop(admission);
 }
 
 /// One HTTP/1.1 connection, plain or TLS, until it ends (or shutdown closes it). A
@@ -190,14 +198,19 @@ async fn serve_one<S>(
     builder.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
     // A client that goes away is not an error of the server.
     let served = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
-    let Some(p) = probation else {
-        let _ = served.await;
-        return;
-    };
-    // On probation: closed when it must give way to a newer one, or when it has not shown a
-    // token within PROBATION_WAIT. Admitted, it is served as any other (a token holder's
-    // kept-alive connection was closed after 2 s idle when the probation wait was its header
-    // timeout: agents that came on probation reconnected at every read).
+    match probation {
+        Some(p) => on_probation(served, &p).await,
+        None => {
+            let _ = served.await;
+        }
+    }
+}
+
+/// A connection on probation: closed when it must give way to a newer one, or when it has not
+/// shown a token within PROBATION_WAIT. Admitted, it is served as any other (a token holder's
+/// kept-alive connection was closed after 2 s idle when the probation wait was its header
+/// timeout: agents that came on probation reconnected at every read).
+async fn on_probation(served: impl std::future::Future, p: &admission::Probation) {
     tokio::pin!(served);
     tokio::select! {
         _ = &mut served => return,

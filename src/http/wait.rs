@@ -62,7 +62,7 @@ mod tests {
     use super::*;
     use crate::topology::{self, MasterState, Snapshot};
 
-    fn snapshot(version: u64, epoch: Option<u64>) -> Arc<Snapshot> {
+    fn snapshot(state: MasterState, epoch: Option<u64>) -> Snapshot {
         let master = Master {
             withdrawn: None,
             provisional: false,
@@ -71,34 +71,34 @@ mod tests {
             primary: None,
             epoch,
             since: None,
-            state: MasterState::Unknown,
+            state,
             replicas: vec![],
             sentinels: Default::default(),
         };
         let masters = BTreeMap::from([("m".to_string(), Arc::new(master))]);
-        Arc::new(Snapshot { version, masters, source_reachable: true })
+        Snapshot { version: 0, masters, source_reachable: true }
     }
 
     #[tokio::test(start_paused = true)]
     async fn wakes_when_the_epoch_passes_the_floor() {
-        let (writer, reader) = topology::channel();
-        writer.send_replace(snapshot(1, Some(4)));
-        let publisher = async {
+        let (publisher, reader) = topology::channel();
+        publisher.replace(snapshot(MasterState::Unknown, Some(4)));
+        let publishing = async {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            writer.send_replace(snapshot(2, Some(4)));
+            publisher.replace(snapshot(MasterState::Ok, Some(4)));
             tokio::time::sleep(Duration::from_secs(1)).await;
-            writer.send_replace(snapshot(3, Some(5)));
+            publisher.replace(snapshot(MasterState::Ok, Some(5)));
         };
         let token = CancellationToken::new();
         let wait = epoch_above(&reader, "m", Some(4), Duration::from_secs(10), &token);
-        let (waited, ()) = tokio::join!(wait, publisher);
+        let (waited, ()) = tokio::join!(wait, publishing);
         assert!(matches!(waited, Ok(Waited::Moved(m)) if m.epoch == Some(5)));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_first_epoch_passes_an_empty_floor() {
-        let (writer, reader) = topology::channel();
-        writer.send_replace(snapshot(1, Some(0)));
+        let (publisher, reader) = topology::channel();
+        publisher.replace(snapshot(MasterState::Unknown, Some(0)));
         let token = CancellationToken::new();
         let waited = epoch_above(&reader, "m", None, Duration::from_secs(1), &token).await;
         assert!(matches!(waited, Ok(Waited::Moved(_))));
@@ -106,8 +106,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn times_out_and_stops_at_shutdown() {
-        let (writer, reader) = topology::channel();
-        writer.send_replace(snapshot(1, Some(4)));
+        let (publisher, reader) = topology::channel();
+        publisher.replace(snapshot(MasterState::Unknown, Some(4)));
         let token = CancellationToken::new();
         let waited = epoch_above(&reader, "m", Some(4), Duration::from_secs(1), &token).await;
         assert!(matches!(waited, Ok(Waited::TimedOut(_))));
@@ -118,7 +118,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unknown_master_is_404() {
-        let (_writer, reader) = topology::channel();
+        let (_publisher, reader) = topology::channel();
         let token = CancellationToken::new();
         let waited = epoch_above(&reader, "x", None, Duration::from_secs(1), &token).await;
         assert_eq!(waited.err().map(|e| e.status.as_u16()), Some(404));

@@ -124,28 +124,37 @@ async fn ask_sentinel(
     let mut out = BTreeMap::new();
     for (master, heard) in masters.iter().zip(heard) {
         let mut next = || replies.next().unwrap_or_else(|| Err("no reply".to_string()));
-        let fresh = asks_replicas(&heard);
-        let answer = match heard {
-            Some(records) => {
-                let Records { master: record, replicas } = records.unwrap_or_else(|| {
-                    let not = || "SENTINEL MASTERS does not list this master".to_string();
-                    Records { master: Err(not()), replicas: Err(not()) }
-                });
-                let replicas =
-                    if fresh { next().and_then(|v| parse::replicas(&v)) } else { replicas };
-                let ckquorum = next().and_then(|v| parse::ckquorum(&v));
-                SentinelAnswer { tilt: tilt.clone(), ckquorum, master: record, replicas }
-            }
-            None => SentinelAnswer {
-                tilt: tilt.clone(),
-                ckquorum: next().and_then(|v| parse::ckquorum(&v)),
-                master: next().and_then(|v| parse::master(&v)),
-                replicas: next().and_then(|v| parse::replicas(&v)),
-            },
-        };
-        out.insert(master.clone(), answer);
+        out.insert(master.clone(), answer(heard, tilt.clone(), &mut next));
     }
     (Some(conn), Ok(out))
+}
+
+/// One master's answer: what the link heard of it (`Some`; `Some(None)`: not listed), the
+/// replicas asked again when [`asks_replicas`] says so and `CKQUORUM`; or, with nothing
+/// heard, every question's reply (`next`, in the order [`ask_masters`] asked).
+fn answer(
+    heard: Option<Option<Records>>,
+    tilt: Result<bool, String>,
+    next: &mut impl FnMut() -> Result<Value, String>,
+) -> SentinelAnswer {
+    let fresh = asks_replicas(&heard);
+    match heard {
+        Some(records) => {
+            let Records { master: record, replicas } = records.unwrap_or_else(|| {
+                let not = || "SENTINEL MASTERS does not list this master".to_string();
+                Records { master: Err(not()), replicas: Err(not()) }
+            });
+            let replicas = if fresh { next().and_then(|v| parse::replicas(&v)) } else { replicas };
+            let ckquorum = next().and_then(|v| parse::ckquorum(&v));
+            SentinelAnswer { tilt, ckquorum, master: record, replicas }
+        }
+        None => SentinelAnswer {
+            tilt,
+            ckquorum: next().and_then(|v| parse::ckquorum(&v)),
+            master: next().and_then(|v| parse::master(&v)),
+            replicas: next().and_then(|v| parse::replicas(&v)),
+        },
+    }
 }
 
 /// Whether a round asks a Sentinel for a master's replicas itself: always unless its link's

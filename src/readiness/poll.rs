@@ -45,9 +45,7 @@ pub async fn run(
             let snapshot = topology.borrow().clone();
             let masters = master_names(&config, &snapshot);
             next = Instant::now() + every(settings.interval, masters.len());
-            for m in masters.iter().filter(|m| registered.insert((*m).clone())) {
-                series::register_master(m);
-            }
+            register(&mut registered, &masters);
             // Lags first, of the replicas each master was last judged with, and judged at
             // once: a Sentinel that does not answer holds the rest of the round up to its
             // deadline, but not the lags.
@@ -59,10 +57,7 @@ pub async fn run(
             let round = ask_all(&mut conns, &heard, &config, sentinels, &snapshot, &masters, lags);
             let news = Judging { memory: &mut memory, heard: &heard, writer: &writer, settings };
             let Some((mut facts, judged)) = news.until(round, &shutdown).await else { return };
-            // The links' records of a master judged meanwhile are newer than the round's.
-            for (master, facts) in facts.iter_mut().filter(|(m, _)| judged.contains(m)) {
-                *facts = current(&heard, master, facts);
-            }
+            refresh_judged(&heard, &mut facts, &judged);
             publish(&writer, memory.round(facts, settings));
         }
         let news = Judging { memory: &mut memory, heard: &heard, writer: &writer, settings };
@@ -100,6 +95,20 @@ impl Judging<'_> {
                 () = shutdown.cancelled() => return None,
             }
         }
+    }
+}
+
+/// Registers the series of the masters not seen before.
+fn register(registered: &mut BTreeSet<String>, masters: &[String]) {
+    for m in masters.iter().filter(|m| registered.insert((*m).clone())) {
+        series::register_master(m);
+    }
+}
+
+/// The links' records of a master judged meanwhile (`judged`) are newer than the round's.
+fn refresh_judged(heard: &Heard, facts: &mut [(String, Facts)], judged: &BTreeSet<String>) {
+    for (master, facts) in facts.iter_mut().filter(|(m, _)| judged.contains(m)) {
+        *facts = current(heard, master, facts);
     }
 }
 

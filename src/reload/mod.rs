@@ -105,45 +105,7 @@ pub struct Changes {
 
 impl Changes {
     pub fn between(old: &Config, new: &Config) -> Self {
-        let mut c = Changes::default();
-        let mut applied = |yes: bool, what| yes.then(|| c.applied.push(what));
-        applied(old.source != new.source, "sentinels");
-        applied(old.masters != new.masters, "masters");
-        applied(old.nodes != new.nodes, "nodes");
-        applied(old.drain != new.drain, "drain");
-        applied(old.sweep != new.sweep, "sweep");
-        applied(
-            token(old, |h| &h.admin_token) != token(new, |h| &h.admin_token),
-            "http.admin_token_file",
-        );
-        applied(
-            token(old, |h| &h.agent_token) != token(new, |h| &h.agent_token),
-            "http.agent_token_file",
-        );
-        // The HTTP server builds its acceptor again for the next connection; a certificate
-        // renewed in place counts as a change (`ServerTls::stamp`).
-        let http_tls = |c: &Config| c.http.as_ref().and_then(|h| h.tls.clone());
-        applied(http_tls(old) != http_tls(new), "http.tls");
-        let api = |c: &Config| c.sentinel_api.clone();
-        applied(api(old).map(|a| a.peers) != api(new).map(|a| a.peers), "sentinel_api.peers");
-        applied(
-            api(old).and_then(|a| a.password) != api(new).and_then(|a| a.password),
-            "sentinel_api.password_file",
-        );
-        let http_listen = |c: &Config| c.http.as_ref().map(|h| h.listen);
-        if http_listen(old) != http_listen(new) {
-            c.restart.push("http.listen");
-        }
-        let api_bound = |c: &Config| api(c).map(|a| (a.listen, a.max_connections, a.idle_timeout));
-        if api_bound(old) != api_bound(new) {
-            c.restart.push("sentinel_api.listen");
-        }
-        // The DNS server binds and builds its zone at start; a DNS component that follows the
-        // channel can move its settings (all but `listen`) to `applied`.
-        if old.dns != new.dns {
-            c.restart.push("dns");
-        }
-        c
+        Self { applied: applied(old, new), restart: restart(old, new) }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -154,6 +116,56 @@ impl Changes {
     pub fn watcher(old: &Config, new: &Config) -> bool {
         old.source != new.source || old.masters != new.masters || old.nodes != new.nodes
     }
+}
+
+/// The sections that differ and are applied while running.
+fn applied(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut applied = Vec::new();
+    let mut differs = |yes: bool, what| yes.then(|| applied.push(what));
+    differs(old.source != new.source, "sentinels");
+    differs(old.masters != new.masters, "masters");
+    differs(old.nodes != new.nodes, "nodes");
+    differs(old.drain != new.drain, "drain");
+    differs(old.sweep != new.sweep, "sweep");
+    differs(
+        token(old, |h| &h.admin_token) != token(new, |h| &h.admin_token),
+        "http.admin_token_file",
+    );
+    differs(
+        token(old, |h| &h.agent_token) != token(new, |h| &h.agent_token),
+        "http.agent_token_file",
+    );
+    // The HTTP server builds its acceptor again for the next connection; a certificate
+    // renewed in place counts as a change (`ServerTls::stamp`).
+    let http_tls = |c: &Config| c.http.as_ref().and_then(|h| h.tls.clone());
+    differs(http_tls(old) != http_tls(new), "http.tls");
+    let api = |c: &Config| c.sentinel_api.clone();
+    differs(api(old).map(|a| a.peers) != api(new).map(|a| a.peers), "sentinel_api.peers");
+    differs(
+        api(old).and_then(|a| a.password) != api(new).and_then(|a| a.password),
+        "sentinel_api.password_file",
+    );
+    applied
+}
+
+/// The sections that differ and take a restart.
+fn restart(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut restart = Vec::new();
+    let http_listen = |c: &Config| c.http.as_ref().map(|h| h.listen);
+    if http_listen(old) != http_listen(new) {
+        restart.push("http.listen");
+    }
+    let api =
+        |c: &Config| c.sentinel_api.clone().map(|a| (a.listen, a.max_connections, a.idle_timeout));
+    if api(old) != api(new) {
+        restart.push("sentinel_api.listen");
+    }
+    // The DNS server binds and builds its zone at start; a DNS component that follows the
+    // channel can move its settings (all but `listen`) to `applied`.
+    if old.dns != new.dns {
+        restart.push("dns");
+    }
+    restart
 }
 
 impl fmt::Display for Changes {

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Changes, ConfigReader};
 use crate::config::Config;
 use crate::events::{Event, EventLog};
-use crate::topology::{self, Master, Snapshot, TopologyReader, TopologyWriter, Withdrawn};
+use crate::topology::{self, Master, Publisher, Snapshot, TopologyReader, Withdrawn};
 
 /// How long a new watcher may take to get a full picture before it takes over anyway.
 pub const WARMUP: Duration = Duration::from_secs(10);
@@ -39,11 +39,11 @@ pub const SETTLE: Duration = Duration::from_secs(30);
 
 /// Starts a watcher: the signature of [`crate::sentinel::spawn`].
 pub trait Start:
-    Fn(&Config, TopologyWriter, Arc<EventLog>, CancellationToken) -> JoinHandle<()>
+    Fn(&Config, Publisher, Arc<EventLog>, CancellationToken) -> JoinHandle<()>
 {
 }
 impl<F> Start for F where
-    F: Fn(&Config, TopologyWriter, Arc<EventLog>, CancellationToken) -> JoinHandle<()>
+    F: Fn(&Config, Publisher, Arc<EventLog>, CancellationToken) -> JoinHandle<()>
 {
 }
 
@@ -53,7 +53,7 @@ impl<F> Start for F where
 /// `watcher::follow_reloads(config, writer, events, shutdown, crate::source::spawn)`.
 pub async fn follow_reloads(
     mut config: ConfigReader,
-    writer: TopologyWriter,
+    writer: Publisher,
     events: Arc<EventLog>,
     shutdown: CancellationToken,
     start: impl Start,
@@ -115,9 +115,9 @@ struct Warmed {
 impl Warmed {
     /// Forwards the new watcher's output into the daemon's, over floors taken from what the
     /// daemon publishes now (the old watcher has stopped).
-    fn take_over(self, writer: &TopologyWriter, events: &Arc<EventLog>) -> Generation {
-        let floors = floors(&writer.borrow());
-        let writer = topology::Publisher::new(writer.clone());
+    fn take_over(self, writer: &Publisher, events: &Arc<EventLog>) -> Generation {
+        let floors = floors(&writer.current());
+        let writer = writer.clone();
         let forward =
             Forward { side: self.side, live: self.live, writer, events: events.clone(), floors };
         let forward = Some(tokio::spawn(forward.run(self.stop.clone())));
@@ -129,15 +129,15 @@ impl Warmed {
 /// documentation); `None` when shutdown came first.
 async fn warm_up(
     config: &Config,
-    writer: &TopologyWriter,
+    writer: &Publisher,
     shutdown: &CancellationToken,
     start: &impl Start,
 ) -> Option<Warmed> {
-    let (side_writer, mut side) = topology::channel();
+    let (side_publisher, mut side) = topology::channel();
     let side_events = Arc::new(EventLog::new());
     let stop = shutdown.child_token();
-    let handle = start(config, side_writer, side_events.clone(), stop.clone());
-    let mut daemon = writer.subscribe();
+    let handle = start(config, side_publisher, side_events.clone(), stop.clone());
+    let mut daemon = writer.reader();
     let waited = async {
         let may = |d: &Snapshot, s: &Snapshot| ready(d, s) && !provisional(d);
         if tokio::time::timeout(WARMUP, until(&mut side, &mut daemon, may)).await.is_err() {
@@ -277,7 +277,7 @@ struct Forward {
     side: TopologyReader,
     /// The restarted watcher's events from the moment it took over.
     live: broadcast::Receiver<Event>,
-    writer: topology::Publisher,
+    writer: Publisher,
     events: Arc<EventLog>,
     /// See [`Floors`]; emptied as the new watcher reaches each.
     floors: Floors,

@@ -368,11 +368,12 @@ impl Lineage {
 #[derive(Clone, Debug)]
 pub enum Evidence {
     /// A reconciliation: `from` reports `primary` (and the replicas it sees, and which of
-    /// them say they replicate from where).
+    /// them say they replicate from where), and whether its record flags a failover in
+    /// progress.
     Report {
         from: SentinelId,
         primary: Candidate,
-        failover: bool,
+        failover_in_progress: bool,
         replicas: Vec<Replica>,
         followers: Vec<Follower>,
     },
@@ -391,9 +392,10 @@ pub enum Evidence {
     FailoverEnded { from: SentinelId, aborted: bool },
     /// A node of the master is back or changed role (`-sdown`, `+convert-to-slave`, ...).
     NodeBack { from: SentinelId, node: Node },
-    /// `+convert-to-slave`: `from` just told `node` to replicate from `to` (a Sentinel that
-    /// saw a replica claim master for seconds with no newer configuration turns it back).
-    Converted { from: SentinelId, node: Node, to: Addr },
+    /// `+convert-to-slave`: `from` just told `node` to replicate from `converted_to` (a
+    /// Sentinel that saw a replica claim master for seconds with no newer configuration turns
+    /// it back).
+    Converted { from: SentinelId, node: Node, converted_to: Addr },
     /// What a watched promotion target answered to `ROLE` (`at`: when the promotion event
     /// that started the watch reached polestar, for the latency).
     Role { target: Candidate, role: Role, at: Instant },
@@ -426,7 +428,7 @@ impl Cause {
 #[derive(Clone, Debug)]
 pub enum Action {
     /// The published primary changed: publish the snapshot now, then log, count and record.
-    Switched { from: Option<Node>, to: Candidate, cause: Cause, at: Instant },
+    Switched { old: Option<Node>, new: Candidate, cause: Cause, at: Instant },
     /// A provisional flip was withdrawn: `back` is published again; `why`: what withdrew it.
     Withdrawn { undone: Candidate, back: Option<Candidate>, why: &'static str },
     /// Tell the drain side.
@@ -458,8 +460,8 @@ pub fn decide(
 ) -> (State, Vec<Action>) {
     let mut d = Decision { master, quorum, state, actions: Vec::new(), now };
     match evidence {
-        Evidence::Report { from, primary, failover, replicas, followers } => {
-            d.report(from, primary, failover, replicas);
+        Evidence::Report { from, primary, failover_in_progress, replicas, followers } => {
+            d.report(from, primary, failover_in_progress, replicas);
             d.state.extend_lineage(&followers, now.at);
             d.prune_lineage(now.at);
         }
@@ -474,7 +476,7 @@ pub fn decide(
         Evidence::Promoted { from, target, at } => d.promoted(from, target, at),
         Evidence::FailoverEnded { from, aborted } => d.failover_ended(from, aborted),
         Evidence::NodeBack { from, node } => d.node_back(node, from),
-        Evidence::Converted { from, node, to } => d.converted(from, &node, &to),
+        Evidence::Converted { from, node, converted_to } => d.converted(from, &node, &converted_to),
         Evidence::Role { target, role, at } => d.role(target, &role, at),
         Evidence::Tick => d.tick(now.at),
     }
@@ -493,7 +495,13 @@ struct Decision<'a> {
 }
 
 impl Decision<'_> {
-    fn report(&mut self, from: SentinelId, primary: Candidate, failover: bool, r: Vec<Replica>) {
+    fn report(
+        &mut self,
+        from: SentinelId,
+        primary: Candidate,
+        failover_in_progress: bool,
+        r: Vec<Replica>,
+    ) {
         for replica in &r {
             let node =
                 Node { ip: replica.ip, port: replica.port, hostname: replica.hostname.clone() };
@@ -504,7 +512,7 @@ impl Decision<'_> {
         }
         self.state.reports.insert(from, primary.clone());
         // Reconciliation is authoritative for the flag: it also clears a lost +failover-end.
-        if failover {
+        if failover_in_progress {
             self.state.failover.insert(from);
         } else {
             self.state.failover.remove(&from);
@@ -745,7 +753,7 @@ impl Decision<'_> {
     /// other than the leader whose own report is that primary at its epoch while a majority
     /// agrees: one stale or lying Sentinel cannot undo a flip. Nobody aborted, so the fence
     /// is left to lapse (`gave_up`) rather than lifted under another polestar.
-    fn converted(&mut self, from: SentinelId, node: &Node, to: &Addr) {
+    fn converted(&mut self, from: SentinelId, node: &Node, converted_to: &Addr) {
         let Publication::Provisional { primary, leader, before, .. } = &self.state.publication
         else {
             return;
@@ -753,7 +761,7 @@ impl Decision<'_> {
         let Some(back) = before.primary() else { return };
         let speaker = self.state.reports.get(&from) == Some(back);
         let majority = self.state.agreeing(back) >= self.quorum.majority();
-        let undone = primary.node.addr() == node.addr() && names(&back.node, to);
+        let undone = primary.node.addr() == node.addr() && names(&back.node, converted_to);
         if undone && *leader != from && speaker && majority {
             self.abort(true, "converted");
         }
@@ -839,15 +847,15 @@ impl Decision<'_> {
         }
     }
 
-    fn switch(&mut self, to: Candidate, cause: Cause, at: Instant) {
-        if !self.state.may_lead(&to.node) {
-            return self.suspect(to);
+    fn switch(&mut self, new: Candidate, cause: Cause, at: Instant) {
+        if !self.state.may_lead(&new.node) {
+            return self.suspect(new);
         }
         self.clear_suspect();
-        self.state.lineage.descend(&to.node, self.now.at);
-        let from = self.state.publication.node().cloned();
+        self.state.lineage.descend(&new.node, self.now.at);
+        let old = self.state.publication.node().cloned();
         let since = self.now.wall;
-        let primary = to.clone();
+        let primary = new.clone();
         let leader = self.state.promotion.as_ref().map(|p| p.leader);
         let before = std::mem::replace(&mut self.state.publication, Publication::Unknown);
         self.state.publication = match (cause, leader) {
@@ -866,9 +874,9 @@ impl Decision<'_> {
             // A confirmed switch ends the promotion that led to it.
             self.state.promotion = None;
         }
-        self.actions.push(Action::Switched { from: from.clone(), to: to.clone(), cause, at });
-        let (master, new, epoch) = (self.master.to_string(), to.node, to.epoch);
-        let flipped = Signal::Flipped { master, old: from, new, epoch, provisional, at };
+        self.actions.push(Action::Switched { old: old.clone(), new: new.clone(), cause, at });
+        let (master, epoch, new) = (self.master.to_string(), new.epoch, new.node);
+        let flipped = Signal::Flipped { master, old, new, epoch, provisional, at };
         self.actions.push(Action::Signal(flipped));
     }
 }

@@ -17,12 +17,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::core::{
-    Action, Candidate, Evidence, Now, Publication, Quorum, SentinelId, State, decide,
+    Action, Candidate, Cause, Evidence, Now, Publication, Quorum, SentinelId, State, decide,
 };
 use super::hello_acl;
 use super::link::Link;
 use super::message::{Addr, Down, PeerRecord};
-use super::{LinkId, MasterReport, Observation, Report, Scope};
+use super::{MasterReport, Observation, Report, Scope};
 use crate::config::{Auth, Config, HostPort};
 use crate::events::{EventLog, Kind};
 use crate::failover::Signal;
@@ -30,9 +30,7 @@ use crate::metrics as m;
 use crate::node::{Endpoint, Nodes, Role};
 use crate::phases::{self, Mark, Timeline};
 use crate::readiness::Heard;
-use crate::topology::{
-    Master, MasterState, Node, Publisher, SentinelCounts, TopologyWriter, Withdrawn,
-};
+use crate::topology::{Master, MasterState, Node, Publisher, SentinelCounts, Withdrawn};
 
 /// How long one `ROLE` answer of a watched node may take.
 const ROLE_DEADLINE: Duration = Duration::from_millis(1000);
@@ -54,7 +52,7 @@ struct Entry {
     /// `ROLE` watches in flight, so a target is watched once at a time.
     watching: HashSet<Candidate>,
     /// The peers each configured Sentinel lists for this master (shown, never trusted).
-    peers: BTreeMap<LinkId, Vec<PeerRecord>>,
+    peers: BTreeMap<SentinelId, Vec<PeerRecord>>,
     /// Those of them that are not configured (kept with `peers`), shown bounded.
     discovered: super::discovered::Discovered,
     /// The primary's down states already recorded.
@@ -122,6 +120,20 @@ impl Drop for Decider {
     }
 }
 
+/// The configured masters, name to DNS label (`None`: every master the Sentinels monitor).
+fn wanted(config: &Config) -> Option<BTreeMap<String, String>> {
+    let masters = config.masters.as_ref()?;
+    Some(masters.iter().map(|m| (m.name.clone(), m.label.clone())).collect())
+}
+
+/// An entry, with nothing known yet, for each configured master.
+fn entries(wanted: Option<&BTreeMap<String, String>>) -> BTreeMap<String, Entry> {
+    let entry = |(name, label): (&String, &String)| {
+        (name.clone(), Entry { label: label.clone(), ..Entry::default() })
+    };
+    wanted.into_iter().flatten().map(entry).collect()
+}
+
 impl Decider {
     /// The decider of `config`'s Sentinels and masters; it spawns nothing: the links start when
     /// it runs. With `heard`, they leave their records of each master there for the readiness
@@ -129,7 +141,7 @@ impl Decider {
     /// poll asked every Sentinel everything).
     pub fn new(
         config: &Config,
-        writer: TopologyWriter,
+        topology: Publisher,
         events: Arc<EventLog>,
         heard: Option<Heard>,
         shutdown: CancellationToken,
@@ -137,13 +149,10 @@ impl Decider {
         let (tx, rx) = mpsc::unbounded_channel();
         let (checks_tx, checks_rx) = mpsc::unbounded_channel();
         let sentinels = config.sentinels().cloned();
-        let wanted = config.masters.as_ref().map(|ms| {
-            ms.iter().map(|m| (m.name.clone(), m.label.clone())).collect::<BTreeMap<_, _>>()
-        });
-        let wanted_names =
-            wanted.as_ref().map(|w| Arc::new(w.keys().cloned().collect::<HashSet<_>>()));
+        let wanted = wanted(config);
+        let wanted_names = wanted.as_ref().map(|w| Arc::new(w.keys().cloned().collect()));
         let mut decider = Self {
-            masters: BTreeMap::new(),
+            masters: entries(wanted.as_ref()),
             wanted,
             wanted_names,
             links: Vec::new(),
@@ -151,7 +160,7 @@ impl Decider {
             sentinel_auth: sentinels.as_ref().map(|s| s.auth.clone()).unwrap_or_default(),
             nodes: Arc::new(Nodes::new(config.nodes.clone())),
             drain: None,
-            topology: Publisher::new(writer),
+            topology,
             events,
             reachable: false,
             tx,
@@ -166,14 +175,7 @@ impl Decider {
             heard,
             dirty: Dirty::All,
         };
-        for (name, label) in decider.wanted.clone().into_iter().flatten() {
-            decider.masters.insert(name, Entry { label, ..Entry::default() });
-        }
-        for addr in sentinels.map(|s| s.addresses).unwrap_or_default() {
-            decider.add_link(addr);
-        }
-        // Every configured address votes until it is shown to be no Sentinel.
-        decider.quorum.voters = (0..decider.links.len()).collect();
+        decider.add_links(sentinels.map(|s| s.addresses).unwrap_or_default());
         decider
     }
 
@@ -235,47 +237,36 @@ impl Decider {
 
     fn observe(&mut self, observation: Observation) {
         match observation {
-            Observation::Up { link, myid } => self.link_up(link, myid),
-            Observation::Down { link, reason } => self.link_down(link, &reason),
-            Observation::NotSentinel { link, reason } => self.not_a_sentinel(link, &reason),
+            Observation::Up { from, myid } => self.link_up(from, myid),
+            Observation::Down { from, reason } => self.link_down(from, &reason),
+            Observation::NotSentinel { from, reason } => self.not_a_sentinel(from, &reason),
             Observation::Report(report) => self.report(report),
-            Observation::Epoch { link, epoch } => self.epoch(link, epoch),
-            Observation::Failover {
-                link: from,
-                master,
-                in_progress,
-                aborted,
-                coordinated,
-                elected,
-            } => {
-                let evidence = if in_progress {
-                    Evidence::FailoverStarted { from, coordinated, elected }
-                } else {
-                    Evidence::FailoverEnded { from, aborted }
-                };
-                self.apply(&master, evidence);
+            Observation::NewEpoch { from, epoch } => self.new_epoch(from, epoch),
+            Observation::FailoverStarted { from, master, coordinated, elected } => {
+                self.apply(&master, Evidence::FailoverStarted { from, coordinated, elected });
             }
-            Observation::Promoting { link: from, master, replica, promoted, at } => {
-                let target = promoted.map(|(node, epoch)| Candidate { node, epoch });
+            Observation::FailoverEnded { from, master, aborted } => {
+                self.apply(&master, Evidence::FailoverEnded { from, aborted });
+            }
+            Observation::Promoting { from, master, replica, target, at } => {
                 if let Some(t) = &target {
-                    self.epoch(from, t.epoch);
+                    self.new_epoch(from, t.epoch);
                 }
                 self.mark(&master, Mark::Selected { leader: from, at });
                 self.apply(&master, Evidence::Promoting { from, replica, target, at });
             }
-            Observation::NodeBack { link: from, master, node, converted_to } => {
-                if let Some(to) = converted_to {
-                    let converted = Evidence::Converted { from, node: node.clone(), to };
+            Observation::NodeBack { from, master, node, converted_to } => {
+                if let Some(converted_to) = converted_to {
+                    let converted = Evidence::Converted { from, node: node.clone(), converted_to };
                     self.apply(&master, converted);
                 }
                 self.apply(&master, Evidence::NodeBack { from, node });
             }
-            Observation::MasterDown { link, master, node, down } => {
-                self.master_down(link, &master, &node, &down);
+            Observation::MasterDown { from, master, node, down } => {
+                self.master_down(from, &master, &node, &down);
             }
-            Observation::Promoted { link: from, master, node, epoch, at } => {
-                self.epoch(from, epoch);
-                let target = Candidate { node, epoch };
+            Observation::Promoted { from, master, target, at } => {
+                self.new_epoch(from, target.epoch);
                 self.apply(&master, Evidence::Promoted { from, target, at });
             }
         }
@@ -300,43 +291,14 @@ impl Decider {
 
     fn act(&mut self, master: &str, action: Action, published: Published) {
         match action {
-            Action::Switched { from, to, cause, at } => {
+            Action::Switched { old, new, cause, at } => {
                 // The snapshot goes out before anything else is done with the change.
                 if published == Published::Not {
                     self.publish_snapshot();
                 }
-                let (first, flipped) = (from.is_none(), Instant::now());
-                if let Some(entry) = self.entry_mut(master) {
-                    let old_odown = from.as_ref().is_some_and(|f| entry.downs.odown_of(f));
-                    entry.downs.primary_is(&to.node);
-                    entry.withdrawn = None;
-                    self.mark(master, Mark::Flipped { at: flipped, first, old_odown });
-                }
-                let latency = at.elapsed();
-                let from = from.as_ref().map(ToString::to_string);
-                let (to, epoch, via) = (to.node, to.epoch, cause.as_str());
-                let ms = latency.as_secs_f64() * 1e3;
-                tracing::info!(%master, from = from.as_deref().unwrap_or("-"), to = %to, epoch, via, latency_ms = ms, "switch");
-                metrics::histogram!(m::PUBLISH_LATENCY).record(latency.as_secs_f64());
-                if from.is_some() {
-                    metrics::counter!(m::PRIMARY_CHANGES, "master" => master.to_string())
-                        .increment(1);
-                }
-                let data = json!({
-                    "from": from, "to": to.to_string(), "hostname": to.hostname, "epoch": epoch,
-                    "via": via, "latency_ms": ms,
-                });
-                self.events.push(Kind::Switch, Some(master), data);
+                self.switched(master, old, new, cause, at);
             }
-            Action::Withdrawn { undone, back, why } => {
-                if let Some(entry) = self.entry_mut(master) {
-                    entry.withdrawn = Some(undone.clone());
-                }
-                let (undone, back) = (undone.node.to_string(), back.map(|b| b.node.to_string()));
-                tracing::warn!(%master, %undone, back = back.as_deref().unwrap_or("-"), why, "provisional primary withdrawn");
-                let data = json!({ "from": undone, "to": back, "why": why });
-                self.events.push(Kind::Revert, Some(master), data);
-            }
+            Action::Withdrawn { undone, back, why } => self.withdrawn(master, undone, back, why),
             Action::Suspected(suspect) => {
                 let (node, epoch) = (suspect.candidate.node.to_string(), suspect.candidate.epoch);
                 tracing::error!(%master, refused = %node, epoch, reason = %suspect.reason, "suspect: primary refused");
@@ -361,6 +323,51 @@ impl Decider {
                 }
             }
         }
+    }
+
+    /// After the snapshot that carries it is out: the entry and the failover timeline follow
+    /// the switch from `old` to `new`, which is logged, counted and recorded as a `switch`
+    /// event (`from`, `to`).
+    fn switched(
+        &mut self,
+        master: &str,
+        old: Option<Node>,
+        new: Candidate,
+        cause: Cause,
+        at: Instant,
+    ) {
+        let (first, flipped) = (old.is_none(), Instant::now());
+        if let Some(entry) = self.entry_mut(master) {
+            let old_odown = old.as_ref().is_some_and(|o| entry.downs.odown_of(o));
+            entry.downs.primary_is(&new.node);
+            entry.withdrawn = None;
+            self.mark(master, Mark::Flipped { at: flipped, first, old_odown });
+        }
+        let latency = at.elapsed();
+        let from = old.as_ref().map(ToString::to_string);
+        let (to, epoch, via) = (new.node, new.epoch, cause.as_str());
+        let ms = latency.as_secs_f64() * 1e3;
+        tracing::info!(%master, from = from.as_deref().unwrap_or("-"), to = %to, epoch, via, latency_ms = ms, "switch");
+        metrics::histogram!(m::PUBLISH_LATENCY).record(latency.as_secs_f64());
+        if from.is_some() {
+            metrics::counter!(m::PRIMARY_CHANGES, "master" => master.to_string()).increment(1);
+        }
+        let data = json!({
+            "from": from, "to": to.to_string(), "hostname": to.hostname, "epoch": epoch,
+            "via": via, "latency_ms": ms,
+        });
+        self.events.push(Kind::Switch, Some(master), data);
+    }
+
+    /// A provisional flip to `undone` was withdrawn (`why`), `back` published again.
+    fn withdrawn(&mut self, master: &str, undone: Candidate, back: Option<Candidate>, why: &str) {
+        if let Some(entry) = self.entry_mut(master) {
+            entry.withdrawn = Some(undone.clone());
+        }
+        let (undone, back) = (undone.node.to_string(), back.map(|b| b.node.to_string()));
+        tracing::warn!(%master, %undone, back = back.as_deref().unwrap_or("-"), why, "provisional primary withdrawn");
+        let data = json!({ "from": undone, "to": back, "why": why });
+        self.events.push(Kind::Revert, Some(master), data);
     }
 
     /// Moves `master`'s failover timeline on and records the phases that ended.
@@ -426,8 +433,8 @@ impl Decider {
         self.apply(&c.master, Evidence::Role { target: c.target, role: c.role, at: c.at });
     }
 
-    fn epoch(&mut self, link: LinkId, epoch: u64) {
-        let reached = self.quorum.epochs.entry(link).or_default();
+    fn new_epoch(&mut self, from: SentinelId, epoch: u64) {
+        let reached = self.quorum.epochs.entry(from).or_default();
         if epoch > *reached {
             *reached = epoch;
             // Whether a master is failing over reads these epochs (`failing_over_published`).
@@ -459,11 +466,11 @@ impl Decider {
     }
 
     fn read_report(&mut self, report: Report) {
-        let Some(link) = self.links.get_mut(report.link) else { return };
+        let from = report.from;
+        let Some(link) = self.links.get_mut(from) else { return };
         if !link.up {
             return;
         }
-        let id = report.link;
         let seen: HashSet<String> = report.masters.iter().map(|m| m.name.clone()).collect();
         let asked = |name: &str| match &report.scope {
             Scope::All => true,
@@ -477,14 +484,14 @@ impl Decider {
             self.masters.keys().filter(|n| asked(n) && !seen.contains(*n)).cloned().collect();
         for name in gone {
             tracing::trace!(master = %name, "not reported by this Sentinel");
-            self.forget_peers(&name, id);
-            self.apply(&name, Evidence::Gone { from: id });
+            self.forget_peers(&name, from);
+            self.apply(&name, Evidence::Gone { from });
         }
         for master in report.masters {
-            self.master_report(id, master, report.with_peers);
+            self.master_report(from, master, report.with_peers);
         }
         if full {
-            self.drop_unmonitored(id, &seen);
+            self.drop_unmonitored(from, &seen);
         }
     }
 
@@ -494,7 +501,7 @@ impl Decider {
             None => Some(crate::topology::label_for(&report.name)),
         };
         let Some(label) = label else { return };
-        self.epoch(from, report.epoch);
+        self.new_epoch(from, report.epoch);
         self.dirty.master(&report.name);
         let entry = self.masters.entry(report.name.clone()).or_default();
         entry.label = label;
@@ -502,15 +509,16 @@ impl Decider {
             self.set_peers(&report.name, from, peers);
         }
         let primary = Candidate { node: report.primary, epoch: report.epoch };
-        let failover = report.failover_in_progress;
-        let (replicas, followers) = (report.replicas, report.followers);
-        let evidence = Evidence::Report { from, primary, failover, replicas, followers };
+        let (failover_in_progress, replicas, followers) =
+            (report.failover_in_progress, report.replicas, report.followers);
+        let evidence =
+            Evidence::Report { from, primary, failover_in_progress, replicas, followers };
         self.apply(&report.name, evidence);
     }
 
     /// Forgets masters no reachable, reconciled Sentinel monitors any more (`-monitor`), when
     /// polestar serves every monitored master.
-    fn drop_unmonitored(&mut self, link: LinkId, seen: &HashSet<String>) {
+    fn drop_unmonitored(&mut self, from: SentinelId, seen: &HashSet<String>) {
         if self.wanted.is_some() {
             return;
         }
@@ -528,7 +536,7 @@ impl Decider {
             self.masters.remove(&name);
             self.dirty.master(&name);
             record_discovered(&name, 0);
-            let by = self.links[link].addr.to_string();
+            let by = self.links[from].addr.to_string();
             tracing::info!(master = %name, "no Sentinel monitors this master any more");
             self.events.push(Kind::MasterRemoved, Some(&name), json!({ "sentinel": by }));
         }

@@ -32,12 +32,12 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::{MissedTickBehavior, interval, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 
-use super::core::Follower;
+use super::core::{Candidate, Follower, SentinelId};
 use super::message::{
     Addr, Borrowed, Event, MasterRecord, PeerRecord, ReplicaRecord, borrowed_records,
     coordinated_failover, master_addr, records, text,
 };
-use super::{LinkId, MasterReport, Observation, Report, Scope};
+use super::{MasterReport, Observation, Report, Scope};
 use crate::node::{Endpoint, PushSink, connect};
 use crate::readiness::facts::MasterFacts;
 use crate::readiness::heard::{Heard, Records};
@@ -86,7 +86,7 @@ fn speaks_no_resp(e: &redis::RedisError) -> bool {
 }
 
 pub struct Link {
-    pub id: LinkId,
+    pub id: SentinelId,
     pub endpoint: Endpoint,
     /// Only these masters are reported (`None`: all).
     pub masters: Option<Arc<HashSet<String>>>,
@@ -115,9 +115,9 @@ impl Link {
             let observation = match result {
                 Ok(()) => return,
                 Err(LinkError::NotSentinel(e)) => {
-                    Observation::NotSentinel { link: self.id, reason: e.to_string() }
+                    Observation::NotSentinel { from: self.id, reason: e.to_string() }
                 }
-                Err(e) => Observation::Down { link: self.id, reason: e.to_string() },
+                Err(e) => Observation::Down { from: self.id, reason: e.to_string() },
             };
             if self.tx.send(observation).is_err() {
                 return;
@@ -148,7 +148,7 @@ impl Link {
             false => LinkError::Redis(e),
         })?;
         conn.psubscribe("*").await?;
-        self.send(Observation::Up { link: self.id, myid: text(&myid) });
+        self.send(Observation::Up { from: self.id, myid: text(&myid) });
         Ok((conn, pushes))
     }
 
@@ -164,30 +164,19 @@ impl Link {
         Box::pin(reconcile(self.id, scope, only, conn, keep, peers))
     }
 
+    /// One connection's life: the first full reconciliation, then, until an error, a loop
+    /// that awaits nothing on the network itself: the PING, a reconciliation and the lookups
+    /// an event needs (hostnames, an epoch) run beside it on clones of the connection, so the
+    /// PING deadline holds and a `+promoted-slave` is passed on at once whatever else is in
+    /// flight.
     async fn session(&self) -> Result<(), LinkError> {
         let (conn, mut pushes) = self.open().await?;
-        let mut state = Session::default();
-        let first = self.reconciliation(Scope::All, Some(PeerCounts::default()), &conn);
-        let (first, mut read) = first.await?;
-        let mut peers = read.peers.take();
-        self.hear(read);
-        let mut full_every = full_every(first.masters.len());
-        self.send(Observation::Report(first));
+        let mut reconciling = self.first_reconciliation(&conn).await?;
         let mut ping = interval(PING_EVERY);
-        let mut every = interval(full_every);
-        for timer in [&mut ping, &mut every] {
-            timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        }
-        every.reset();
-        // Nothing in this loop awaits the network: the PING, a reconciliation and the lookups
-        // an event needs (hostnames, an epoch) run beside it on clones of the connection, so
-        // the PING deadline holds and a `+promoted-slave` is passed on at once whatever else
-        // is in flight.
+        ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut pinging: Option<InFlight<()>> = None;
-        let mut running: Option<InFlight<(Report, Read)>> = None;
-        let mut pending = Pending::default();
-        let mut due = Due::default();
-        let mut drops = Drops::default();
+        let (mut state, mut pending, mut drops) =
+            (Session::default(), Pending::default(), Drops::default());
         loop {
             // Pushes come last: a flood of them must not starve the PING or the reports.
             tokio::select! {
@@ -196,64 +185,97 @@ impl Link {
                     pinging = None;
                     pong?;
                 }
-                report = async { running.as_mut().expect("guarded by the condition").await }, if running.is_some() => {
-                    running = None;
-                    let (report, mut read) = report?;
-                    if let Some(counts) = read.peers.take() {
-                        peers = Some(counts);
-                    }
-                    self.hear(read);
-                    if report.scope == Scope::All {
-                        let pace = self::full_every(report.masters.len());
-                        if pace != full_every {
-                            full_every = pace;
-                            every = interval(full_every);
-                            every.set_missed_tick_behavior(MissedTickBehavior::Delay);
-                            every.reset();
-                        }
-                    }
-                    self.send(Observation::Report(report));
+                report = async { reconciling.running.as_mut().expect("guarded by the condition").await }, if reconciling.running.is_some() => {
+                    reconciling.running = None;
+                    self.reconciled(report?, &mut reconciling);
                 }
                 Some(observation) = pending.queue.next(), if !pending.queue.is_empty() => {
                     if let Some(observation) = observation? {
                         self.send(observation);
                     }
                 }
-                _ = ping.tick(), if pinging.is_none() => {
-                    pinging = Some(Box::pin(ping_once(conn.clone())));
-                }
-                _ = every.tick() => due.add(Scope::All),
-                () = pushes.lost.notified() => {
-                    if pushes.disconnected.load(Ordering::Relaxed) {
-                        return Err(LinkError::Closed);
-                    }
-                    drops.note(&self.endpoint, "sends events faster than they are read");
-                    due.add(Scope::All);
-                }
+                _ = ping.tick(), if pinging.is_none() => pinging = Some(Box::pin(ping_once(conn.clone()))),
+                () = reconciling.pace.tick() => reconciling.due.add(Scope::All),
+                () = pushes.lost.notified() => self.pushes_lost(&pushes, &mut drops, &mut reconciling.due)?,
                 push = pushes.rx.recv() => {
                     let push = push.ok_or(LinkError::Closed)?;
                     if let Some(scope) = self.on_push(push, &mut state, &conn, &mut pending)? {
-                        due.add(scope);
+                        reconciling.due.add(scope);
                     }
                 }
             }
-            if pending.overflowed() {
-                drops.note(&self.endpoint, "sends more events than the budget");
-                due.add(Scope::All);
-            }
-            if running.is_none()
-                && let Some(scope) = due.take()
-            {
-                if scope == Scope::All {
-                    every.reset();
-                }
-                let counts = match scope {
-                    Scope::All => Some(peers.take().unwrap_or_default()),
-                    Scope::Masters(_) => None,
-                };
-                running = Some(self.reconciliation(scope, counts, &conn));
-            }
+            self.over_budget(&mut pending, &mut drops, &mut reconciling.due);
+            self.start_due(&mut reconciling, &conn);
         }
+    }
+
+    /// The first full reconciliation, before any event is read: passed on, and the pace and
+    /// peer counts of the next full ones taken from it.
+    async fn first_reconciliation(
+        &self,
+        conn: &MultiplexedConnection,
+    ) -> Result<Reconciling, LinkError> {
+        let first = self.reconciliation(Scope::All, Some(PeerCounts::default()), conn);
+        let (first, mut read) = first.await?;
+        let peers = read.peers.take();
+        self.hear(read);
+        let pace = Pace::new(first.masters.len());
+        self.send(Observation::Report(first));
+        Ok(Reconciling { running: None, due: Due::default(), pace, peers })
+    }
+
+    /// A reconciliation is done: its records go to the readiness poll, its report to the
+    /// decider; a full one re-paces the next ones to its number of masters.
+    fn reconciled(&self, (report, mut read): (Report, Read), reconciling: &mut Reconciling) {
+        if let Some(counts) = read.peers.take() {
+            reconciling.peers = Some(counts);
+        }
+        self.hear(read);
+        if report.scope == Scope::All {
+            reconciling.pace.follow(report.masters.len());
+        }
+        self.send(Observation::Report(report));
+    }
+
+    /// Starts the reconciliation of what is due, unless one runs; a full one restarts the
+    /// pace and takes the peer counts to compare against.
+    fn start_due(&self, reconciling: &mut Reconciling, conn: &MultiplexedConnection) {
+        if reconciling.running.is_some() {
+            return;
+        }
+        let Some(scope) = reconciling.due.take() else { return };
+        let counts = match scope {
+            Scope::All => {
+                reconciling.pace.restart();
+                Some(reconciling.peers.take().unwrap_or_default())
+            }
+            Scope::Masters(_) => None,
+        };
+        reconciling.running = Some(self.reconciliation(scope, counts, conn));
+    }
+
+    /// Events past the budget were dropped: a full reconciliation reads the same truth.
+    fn over_budget(&self, pending: &mut Pending, drops: &mut Drops, due: &mut Due) {
+        if pending.overflowed() {
+            drops.note(&self.endpoint, "sends more events than the budget");
+            due.add(Scope::All);
+        }
+    }
+
+    /// The push queue dropped some: the connection is gone, or the Sentinel sends events
+    /// faster than they are read and a full reconciliation reads the same truth instead.
+    fn pushes_lost(
+        &self,
+        pushes: &Pushes,
+        drops: &mut Drops,
+        due: &mut Due,
+    ) -> Result<(), LinkError> {
+        if pushes.disconnected.load(Ordering::Relaxed) {
+            return Err(LinkError::Closed);
+        }
+        drops.note(&self.endpoint, "sends events faster than they are read");
+        due.add(Scope::All);
+        Ok(())
     }
 
     /// Passes a reconciliation's records on to the readiness poll.
@@ -303,7 +325,9 @@ impl Link {
     ) -> Option<Scope> {
         let told = translate(event, state, self.masters.as_deref());
         match told.tell {
-            Some(Tell::Epoch(epoch)) => self.send(Observation::Epoch { link: self.id, epoch }),
+            Some(Tell::NewEpoch(epoch)) => {
+                self.send(Observation::NewEpoch { from: self.id, epoch })
+            }
             Some(tell) => pending.push(lookup(self.id, tell, at, conn)),
             None => {}
         }
@@ -311,53 +335,42 @@ impl Link {
     }
 }
 
-/// A failover of `master` starting (`started`: whether it is coordinated, whether this
-/// Sentinel was elected to lead it) or over (`None`, and whether it was `aborted`).
-fn failover(
-    link: LinkId,
-    master: String,
-    started: Option<(bool, bool)>,
-    aborted: bool,
-) -> Observation {
-    let (coordinated, elected) = started.unwrap_or_default();
-    let in_progress = started.is_some();
-    Observation::Failover { link, master, in_progress, aborted, coordinated, elected }
-}
-
 /// What the decider is told of `tell`, once the lookups it needs are done: the Sentinel's
 /// coordinated flag or epoch over `conn`, and the addresses resolved.
-fn lookup(link: LinkId, tell: Tell, at: Instant, conn: &MultiplexedConnection) -> Telling {
+fn lookup(from: SentinelId, tell: Tell, at: Instant, conn: &MultiplexedConnection) -> Telling {
     let mut conn = conn.clone();
     match tell {
-        Tell::Epoch(epoch) => ready(Observation::Epoch { link, epoch }),
+        Tell::NewEpoch(epoch) => ready(Observation::NewEpoch { from, epoch }),
         // Asked now: the answer reaches the decider before this Sentinel's `+selected-slave`,
         // which waits behind it (an election or a tick later).
         Tell::FailoverStarted { master, elected } => Box::pin(async move {
             let coordinated = coordinated(&mut conn, &master).await;
-            Ok(Some(failover(link, master, Some((coordinated, elected)), false)))
+            Ok(Some(Observation::FailoverStarted { from, master, coordinated, elected }))
         }),
         Tell::Promoting { master, replica, epoch } => Box::pin(async move {
-            let promoted = match epoch {
-                Some(epoch) => resolve(&replica).await.map(|node| (node, epoch)),
+            let target = match epoch {
+                Some(epoch) => resolve(&replica).await.map(|node| Candidate { node, epoch }),
                 None => None,
             };
-            Ok(Some(Observation::Promoting { link, master, replica, promoted, at }))
+            Ok(Some(Observation::Promoting { from, master, replica, target, at }))
         }),
-        Tell::Promoted { master, primary, epoch } => Box::pin(async move {
+        Tell::Promoted { master, replica, epoch } => Box::pin(async move {
             let epoch = match epoch {
                 Some(e) => e,
                 None => config_epoch(&mut conn, &master).await?,
             };
-            let node = resolve(&primary).await;
-            Ok(node.map(|node| Observation::Promoted { link, master, node, epoch, at }))
+            let target = resolve(&replica).await.map(|node| Candidate { node, epoch });
+            Ok(target.map(|target| Observation::Promoted { from, master, target, at }))
         }),
-        Tell::FailoverEnded { master, aborted } => ready(failover(link, master, None, aborted)),
+        Tell::FailoverEnded { master, aborted } => {
+            ready(Observation::FailoverEnded { from, master, aborted })
+        }
         Tell::NodeBack { master, node, converted_to } => Box::pin(async move {
             let node = resolve(&node).await;
-            Ok(node.map(|node| Observation::NodeBack { link, master, node, converted_to }))
+            Ok(node.map(|node| Observation::NodeBack { from, master, node, converted_to }))
         }),
         Tell::MasterDown { master, node, down } => {
-            ready(Observation::MasterDown { link, master, node, down })
+            ready(Observation::MasterDown { from, master, node, down })
         }
     }
 }
@@ -492,7 +505,7 @@ mod tests {
     #[test]
     fn events_past_the_budget_are_dropped() {
         let mut pending = Pending::default();
-        let up = || ready(Observation::Up { link: 0, myid: None });
+        let up = || ready(Observation::Up { from: 0, myid: None });
         for _ in 0..MAX_PENDING {
             pending.push(up());
         }

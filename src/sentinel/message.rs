@@ -37,7 +37,7 @@ pub enum Event {
     /// so the replica may answer `ROLE` master before `+promoted-slave` is announced.
     Promoting { master: String, replica: Addr, sent: bool },
     /// `+promoted-slave`: the chosen replica confirmed it is a master.
-    Promoted { master: String, primary: Addr },
+    Promoted { master: String, replica: Addr },
     /// `+switch-master <name> <old-ip> <old-port> <new-ip> <new-port>`.
     Switched { master: String, old: Addr, new: Addr },
     /// The failover is over, finished or aborted.
@@ -121,6 +121,8 @@ impl Event {
     }
 }
 
+/// The event an instance channel carries: one match over Sentinel's channels, as long as the
+/// list of those polestar reads.
 fn instance_event(channel: &str, payload: &str, i: Instance<'_>) -> Option<Event> {
     let master = i.master.to_string();
     let event = match channel {
@@ -140,7 +142,7 @@ fn instance_event(channel: &str, payload: &str, i: Instance<'_>) -> Option<Event
             let sent = channel == "+failover-state-send-slaveof-noone";
             Event::Promoting { master, replica: i.addr?, sent }
         }
-        "+promoted-slave" if i.kind == "slave" => Event::Promoted { master, primary: i.addr? },
+        "+promoted-slave" if i.kind == "slave" => Event::Promoted { master, replica: i.addr? },
         "+failover-end" | "+failover-end-for-timeout" => {
             Event::FailoverEnded { master, aborted: false }
         }
@@ -402,7 +404,7 @@ mod tests {
         let p = "slave 127.0.0.1:7002 127.0.0.1 7002 @ mymaster 127.0.0.1 7001";
         assert_eq!(
             Event::parse("+promoted-slave", p),
-            Some(Event::Promoted { master: "mymaster".into(), primary: addr("127.0.0.1", 7002) })
+            Some(Event::Promoted { master: "mymaster".into(), replica: addr("127.0.0.1", 7002) })
         );
         assert_eq!(
             Event::parse("+selected-slave", p),

@@ -28,66 +28,67 @@ use std::time::Instant;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use core::{Candidate, SentinelId};
 pub use decider::Decider;
 use message::{Addr, Down, PeerRecord};
 
 use crate::config::Config;
 use crate::events::EventLog;
-use crate::topology::{Node, Replica, TopologyWriter};
-
-/// Index of a link in the decider's table: the index of its configured address.
-pub type LinkId = usize;
+use crate::topology::{Node, Publisher, Replica};
 
 /// What a link tells the decider.
 #[derive(Debug)]
 pub enum Observation {
     Up {
-        link: LinkId,
+        from: SentinelId,
         myid: Option<String>,
     },
     Down {
-        link: LinkId,
+        from: SentinelId,
         reason: String,
     },
     /// The address answered, but refused `SENTINEL` commands: it is something other than a
     /// Sentinel, and does not count towards the majority (until it answers as one).
     NotSentinel {
-        link: LinkId,
+        from: SentinelId,
         reason: String,
     },
     Report(Report),
     /// The Sentinel's current epoch reached `epoch` (`+new-epoch`, `+vote-for-leader`).
-    Epoch {
-        link: LinkId,
+    NewEpoch {
+        from: SentinelId,
         epoch: u64,
     },
-    /// The Sentinel reports a failover of `master` starting (true) or over (false, and then
-    /// whether it was aborted).
-    Failover {
-        link: LinkId,
+    /// The Sentinel reports a failover of `master` starting (`+try-failover`), or that it won
+    /// the election and leads it (`+elected-leader`, `elected`).
+    FailoverStarted {
+        from: SentinelId,
         master: String,
-        in_progress: bool,
-        aborted: bool,
-        /// Starting: the Sentinel runs it as Valkey 9's coordinated failover (its record's
+        /// The Sentinel runs it as Valkey 9's coordinated failover (its record's
         /// `coordinated_failover` flag, read at the start).
         coordinated: bool,
-        /// Starting: the Sentinel won the election and leads it (`+elected-leader`).
         elected: bool,
+    },
+    /// The Sentinel reports a failover of `master` over, finished or `aborted`.
+    FailoverEnded {
+        from: SentinelId,
+        master: String,
+        aborted: bool,
     },
     /// The leader is about to promote `replica`.
     Promoting {
-        link: LinkId,
+        from: SentinelId,
         master: String,
         replica: Addr,
-        /// The replica, resolved, and the failover's epoch: present once the leader has sent
+        /// The replica, resolved, with the failover's epoch: present once the leader has sent
         /// `SLAVEOF NO ONE` and the epoch of this failover is known, so the decider may watch
         /// the replica's `ROLE` and flip the moment it is a master.
-        promoted: Option<(Node, u64)>,
+        target: Option<Candidate>,
         at: Instant,
     },
     /// A replica of `master` came back or changed role; it may be a returning old primary.
     NodeBack {
-        link: LinkId,
+        from: SentinelId,
         master: String,
         node: Node,
         /// For `+convert-to-slave`: the primary the Sentinel told the node to replicate from.
@@ -96,17 +97,17 @@ pub enum Observation {
     /// A master's own `+sdown`/`-sdown`/`+odown`/`-odown`: recorded for subscribers, never
     /// evidence for the publication rule.
     MasterDown {
-        link: LinkId,
+        from: SentinelId,
         master: String,
         node: Addr,
         down: Down,
     },
-    /// The leader's `+promoted-slave`, with the failover's epoch.
+    /// The leader's `+promoted-slave`: the promoted replica, resolved, with the failover's
+    /// epoch.
     Promoted {
-        link: LinkId,
+        from: SentinelId,
         master: String,
-        node: Node,
-        epoch: u64,
+        target: Candidate,
         at: Instant,
     },
 }
@@ -114,7 +115,7 @@ pub enum Observation {
 /// A reconciliation from one Sentinel: of every master it monitors, or of some of them.
 #[derive(Debug)]
 pub struct Report {
-    pub link: LinkId,
+    pub from: SentinelId,
     /// What was asked: a master of the scope missing from `masters` is one this Sentinel does
     /// not monitor (any more).
     pub scope: Scope,
@@ -152,7 +153,7 @@ pub struct MasterReport {
 /// deaf.
 pub fn spawn(
     config: &Config,
-    writer: TopologyWriter,
+    writer: Publisher,
     events: Arc<EventLog>,
     drain: Option<tokio::sync::mpsc::UnboundedSender<crate::failover::Signal>>,
     heard: Option<crate::readiness::Heard>,

@@ -73,7 +73,7 @@ impl Session {
 }
 
 /// The command's name for metrics: one of a fixed set (`SENTINEL` with its subcommand), so the
-/// label stays bounded.
+/// label stays bounded. Its length is that set, one name a line.
 pub fn metric_name(request: &Request) -> &'static str {
     const KNOWN: [&str; 18] = [
         "ping",
@@ -250,30 +250,10 @@ fn hello(args: &[Vec<u8>], session: &mut Session, ctx: &Context) -> Reply {
         };
         rest = tail;
     }
-    let mut name = None;
-    loop {
-        match rest {
-            [] => break,
-            [opt, user, password, tail @ ..] if opt.eq_ignore_ascii_case(b"auth") => {
-                if let Err(e) = check_password(Some(user), password, ctx.password) {
-                    return e;
-                }
-                session.authenticated = true;
-                rest = tail;
-            }
-            [opt, client, tail @ ..] if opt.eq_ignore_ascii_case(b"setname") => {
-                match client_name(client) {
-                    Ok(n) => name = Some(n),
-                    Err(e) => return e,
-                }
-                rest = tail;
-            }
-            [opt, ..] => {
-                let opt = String::from_utf8_lossy(opt);
-                return Reply::error(format!("ERR Syntax error in HELLO option '{opt}'"));
-            }
-        }
-    }
+    let name = match hello_options(rest, session, ctx) {
+        Ok(name) => name,
+        Err(e) => return e,
+    };
     if !session.authenticated {
         return Reply::error(
             "NOAUTH HELLO must be called with the client already authenticated, otherwise the \
@@ -285,7 +265,40 @@ fn hello(args: &[Vec<u8>], session: &mut Session, ctx: &Context) -> Reply {
     if name.is_some() {
         session.name = name;
     }
-    let version = if proto == Proto::Resp3 { 3 } else { 2 };
+    hello_reply(session)
+}
+
+/// `HELLO`'s options after the version: `AUTH` authenticates the session on the spot,
+/// `SETNAME`'s name is returned for the session to take once `HELLO` succeeds.
+fn hello_options(
+    mut rest: &[Vec<u8>],
+    session: &mut Session,
+    ctx: &Context,
+) -> Result<Option<String>, Reply> {
+    let mut name = None;
+    loop {
+        match rest {
+            [] => return Ok(name),
+            [opt, user, password, tail @ ..] if opt.eq_ignore_ascii_case(b"auth") => {
+                check_password(Some(user), password, ctx.password)?;
+                session.authenticated = true;
+                rest = tail;
+            }
+            [opt, client, tail @ ..] if opt.eq_ignore_ascii_case(b"setname") => {
+                name = Some(client_name(client)?);
+                rest = tail;
+            }
+            [opt, ..] => {
+                let opt = String::from_utf8_lossy(opt);
+                return Err(Reply::error(format!("ERR Syntax error in HELLO option '{opt}'")));
+            }
+        }
+    }
+}
+
+/// What `HELLO` answers: the server, as Redis describes itself, in the session's protocol.
+fn hello_reply(session: &Session) -> Reply {
+    let version = if session.proto == Proto::Resp3 { 3 } else { 2 };
     Reply::Map(vec![
         (Reply::bulk("server"), Reply::bulk("redis")),
         (Reply::bulk("version"), Reply::bulk(REDIS_VERSION)),
@@ -394,6 +407,7 @@ fn unsubscribe(kind: &str, args: &[Vec<u8>], session: &mut Session) -> Vec<Reply
     out
 }
 
+/// `SENTINEL <subcommand>`: one match over the subcommands answered, as long as that list.
 fn sentinel(args: &[Vec<u8>], ctx: &Context) -> Reply {
     let Some(sub) = args.first() else { return arity("sentinel") };
     let sub = String::from_utf8_lossy(sub).to_ascii_lowercase();

@@ -67,6 +67,19 @@ pub struct Shared {
     pub budget: Budget,
 }
 
+impl Shared {
+    /// What `INFO` and `HELLO` say of this server, now.
+    fn server_info(&self) -> ServerInfo {
+        ServerInfo {
+            run_id: self.run_id.clone(),
+            port: self.port,
+            pid: std::process::id(),
+            uptime_secs: self.started.elapsed().as_secs(),
+            connected_clients: self.clients.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// Why a connection ended, for the metric.
 #[derive(Clone, Copy, Debug)]
 enum End {
@@ -189,15 +202,7 @@ impl<'a> Connection<'a> {
                     return self.close_with(reply, End::Protocol).await;
                 }
             };
-            let pending = self.parser.held() + self.input.len();
-            if pending == 0 && self.input.capacity() > FREE_INPUT {
-                self.input = Vec::new(); // nor what a large request needed
-            }
-            let now = tokio::time::Instant::now();
-            let completed = self.requests > taken;
-            self.request_deadline =
-                request_deadline(self.request_deadline, pending, completed, now);
-            if !self.reservation.hold(pending) {
+            if !self.hold_input(self.requests > taken) {
                 let reply = Reply::error(
                     "ERR Protocol error: the input of all clients is at its limit, try again",
                 );
@@ -214,29 +219,49 @@ impl<'a> Connection<'a> {
                 continue;
             }
             let wake = self.wait(&mut chunk, cancelled.as_mut()).await;
-            match wake {
-                Wake::Read(Ok(0) | Err(_)) => return End::Closed,
-                Wake::Read(Ok(n)) => {
-                    self.input.extend_from_slice(&chunk[..n]);
-                    chunk.clear();
-                    if n > FREE_INPUT {
-                        // Pages a large read touched are not kept for the connection's life.
-                        chunk = Vec::with_capacity(READ_CHUNK);
-                    }
-                }
-                Wake::Message(Ok(message)) => {
-                    self.deliver(&message);
-                    if let Err(end) = self.deliver_queued() {
-                        return end;
-                    }
-                }
-                Wake::Message(Err(broadcast::error::RecvError::Lagged(_))) => {
-                    return End::SlowSubscriber;
-                }
-                Wake::Message(Err(broadcast::error::RecvError::Closed)) => return End::Shutdown,
-                Wake::End(end) => return self.end(end).await,
+            if let Some(end) = self.woken(wake, &mut chunk).await {
+                return end;
             }
         }
+    }
+
+    /// The input not yet answered, after answering what it held (`completed`: some request
+    /// was): what a large request needed is freed once nothing is held, the request deadline
+    /// moves, and what is held is reserved from the shared budget; `false` when it is spent.
+    fn hold_input(&mut self, completed: bool) -> bool {
+        let pending = self.parser.held() + self.input.len();
+        if pending == 0 && self.input.capacity() > FREE_INPUT {
+            self.input = Vec::new(); // nor what a large request needed
+        }
+        let now = tokio::time::Instant::now();
+        self.request_deadline = request_deadline(self.request_deadline, pending, completed, now);
+        self.reservation.hold(pending)
+    }
+
+    /// Takes in what woke the connection: bytes read (into `chunk`), a message to deliver, or
+    /// the end.
+    async fn woken(&mut self, wake: Wake, chunk: &mut Vec<u8>) -> Option<End> {
+        match wake {
+            Wake::Read(Ok(0) | Err(_)) => return Some(End::Closed),
+            Wake::Read(Ok(n)) => {
+                self.input.extend_from_slice(&chunk[..n]);
+                chunk.clear();
+                if n > FREE_INPUT {
+                    // Pages a large read touched are not kept for the connection's life.
+                    *chunk = Vec::with_capacity(READ_CHUNK);
+                }
+            }
+            Wake::Message(Ok(message)) => {
+                self.deliver(&message);
+                return self.deliver_queued().err();
+            }
+            Wake::Message(Err(broadcast::error::RecvError::Lagged(_))) => {
+                return Some(End::SlowSubscriber);
+            }
+            Wake::Message(Err(broadcast::error::RecvError::Closed)) => return Some(End::Shutdown),
+            Wake::End(end) => return Some(self.end(end).await),
+        }
+        None
     }
 
     /// Says why when a limit ends the connection.
@@ -287,6 +312,16 @@ impl<'a> Connection<'a> {
         }
     }
 
+    /// Answers one request into the output, counted by command.
+    fn answer(&mut self, request: &resp::Request, ctx: &Context) {
+        self.matched.clear();
+        let command = commands::metric_name(request);
+        metrics::counter!(m::SENTINEL_API_COMMANDS, "command" => command).increment(1);
+        for reply in commands::answer(request, &mut self.session, ctx) {
+            reply.encode(self.session.proto, &mut self.output);
+        }
+    }
+
     /// Answers the complete requests in the input, up to [`MAX_OUTPUT`] of replies; `Ok(true)`
     /// when it stopped there with requests left.
     fn answer_pending(&mut self) -> Result<bool, resp::ProtocolError> {
@@ -297,19 +332,21 @@ impl<'a> Connection<'a> {
         let snapshot = self.shared.topology.borrow().clone();
         let peers = self.shared.peers.borrow().clone();
         let password = self.shared.password.borrow().clone();
-        let server = ServerInfo {
-            run_id: self.shared.run_id.clone(),
-            port: self.shared.port,
-            pid: std::process::id(),
-            uptime_secs: self.shared.started.elapsed().as_secs(),
-            connected_clients: self.shared.clients.load(Ordering::Relaxed),
-        };
+        let server = self.shared.server_info();
         let ctx = Context {
             snapshot: &snapshot,
             peers: &peers,
             password: password.as_ref(),
             server: &server,
         };
+        let (used, result) = self.answer_requests(&ctx);
+        self.input.drain(..used);
+        result
+    }
+
+    /// Answers the complete requests in the input, as long as the output has room and the
+    /// session is not closing: how many bytes they took, and whether more input waits.
+    fn answer_requests(&mut self, ctx: &Context) -> (usize, Result<bool, resp::ProtocolError>) {
         let mut used = 0;
         let result = loop {
             if self.output.len() >= MAX_OUTPUT || self.session.closing {
@@ -320,14 +357,8 @@ impl<'a> Connection<'a> {
                 Ok((n, Some(request))) => {
                     used += n;
                     self.requests += 1;
-                    if request.is_empty() {
-                        continue;
-                    }
-                    self.matched.clear();
-                    let command = commands::metric_name(&request);
-                    metrics::counter!(m::SENTINEL_API_COMMANDS, "command" => command).increment(1);
-                    for reply in commands::answer(&request, &mut self.session, &ctx) {
-                        reply.encode(self.session.proto, &mut self.output);
+                    if !request.is_empty() {
+                        self.answer(&request, ctx);
                     }
                 }
                 Ok((n, None)) => {
@@ -340,8 +371,7 @@ impl<'a> Connection<'a> {
                 Err(e) => break Err(e),
             }
         };
-        self.input.drain(..used);
-        result
+        (used, result)
     }
 
     /// Holds a message receiver exactly while the session subscribes to something.

@@ -154,22 +154,10 @@ impl Parser {
         };
         while *left > 0 {
             let Some(len) = *bulk else {
-                match buf.get(pos) {
-                    None => return Ok((pos, None)),
-                    Some(b'$') => {}
-                    Some(&other) => return Err(ProtocolError::ExpectedBulk(other as char)),
-                }
-                let Some((len, start)) = header(buf, pos, ProtocolError::BulkLength)? else {
+                let Some((len, start)) = bulk_header(buf, pos, *held, limits)? else {
                     return Ok((pos, None));
                 };
-                if len < 0 || len as u64 > limits.max_bulk as u64 {
-                    return Err(ProtocolError::BulkLength);
-                }
-                // Refused as announced, however fast the rest would arrive.
-                if *held + len as usize > limits.max_request {
-                    return Err(ProtocolError::TooLarge);
-                }
-                *bulk = Some(len as usize);
+                *bulk = Some(len);
                 pos = start;
                 continue;
             };
@@ -197,6 +185,32 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, Pr
         (used, Some(request)) => Ok(Some((request, used))),
         (_, None) => Ok(None),
     }
+}
+
+/// The `$<len>\r\n` of a request's next argument at `pos`: its length and where its data
+/// starts (`None`: not all here yet), refused past the limits as soon as it is announced
+/// (`held`: what the request holds so far), however fast the rest would arrive.
+fn bulk_header(
+    buf: &[u8],
+    pos: usize,
+    held: usize,
+    limits: &Limits,
+) -> Result<Option<(usize, usize)>, ProtocolError> {
+    match buf.get(pos) {
+        None => return Ok(None),
+        Some(b'$') => {}
+        Some(&other) => return Err(ProtocolError::ExpectedBulk(other as char)),
+    }
+    let Some((len, start)) = header(buf, pos, ProtocolError::BulkLength)? else {
+        return Ok(None);
+    };
+    if len < 0 || len as u64 > limits.max_bulk as u64 {
+        return Err(ProtocolError::BulkLength);
+    }
+    if held + len as usize > limits.max_request {
+        return Err(ProtocolError::TooLarge);
+    }
+    Ok(Some((len as usize, start)))
 }
 
 /// The integer of the header line at `at` (after its type byte) and where the line ends.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::topology::{Publisher, Snapshot, TopologyReader, TopologyWriter};
+use crate::topology::{Publisher, Snapshot, TopologyReader};
 
 /// (master, replica) pairs handed off now.
 pub type Out = BTreeSet<(String, SocketAddr)>;
@@ -81,10 +81,9 @@ pub fn mask(snapshot: &Snapshot, out: &Out) -> Snapshot {
 pub async fn run(
     mut raw: TopologyReader,
     mut out: watch::Receiver<Out>,
-    writer: TopologyWriter,
+    publisher: Publisher,
     shutdown: CancellationToken,
 ) {
-    let publisher = Publisher::new(writer);
     loop {
         let snapshot = raw.borrow_and_update().clone();
         if snapshot.version > 0 {
@@ -150,12 +149,12 @@ mod tests {
 
     #[tokio::test]
     async fn the_stage_republishes_when_a_handoff_starts_and_ends() {
-        let (raw_writer, raw) = crate::topology::channel();
-        let (writer, mut public) = crate::topology::channel();
+        let (raw_publisher, raw) = crate::topology::channel();
+        let (publisher, mut public) = crate::topology::channel();
         let handoffs = Handoffs::default();
         let stop = CancellationToken::new();
-        let task = tokio::spawn(run(raw, handoffs.subscribe(), writer, stop.clone()));
-        raw_writer.send_replace(Arc::new(snapshot()));
+        let task = tokio::spawn(run(raw, handoffs.subscribe(), publisher, stop.clone()));
+        raw_publisher.replace(snapshot());
         let first = public.wait_for(|s| s.version > 0).await.unwrap().clone();
         assert_eq!(healthy(&first, "a"), [true, true, false]);
         let node = SocketAddr::from(([10, 0, 0, 2], 1));

@@ -63,52 +63,23 @@ async fn attempt(
     if let Some(replica) = handed_off_candidate(&plan.choice, handed_off) {
         return Err(SwitchoverError::HandedOff { master: master.to_string(), replica });
     }
-    let fence_error = |why: String| SwitchoverError::Fence { node: primary, why };
-    let mut links =
-        Offsets::open(deps, master, primary, &plan.choice.wait_for).await.map_err(fence_error)?;
-    let first = links.read().await.map_err(fence_error)?;
-    let (worst, lag_bytes) = first.furthest().unwrap_or((plan.choice.likely, 0));
-    if let Some(max_lag) = options.max_lag.filter(|max| lag_bytes > *max) {
-        return Err(SwitchoverError::TooFarBehind { replica: worst, lag_bytes, max_lag });
-    }
+    let (mut links, lag_bytes) = open_offsets(deps, master, &plan, options.max_lag).await?;
     // Asked before the fence: every round trip under it is a pause for the writers.
     let sentinel = Server::parse(&plan.sentinel.info("server").await.unwrap_or_default());
     let coordinated = coordinated(sentinel, &links.servers().await);
     let max_wait = fence_bound(options.max_wait, plan.down_after);
-    let limit = max_wait + HOLD_AFTER;
-    let fence =
-        Fence::start(primary, &deps.nodes, deps.interval, limit).await.map_err(fence_error)?;
-    let started = Instant::now();
-    if let Err(e) = wait_caught_up(&mut links, started, max_wait).await {
-        lift(deps, fence, master, &mut plan.sentinel).await;
-        return Err(e);
-    }
-    let waited = started.elapsed();
-    let (fence, coordinated) = if coordinated {
-        if coordinated_failover(deps, master, &mut plan, fence).await? {
-            (None, true)
-        } else {
-            // Refused: fenced again, and the replicas caught up again, before the plain one.
-            let fence = Fence::start(primary, &deps.nodes, deps.interval, limit)
-                .await
-                .map_err(fence_error)?;
-            if let Err(e) = wait_caught_up(&mut links, Instant::now(), max_wait).await {
-                lift(deps, fence, master, &mut plan.sentinel).await;
-                return Err(e);
-            }
-            (Some(fence), false)
-        }
+    let (fence, waited) = fence_caught_up(deps, master, &mut plan, &mut links, max_wait).await?;
+    let fence = if !coordinated {
+        Some(fence)
+    } else if coordinated_failover(deps, master, &mut plan, fence).await? {
+        None
     } else {
-        (Some(fence), false)
+        // Refused: fenced again, and the replicas caught up again, before the plain one.
+        Some(fence_caught_up(deps, master, &mut plan, &mut links, max_wait).await?.0)
     };
+    let coordinated = fence.is_none();
     if let Some(fence) = fence {
-        if let Err(e) = ask(&mut plan.sentinel, master, false).await {
-            let e = refused(&plan.sentinel, e);
-            lift(deps, fence, master, &mut plan.sentinel).await;
-            return Err(e);
-        }
-        let published = published(deps, master, primary);
-        fence.release_when(published, HOLD_AFTER);
+        plain_failover(deps, master, &mut plan, fence).await?;
     }
     let switched = Switched {
         sentinel: plan.sentinel.name().to_string(),
@@ -119,6 +90,77 @@ async fn attempt(
         coordinated,
     };
     Ok(switched)
+}
+
+/// The drain's mark of a coordinated failover ends once the new primary is published, or
+/// after `mark` at the latest.
+fn unmark_when_published(deps: &Deps, master: &str, primary: SocketAddr, mark: Duration) {
+    let Some(drain) = deps.drain.clone() else { return };
+    let (name, published) = (master.to_string(), published(deps, master, primary));
+    // Ends by itself within `mark`.
+    crate::supervise::detached("a coordinated failover's mark", async move {
+        let _ = tokio::time::timeout(mark, published).await;
+        drain.coordinated_done(&name);
+    });
+}
+
+/// Opens the links that read the replicas' offsets; refused when the furthest behind is more
+/// than `max_lag` bytes behind. The links, and how far behind that one is.
+async fn open_offsets(
+    deps: &Deps,
+    master: &str,
+    plan: &Plan,
+    max_lag: Option<u64>,
+) -> Result<(Offsets, u64), SwitchoverError> {
+    let fence_error = |why: String| SwitchoverError::Fence { node: plan.primary, why };
+    let mut links = Offsets::open(deps, master, plan.primary, &plan.choice.wait_for)
+        .await
+        .map_err(fence_error)?;
+    let first = links.read().await.map_err(fence_error)?;
+    let (worst, lag_bytes) = first.furthest().unwrap_or((plan.choice.likely, 0));
+    if let Some(max_lag) = max_lag.filter(|max| lag_bytes > *max) {
+        return Err(SwitchoverError::TooFarBehind { replica: worst, lag_bytes, max_lag });
+    }
+    Ok((links, lag_bytes))
+}
+
+/// Fences the primary and waits until the replicas have caught up under the fence (lifted
+/// when they do not); how long they took.
+async fn fence_caught_up(
+    deps: &Deps,
+    master: &str,
+    plan: &mut Plan,
+    links: &mut Offsets,
+    max_wait: Duration,
+) -> Result<(Fence, Duration), SwitchoverError> {
+    let primary = plan.primary;
+    let fence_error = |why: String| SwitchoverError::Fence { node: primary, why };
+    let limit = max_wait + HOLD_AFTER;
+    let fence =
+        Fence::start(primary, &deps.nodes, deps.interval, limit).await.map_err(fence_error)?;
+    let started = Instant::now();
+    if let Err(e) = wait_caught_up(links, started, max_wait).await {
+        lift(deps, fence, master, &mut plan.sentinel).await;
+        return Err(e);
+    }
+    Ok((fence, started.elapsed()))
+}
+
+/// Sentinel's plain `FAILOVER`, under the fence: released once the new primary is
+/// published (and [`HOLD_AFTER`]), lifted when Sentinel refuses.
+async fn plain_failover(
+    deps: &Deps,
+    master: &str,
+    plan: &mut Plan,
+    fence: Fence,
+) -> Result<(), SwitchoverError> {
+    if let Err(e) = ask(&mut plan.sentinel, master, false).await {
+        let e = refused(&plan.sentinel, e);
+        lift(deps, fence, master, &mut plan.sentinel).await;
+        return Err(e);
+    }
+    fence.release_when(published(deps, master, plan.primary), HOLD_AFTER);
+    Ok(())
 }
 
 /// Resolves once the published primary of `master` is another node than `primary`.
@@ -168,14 +210,7 @@ async fn coordinated_failover(
     };
     match ask(&mut plan.sentinel, master, true).await {
         Ok(()) => {
-            if let Some(drain) = deps.drain.clone() {
-                let (name, published) = (master.to_string(), published(deps, master, plan.primary));
-                // Ends by itself within `mark`.
-                crate::supervise::detached("a coordinated failover's mark", async move {
-                    let _ = tokio::time::timeout(mark, published).await;
-                    drain.coordinated_done(&name);
-                });
-            }
+            unmark_when_published(deps, master, plan.primary, mark);
             Ok(true)
         }
         Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_) | redis::ErrorKind::Extension) => {

@@ -1,11 +1,9 @@
 //! Harness for the DNS component tests: a served topology on port 0 and small raw DNS clients.
 #![allow(clippy::unwrap_used, dead_code)] // test support: fail loudly; not every test uses all
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, MessageType, OpCode, Query};
@@ -13,7 +11,7 @@ use hickory_proto::rr::rdata::SOA;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use polestar::config;
 use polestar::dns::{Listeners, serve};
-use polestar::topology::{self, Master, MasterState, Node, Replica, SentinelCounts, Snapshot};
+use polestar::topology::{self, Master, MasterState, Node, Replica, SentinelCounts};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, UdpSocket};
 use tokio::task::JoinHandle;
@@ -45,7 +43,7 @@ pub fn dns_config() -> config::Dns {
 
 pub struct Server {
     pub addr: SocketAddr,
-    writer: topology::TopologyWriter,
+    publisher: topology::Publisher,
     shutdown: CancellationToken,
     task: Option<JoinHandle<anyhow::Result<()>>>,
 }
@@ -56,10 +54,10 @@ impl Server {
         tweak(&mut cfg);
         let listeners = Listeners::bind(&cfg).await.unwrap();
         let addr = listeners.local_addrs()[0];
-        let (writer, reader) = topology::channel();
+        let (publisher, reader) = topology::channel();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(serve(listeners, cfg, reader, shutdown.clone()));
-        Self { addr, writer, shutdown, task: Some(task) }
+        Self { addr, publisher, shutdown, task: Some(task) }
     }
 
     pub async fn stop(mut self) {
@@ -86,12 +84,7 @@ impl Server {
     }
 
     fn send(&self, masters: Vec<Master>) {
-        let masters: BTreeMap<_, _> =
-            masters.into_iter().map(|m| (m.name.clone(), Arc::new(m))).collect();
-        self.writer.send_modify(|snap| {
-            *snap =
-                Arc::new(Snapshot { version: snap.version + 1, masters, source_reachable: true });
-        });
+        self.publisher.publish(masters, true);
     }
 
     pub async fn serial(&self) -> u32 {

@@ -32,16 +32,16 @@ fn snapshot(names: &[String], known: bool) -> Snapshot {
 /// an event for each; then a `later` event every second until stopped.
 fn fake(
     config: &Config,
-    writer: TopologyWriter,
+    publisher: Publisher,
     events: Arc<EventLog>,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     let names: Vec<String> = config.masters.iter().flatten().map(|m| m.name.clone()).collect();
     tokio::spawn(async move {
-        writer.send_replace(Arc::new(snapshot(&names, false)));
+        publisher.replace(snapshot(&names, false));
         events.push(Kind::Stale, None, Value::Null);
         sleep(Duration::from_millis(100)).await;
-        writer.send_replace(Arc::new(snapshot(&names, true)));
+        publisher.replace(snapshot(&names, true));
         loop {
             tokio::select! {
                 _ = sleep(Duration::from_secs(1)) => {
@@ -70,11 +70,11 @@ impl Supervised {
         let path = dir.path().join("polestar.yaml");
         std::fs::write(&path, BASE).expect("write");
         let (reloader, config) = Reloader::new(Config::load(&path).expect("valid"));
-        let (writer, mut reader) = topology::channel();
+        let (publisher, mut reader) = topology::channel();
         let events = Arc::new(EventLog::new());
         let shutdown = CancellationToken::new();
         let task =
-            tokio::spawn(follow_reloads(config, writer, events.clone(), shutdown.clone(), fake));
+            tokio::spawn(follow_reloads(config, publisher, events.clone(), shutdown.clone(), fake));
         reader.wait_for(|s| complete(s)).await.expect("the first watcher publishes");
         Self { _dir: dir, path, reloader, reader, events, shutdown, task }
     }
@@ -180,7 +180,7 @@ fn undoing(mut s: Snapshot, port: u16, epoch: u64) -> Snapshot {
 /// start) and then running until stopped.
 fn scripted(scripts: Vec<Vec<(u64, Snapshot)>>) -> impl Start {
     let generation = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    move |_: &Config, writer: TopologyWriter, _: Arc<EventLog>, stop: CancellationToken| {
+    move |_: &Config, publisher: Publisher, _: Arc<EventLog>, stop: CancellationToken| {
         let n = generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let script = scripts.get(n).cloned().unwrap_or_default();
         tokio::spawn(async move {
@@ -190,7 +190,7 @@ fn scripted(scripts: Vec<Vec<(u64, Snapshot)>>) -> impl Start {
                     _ = tokio::time::sleep_until(started + Duration::from_secs(after)) => {}
                     _ = stop.cancelled() => return,
                 }
-                writer.send_replace(Arc::new(snapshot));
+                publisher.replace(snapshot);
             }
             stop.cancelled().await;
         })
@@ -207,11 +207,16 @@ async fn reload_over(
     let path = dir.path().join("polestar.yaml");
     std::fs::write(&path, BASE).expect("write");
     let (reloader, config) = Reloader::new(Config::load(&path).expect("valid"));
-    let (writer, reader) = topology::channel();
+    let (publisher, reader) = topology::channel();
     let events = Arc::new(EventLog::new());
     let shutdown = CancellationToken::new();
-    let task =
-        tokio::spawn(follow_reloads(config, writer, events, shutdown.clone(), scripted(scripts)));
+    let task = tokio::spawn(follow_reloads(
+        config,
+        publisher,
+        events,
+        shutdown.clone(),
+        scripted(scripts),
+    ));
     let watch = tokio::spawn(async move {
         let mut reader = reader;
         let mut seen = Vec::new();

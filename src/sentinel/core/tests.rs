@@ -27,7 +27,7 @@ fn report(from: SentinelId, port: u16, epoch: u64) -> Evidence {
     let others = (7001..=7003).filter(|p| *p != port);
     let followers = others.map(|p| Follower { node: node(p), upstream: addr(port) }).collect();
     let primary = cand(port, epoch);
-    Evidence::Report { from, primary, failover: false, replicas: Vec::new(), followers }
+    Evidence::Report { from, primary, failover_in_progress: false, replicas: Vec::new(), followers }
 }
 
 fn promoting(from: SentinelId, port: u16, epoch: Option<u64>) -> Evidence {
@@ -466,7 +466,7 @@ fn a_failover_is_of_the_published_primary_only_until_polestar_flips() {
     let failing = |from, port, epoch| Evidence::Report {
         from,
         primary: cand(port, epoch),
-        failover: true,
+        failover_in_progress: true,
         replicas: Vec::new(),
         followers: Vec::new(),
     };
@@ -508,7 +508,7 @@ fn listing(from: SentinelId, port: u16, epoch: u64, replicas: &[(u16, bool)]) ->
         })
         .collect();
     let primary = cand(port, epoch);
-    Evidence::Report { from, primary, failover: false, replicas, followers: Vec::new() }
+    Evidence::Report { from, primary, failover_in_progress: false, replicas, followers: Vec::new() }
 }
 
 #[test]

@@ -13,7 +13,7 @@ fn report_with(from: SentinelId, port: u16, epoch: u64, followers: &[(u16, u16)]
     Evidence::Report {
         from,
         primary: cand(port, epoch),
-        failover: false,
+        failover_in_progress: false,
         replicas: Vec::new(),
         followers,
     }
@@ -143,7 +143,7 @@ fn a_returning_node_that_never_was_the_masters_is_left_alone() {
 
 /// `from`'s `+convert-to-slave slave <port> @ m <to>`.
 fn converted(from: SentinelId, port: u16, to: u16) -> Evidence {
-    Evidence::Converted { from, node: node(port), to: addr(to) }
+    Evidence::Converted { from, node: node(port), converted_to: addr(to) }
 }
 
 /// Regression (docs/deciding.md, "Withdrawal and giving up"): the leader sent `SLAVEOF NO ONE` and
@@ -246,7 +246,7 @@ fn an_abort_of_an_older_attempt_lifts_no_fence_of_the_newer_one() {
 fn failing(from: SentinelId, port: u16, epoch: u64) -> Evidence {
     match report(from, port, epoch) {
         Evidence::Report { from, primary, replicas, followers, .. } => {
-            Evidence::Report { from, primary, failover: true, replicas, followers }
+            Evidence::Report { from, primary, failover_in_progress: true, replicas, followers }
         }
         other => other,
     }
@@ -348,7 +348,7 @@ fn was_a_replica_survives_a_changed_ip_and_an_old_address_does_not_pass_forever(
     let follows = |from, primary: &Node, node: &Node| Evidence::Report {
         from,
         primary: Candidate { node: primary.clone(), epoch: 1 },
-        failover: false,
+        failover_in_progress: false,
         replicas: Vec::new(),
         followers: vec![Follower { node: node.clone(), upstream: addr(primary.port) }],
     };
@@ -359,7 +359,7 @@ fn was_a_replica_survives_a_changed_ip_and_an_old_address_does_not_pass_forever(
     let promoted = |s| Evidence::Report {
         from: s,
         primary: Candidate { node: moved.clone(), epoch: 2 },
-        failover: false,
+        failover_in_progress: false,
         replicas: Vec::new(),
         followers: Vec::new(),
     };

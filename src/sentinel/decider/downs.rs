@@ -7,7 +7,7 @@ use super::*;
 impl Decider {
     /// A master's own `+sdown`/`-sdown`/`+odown`/`-odown`, from a configured Sentinel: into
     /// the event log (once per transition) for the Sentinel API's subscribers, nowhere else.
-    pub(super) fn master_down(&mut self, link: LinkId, master: &str, node: &Addr, down: &Down) {
+    pub(super) fn master_down(&mut self, link: SentinelId, master: &str, node: &Addr, down: &Down) {
         let Some(entry) = self.entry_mut(master) else { return };
         if !entry.downs.note(node, down) {
             return;

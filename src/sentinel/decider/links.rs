@@ -5,9 +5,15 @@
 use super::*;
 
 impl Decider {
-    pub(super) fn add_link(&mut self, addr: HostPort) {
-        metrics::gauge!(m::SENTINEL_UP, "sentinel" => addr.to_string()).set(0.0);
-        self.links.push(LinkState { addr, up: false, reconciled: false, myid: None, task: None });
+    /// A link for each configured address, down until it comes up; every one votes until it
+    /// is shown to be no Sentinel.
+    pub(super) fn add_links(&mut self, addresses: Vec<HostPort>) {
+        for addr in addresses {
+            metrics::gauge!(m::SENTINEL_UP, "sentinel" => addr.to_string()).set(0.0);
+            let link = LinkState { addr, up: false, reconciled: false, myid: None, task: None };
+            self.links.push(link);
+        }
+        self.quorum.voters = (0..self.links.len()).collect();
     }
 
     /// Starts every link's task.
@@ -23,7 +29,7 @@ impl Decider {
             let ended = self.links[id].task.as_ref().is_some_and(JoinHandle::is_finished);
             if ended && !self.shutdown.is_cancelled() {
                 tracing::error!(sentinel = %self.links[id].addr, "Sentinel link task ended unexpectedly: restarting it");
-                self.observe(Observation::Down { link: id, reason: "link task ended".into() });
+                self.observe(Observation::Down { from: id, reason: "link task ended".into() });
                 self.links[id].task = Some(self.spawn_link(id, &self.links[id].addr));
             }
         }
@@ -39,7 +45,7 @@ impl Decider {
         }
     }
 
-    fn spawn_link(&self, id: LinkId, addr: &HostPort) -> JoinHandle<()> {
+    fn spawn_link(&self, id: SentinelId, addr: &HostPort) -> JoinHandle<()> {
         let link = Link {
             id,
             endpoint: Endpoint::new(addr.host.clone(), addr.port, &self.sentinel_auth),
@@ -51,7 +57,7 @@ impl Decider {
         tokio::spawn(link.run())
     }
 
-    pub(super) fn link_up(&mut self, id: LinkId, myid: Option<String>) {
+    pub(super) fn link_up(&mut self, id: SentinelId, myid: Option<String>) {
         // Every master's view counts the reachable Sentinels.
         self.dirty.all();
         let Some(link) = self.links.get_mut(id) else { return };
@@ -67,7 +73,7 @@ impl Decider {
 
     /// The configured address answered, and not as a Sentinel: it no longer counts towards
     /// the majority (until it answers as one).
-    pub(super) fn not_a_sentinel(&mut self, id: LinkId, reason: &str) {
+    pub(super) fn not_a_sentinel(&mut self, id: SentinelId, reason: &str) {
         self.dirty.all();
         if self.quorum.voters.remove(&id) {
             let name = self.links.get(id).map(|l| l.addr.to_string()).unwrap_or_default();
@@ -76,7 +82,7 @@ impl Decider {
         self.link_down(id, reason);
     }
 
-    pub(super) fn link_down(&mut self, id: LinkId, reason: &str) {
+    pub(super) fn link_down(&mut self, id: SentinelId, reason: &str) {
         self.dirty.all();
         let Some(link) = self.links.get_mut(id) else { return };
         let was_up = link.up;

@@ -6,7 +6,7 @@ use super::*;
 impl Decider {
     /// Records the peers `from` lists for `master`; logs the ones no configured Sentinel
     /// listed before.
-    pub(super) fn set_peers(&mut self, master: &str, from: LinkId, peers: Vec<PeerRecord>) {
+    pub(super) fn set_peers(&mut self, master: &str, from: SentinelId, peers: Vec<PeerRecord>) {
         let Some(entry) = self.entry_mut(master) else { return };
         if entry.peers.get(&from) == Some(&peers) {
             return;
@@ -24,7 +24,7 @@ impl Decider {
         record_discovered(master, entry.discovered.total());
     }
 
-    pub(super) fn forget_peers(&mut self, master: &str, from: LinkId) {
+    pub(super) fn forget_peers(&mut self, master: &str, from: SentinelId) {
         let Some(entry) = self.entry_mut(master) else { return };
         if entry.peers.remove(&from).is_some() {
             let now = self.discovered(master);

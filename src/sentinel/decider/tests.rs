@@ -12,9 +12,9 @@ fn decider() -> (Decider, crate::topology::TopologyReader) {
     let text = "sentinels: {addresses: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:3']}\n\
                 masters: [{name: m}]";
     let config = Config::parse(text, Path::new("/")).expect("valid test config");
-    let (writer, reader) = crate::topology::channel();
+    let (publisher, reader) = crate::topology::channel();
     let events = Arc::new(EventLog::new());
-    (Decider::new(&config, writer, events, None, CancellationToken::new()), reader)
+    (Decider::new(&config, publisher, events, None, CancellationToken::new()), reader)
 }
 
 fn node(port: u16) -> Node {
@@ -25,7 +25,7 @@ fn peer(port: u16, runid: &str) -> PeerRecord {
     PeerRecord { addr: Addr { host: "127.0.0.1".into(), port }, runid: runid.into() }
 }
 
-fn report(link: LinkId, port: u16, epoch: u64, peers: Vec<PeerRecord>) -> Observation {
+fn report(link: SentinelId, port: u16, epoch: u64, peers: Vec<PeerRecord>) -> Observation {
     let master = MasterReport {
         name: "m".into(),
         primary: node(port),
@@ -35,11 +35,16 @@ fn report(link: LinkId, port: u16, epoch: u64, peers: Vec<PeerRecord>) -> Observ
         followers: Vec::new(),
         peers: Some(peers),
     };
-    Observation::Report(Report { link, scope: Scope::All, masters: vec![master], with_peers: true })
+    Observation::Report(Report {
+        from: link,
+        scope: Scope::All,
+        masters: vec![master],
+        with_peers: true,
+    })
 }
 
-fn up(d: &mut Decider, link: LinkId) {
-    d.observe(Observation::Up { link, myid: Some(format!("id{link}")) });
+fn up(d: &mut Decider, link: SentinelId) {
+    d.observe(Observation::Up { from: link, myid: Some(format!("id{link}")) });
 }
 
 fn master(d: &mut Decider) -> Arc<Master> {
@@ -85,7 +90,7 @@ async fn discovered_sentinels_are_shown_never_linked_and_forgotten() {
     assert_eq!(d.links.len(), 3, "no link to a discovered Sentinel");
     d.observe(report(0, 7001, 1, Vec::new()));
     assert_eq!(master(&mut d).sentinels.discovered.len(), 1, "Sentinel 1 still lists it");
-    d.observe(Observation::Down { link: 1, reason: "test".into() });
+    d.observe(Observation::Down { from: 1, reason: "test".into() });
     assert!(master(&mut d).sentinels.discovered.is_empty(), "no configured Sentinel lists it");
 }
 
@@ -127,7 +132,7 @@ async fn a_scoped_report_only_speaks_for_the_masters_it_asked_about() {
     assert_eq!(master(&mut d).sentinels.agreeing, 3);
     let scoped = |link, name: &str| {
         let scope = Scope::Masters([name.to_string()].into());
-        Observation::Report(Report { link, scope, masters: Vec::new(), with_peers: false })
+        Observation::Report(Report { from: link, scope, masters: Vec::new(), with_peers: false })
     };
     d.observe(scoped(1, "other"));
     assert_eq!(master(&mut d).sentinels.agreeing, 3, "another master says nothing of m");
@@ -145,7 +150,7 @@ async fn losing_every_sentinel_is_stale_and_keeps_the_primary() {
     }
     assert_eq!(master(&mut d).state, MasterState::Ok);
     for l in 0..3 {
-        d.observe(Observation::Down { link: l, reason: "test".into() });
+        d.observe(Observation::Down { from: l, reason: "test".into() });
     }
     let m = master(&mut d);
     assert_eq!(m.state, MasterState::Stale);
@@ -159,7 +164,7 @@ async fn reports_of_down_sentinels_do_not_count() {
     up(&mut d, 0);
     up(&mut d, 1);
     d.observe(report(0, 7001, 1, Vec::new()));
-    d.observe(Observation::Down { link: 0, reason: "test".into() });
+    d.observe(Observation::Down { from: 0, reason: "test".into() });
     d.observe(report(0, 7001, 1, Vec::new()));
     d.observe(report(1, 7001, 1, Vec::new()));
     assert_eq!(primary(&mut d), None, "link 0 is down: its report is ignored");
@@ -194,7 +199,7 @@ async fn a_primarys_down_is_recorded_once_per_transition() {
     d.observe(report(1, 7001, 1, Vec::new()));
     let old = Addr { host: "127.0.0.1".into(), port: 7001 };
     let down = |link, objective, began| Observation::MasterDown {
-        link,
+        from: link,
         master: "m".into(),
         node: old.clone(),
         down: Down { objective, began, quorum: objective.then(|| "2/2".to_string()) },
@@ -226,7 +231,7 @@ async fn a_primarys_down_is_recorded_once_per_transition() {
     // A second episode is recorded again; a master polestar does not follow is not.
     d.observe(down(1, false, true));
     d.observe(Observation::MasterDown {
-        link: 0,
+        from: 0,
         master: "other".into(),
         node: old.clone(),
         down: Down { objective: false, began: true, quorum: None },
@@ -265,8 +270,8 @@ async fn a_polestar_started_reaching_one_of_three_sentinels_does_not_follow_it_a
 async fn an_address_shown_to_be_no_sentinel_does_not_count_towards_the_majority() {
     let (mut d, _r) = decider();
     let refused = "unknown command 'SENTINEL'".to_string();
-    d.observe(Observation::NotSentinel { link: 2, reason: refused.clone() });
-    d.observe(Observation::NotSentinel { link: 1, reason: refused });
+    d.observe(Observation::NotSentinel { from: 2, reason: refused.clone() });
+    d.observe(Observation::NotSentinel { from: 1, reason: refused });
     up(&mut d, 0);
     d.observe(report(0, 7001, 3, Vec::new()));
     assert_eq!(primary(&mut d), Some((7001, 3)), "one Sentinel of one");
@@ -278,13 +283,13 @@ async fn an_address_shown_to_be_no_sentinel_does_not_count_towards_the_majority(
 async fn a_report_of_many_switching_masters_publishes_once() {
     let text = "sentinels: {addresses: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:3']}\n";
     let config = Config::parse(text, Path::new("/")).expect("valid test config");
-    let (writer, reader) = crate::topology::channel();
+    let (publisher, reader) = crate::topology::channel();
     let mut d =
-        Decider::new(&config, writer, Arc::new(EventLog::new()), None, CancellationToken::new());
+        Decider::new(&config, publisher, Arc::new(EventLog::new()), None, CancellationToken::new());
     for l in 0..3 {
         up(&mut d, l);
     }
-    let many = |link: LinkId| {
+    let many = |link: SentinelId| {
         let masters = (0..200)
             .map(|i| MasterReport {
                 name: format!("m{i}"),
@@ -296,7 +301,7 @@ async fn a_report_of_many_switching_masters_publishes_once() {
                 peers: Some(Vec::new()),
             })
             .collect();
-        Observation::Report(Report { link, scope: Scope::All, masters, with_peers: true })
+        Observation::Report(Report { from: link, scope: Scope::All, masters, with_peers: true })
     };
     d.publish_snapshot();
     let before = reader.borrow().version;

@@ -18,7 +18,7 @@ pub(super) const PEERS_EVERY: u32 = 6;
 /// a full reconciliation every master it monitors and the peers it knows; with `keep`, also
 /// its records as the readiness poll reads them.
 pub(super) async fn reconcile(
-    link: LinkId,
+    from: SentinelId,
     scope: Scope,
     only: Option<Arc<HashSet<String>>>,
     mut conn: MultiplexedConnection,
@@ -27,8 +27,57 @@ pub(super) async fn reconcile(
 ) -> Result<(Report, Read), LinkError> {
     let conn = &mut conn;
     let full = scope == Scope::All;
-    let served = |m: &MasterRecord| only.as_ref().is_none_or(|names| names.contains(&m.name));
-    let masters: Vec<(MasterRecord, Option<MasterFacts>)> = match &scope {
+    let masters = master_records(conn, &scope, only.as_deref(), keep).await?;
+    let mut peers = peers.filter(|_| full).map(PeerCounts::next_round);
+    let asks: Vec<Asks> = masters.iter().map(|(m, _)| Asks::of(m, peers.as_ref())).collect();
+    let replies: Vec<Value> = match asks.iter().any(Asks::any) {
+        true => pipeline(&masters, &asks).query_async(conn).await?,
+        false => Vec::new(),
+    };
+    let mut report = Report { from, scope: scope.clone(), masters: Vec::new(), with_peers: full };
+    let mut read = Read { scope, masters: HashMap::new(), peers: None };
+    let mut replies = replies.into_iter();
+    let none = Value::Array(Vec::new());
+    for ((m, facts), asked) in masters.into_iter().zip(asks) {
+        let answers = Answers::take(&mut replies, &asked);
+        let replicas = answers.replicas.as_ref().unwrap_or(&none);
+        if let (Some(p), Some(listed)) = (&mut peers, &answers.peers) {
+            p.asked.insert(m.name.clone(), listed.len());
+        }
+        if let Some(master) = facts {
+            let replicas = readiness::parse::replicas(replicas);
+            read.masters.insert(m.name.clone(), Records { master: Ok(master), replicas });
+        }
+        let addr = answers.addr.as_ref();
+        if let Some(master) = master_report(&m, addr, replicas, answers.peers).await {
+            report.masters.push(master);
+        }
+    }
+    read.peers = peers;
+    Ok((report, read))
+}
+
+/// One master of `SENTINEL MASTERS`/`MASTER`, read in place, and with `keep` its facts for the
+/// readiness poll (the same fields: every record that reads has them).
+pub(super) fn read_master(
+    r: &Borrowed<'_>,
+    keep: bool,
+) -> Option<(MasterRecord, Option<MasterFacts>)> {
+    let m = MasterRecord::from_record(r)?;
+    let facts = if keep { Some(readiness::parse::master_record(r)?) } else { None };
+    Some((m, facts))
+}
+
+/// The records of the masters in `scope`, of those this polestar serves (`only`; `None`:
+/// all) when it is every master.
+async fn master_records(
+    conn: &mut MultiplexedConnection,
+    scope: &Scope,
+    only: Option<&HashSet<String>>,
+    keep: bool,
+) -> redis::RedisResult<Vec<(MasterRecord, Option<MasterFacts>)>> {
+    let served = |m: &MasterRecord| only.is_none_or(|names| names.contains(&m.name));
+    Ok(match scope {
         Scope::All => {
             let masters: Value = redis::cmd("SENTINEL").arg("MASTERS").query_async(conn).await?;
             let records = borrowed_records(&masters).filter_map(|r| read_master(&r, keep));
@@ -46,53 +95,26 @@ pub(super) async fn reconcile(
             let records = replies.iter().filter_map(Borrowed::new);
             records.filter_map(|r| read_master(&r, keep)).collect()
         }
-    };
-    let mut peers = peers.filter(|_| full);
-    if let Some(p) = &mut peers {
-        p.rounds = p.rounds.wrapping_add(1);
-    }
-    let asks: Vec<Asks> = masters.iter().map(|(m, _)| Asks::of(m, peers.as_ref())).collect();
-    let replies: Vec<Value> = match asks.iter().any(Asks::any) {
-        true => pipeline(&masters, &asks).query_async(conn).await?,
-        false => Vec::new(),
-    };
-    let mut report = Report { link, scope: scope.clone(), masters: Vec::new(), with_peers: full };
-    let mut read = Read { scope, masters: HashMap::new(), peers: None };
-    let mut replies = replies.into_iter();
-    let none = Value::Array(Vec::new());
-    for ((m, facts), asked) in masters.into_iter().zip(asks) {
+    })
+}
+
+/// One master's replies to what was asked of it besides its record ([`Asks`]).
+struct Answers {
+    addr: Option<Value>,
+    replicas: Option<Value>,
+    peers: Option<Vec<PeerRecord>>,
+}
+
+impl Answers {
+    /// Takes them from the pipeline's replies, in the order [`pipeline`] asked.
+    fn take(replies: &mut impl Iterator<Item = Value>, asked: &Asks) -> Self {
         let addr = if asked.addr { Some(replies.next().unwrap_or(Value::Nil)) } else { None };
         let replicas = if asked.replicas { replies.next() } else { None };
         let listed = if asked.peers { replies.next() } else { None };
-        let replicas = replicas.as_ref().unwrap_or(&none);
-        let listed = listed.map(|v| {
-            let records = records(&v);
-            records.iter().filter_map(PeerRecord::from_record).collect::<Vec<_>>()
-        });
-        if let (Some(p), Some(listed)) = (&mut peers, &listed) {
-            p.asked.insert(m.name.clone(), listed.len());
-        }
-        if let Some(master) = facts {
-            let replicas = readiness::parse::replicas(replicas);
-            read.masters.insert(m.name.clone(), Records { master: Ok(master), replicas });
-        }
-        if let Some(master) = master_report(&m, addr.as_ref(), replicas, listed).await {
-            report.masters.push(master);
-        }
+        let peers =
+            listed.map(|v| records(&v).iter().filter_map(PeerRecord::from_record).collect());
+        Self { addr, replicas, peers }
     }
-    read.peers = peers;
-    Ok((report, read))
-}
-
-/// One master of `SENTINEL MASTERS`/`MASTER`, read in place, and with `keep` its facts for the
-/// readiness poll (the same fields: every record that reads has them).
-pub(super) fn read_master(
-    r: &Borrowed<'_>,
-    keep: bool,
-) -> Option<(MasterRecord, Option<MasterFacts>)> {
-    let m = MasterRecord::from_record(r)?;
-    let facts = if keep { Some(readiness::parse::master_record(r)?) } else { None };
-    Some((m, facts))
 }
 
 /// What a reconciliation asks of one master besides its record.
@@ -169,10 +191,58 @@ pub(super) struct PeerCounts {
 }
 
 impl PeerCounts {
+    /// Counted for one more full reconciliation.
+    fn next_round(mut self) -> Self {
+        self.rounds = self.rounds.wrapping_add(1);
+        self
+    }
+
     pub(super) fn due(&self, m: &MasterRecord) -> bool {
         self.rounds % PEERS_EVERY == 1
             || m.peers.is_none()
             || self.asked.get(&m.name) != m.peers.as_ref()
+    }
+}
+
+/// A session's reconciliations: the one running, what events asked for since, when the next
+/// full one is due and the peer counts it compares against.
+pub(super) struct Reconciling {
+    pub(super) running: Option<InFlight<(Report, Read)>>,
+    pub(super) due: Due,
+    pub(super) pace: Pace,
+    pub(super) peers: Option<PeerCounts>,
+}
+
+/// When the next full reconciliation is due: [`full_every`] for the masters the last full one
+/// found, counted from the start of the last full one.
+pub(super) struct Pace {
+    period: Duration,
+    timer: tokio::time::Interval,
+}
+
+impl Pace {
+    pub(super) fn new(masters: usize) -> Self {
+        let period = full_every(masters);
+        let mut timer = interval(period);
+        timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        timer.reset();
+        Self { period, timer }
+    }
+
+    /// Paced again for a full reconciliation that found `masters`, if that changes the period.
+    pub(super) fn follow(&mut self, masters: usize) {
+        if full_every(masters) != self.period {
+            *self = Self::new(masters);
+        }
+    }
+
+    /// A full reconciliation starts: the next one is a period from now.
+    pub(super) fn restart(&mut self) {
+        self.timer.reset();
+    }
+
+    pub(super) async fn tick(&mut self) {
+        self.timer.tick().await;
     }
 }
 

@@ -14,7 +14,7 @@ use crate::sentinel::message::{Addr, Down, Event};
 pub enum Tell {
     /// `+new-epoch`: at once, ahead of what waits on a lookup (epochs only bound what may be
     /// published, so the sooner the better).
-    Epoch(u64),
+    NewEpoch(u64),
     /// `+try-failover` / `+elected-leader`, once this Sentinel said whether it runs it as
     /// Valkey's coordinated failover (its record, asked then).
     FailoverStarted { master: String, elected: bool },
@@ -22,9 +22,9 @@ pub enum Tell {
     /// was sent and the failover's epoch is known (the replica is then resolved first, so the
     /// decider may watch its `ROLE`).
     Promoting { master: String, replica: Addr, epoch: Option<u64> },
-    /// `+promoted-slave`: the failover's epoch (`None`: asked of the Sentinel), the new
-    /// primary resolved.
-    Promoted { master: String, primary: Addr, epoch: Option<u64> },
+    /// `+promoted-slave`: the failover's epoch (`None`: asked of the Sentinel), the promoted
+    /// replica resolved.
+    Promoted { master: String, replica: Addr, epoch: Option<u64> },
     /// `+failover-end` (or `-for-timeout`) and `-failover-abort-*`.
     FailoverEnded { master: String, aborted: bool },
     /// A replica back or converted: resolved first.
@@ -41,7 +41,8 @@ pub struct Told {
 }
 
 /// Reads `event` with what the session remembers (the last epoch, each failover's epoch);
-/// `wanted`: the masters this polestar serves (`None`: all).
+/// `wanted`: the masters this polestar serves (`None`: all). One arm per kind of event: as
+/// long as the list of [`Event`]s.
 pub fn translate(event: Event, session: &mut Session, wanted: Option<&HashSet<String>>) -> Told {
     let scope = |master: &str| {
         let served = wanted.is_none_or(|names| names.contains(master));
@@ -51,7 +52,7 @@ pub fn translate(event: Event, session: &mut Session, wanted: Option<&HashSet<St
     match event {
         Event::NewEpoch(epoch) => {
             session.last_epoch = Some(epoch);
-            told(Tell::Epoch(epoch))
+            told(Tell::NewEpoch(epoch))
         }
         Event::FailoverStarted { master, elected } => {
             if let Some(epoch) = session.last_epoch {
@@ -63,9 +64,9 @@ pub fn translate(event: Event, session: &mut Session, wanted: Option<&HashSet<St
             let epoch = session.failover_epoch.get(&master).copied().filter(|_| sent);
             told(Tell::Promoting { master, replica, epoch })
         }
-        Event::Promoted { master, primary } => {
+        Event::Promoted { master, replica } => {
             let epoch = session.failover_epoch.remove(&master);
-            told(Tell::Promoted { master, primary, epoch })
+            told(Tell::Promoted { master, replica, epoch })
         }
         Event::FailoverEnded { master, aborted } => {
             session.failover_epoch.remove(&master);
@@ -107,7 +108,7 @@ mod tests {
         let mut session = Session::default();
         let m = || "m".to_string();
         let steps = [
-            (Event::NewEpoch(7), Some(Tell::Epoch(7)), None),
+            (Event::NewEpoch(7), Some(Tell::NewEpoch(7)), None),
             (
                 Event::FailoverStarted { master: m(), elected: false },
                 Some(Tell::FailoverStarted { master: m(), elected: false }),
@@ -129,8 +130,8 @@ mod tests {
                 None,
             ),
             (
-                Event::Promoted { master: m(), primary: addr(2) },
-                Some(Tell::Promoted { master: m(), primary: addr(2), epoch: Some(7) }),
+                Event::Promoted { master: m(), replica: addr(2) },
+                Some(Tell::Promoted { master: m(), replica: addr(2), epoch: Some(7) }),
                 None,
             ),
             (Event::Switched { master: m(), old: addr(1), new: addr(2) }, None, only("m")),
@@ -154,9 +155,9 @@ mod tests {
     fn what_is_asked_of_the_sentinel_and_what_is_reconciled() {
         let mut session = Session::default();
         let wanted = HashSet::from(["m".to_string()]);
-        let event = Event::Promoted { master: "m".into(), primary: addr(2) };
+        let event = Event::Promoted { master: "m".into(), replica: addr(2) };
         let told = translate(event, &mut session, Some(&wanted));
-        let tell = Tell::Promoted { master: "m".into(), primary: addr(2), epoch: None };
+        let tell = Tell::Promoted { master: "m".into(), replica: addr(2), epoch: None };
         assert_eq!(told, Told { tell: Some(tell), reconcile: None });
         let other = Event::Changed { master: "other".into() };
         assert_eq!(translate(other, &mut session, Some(&wanted)), Told::default());
