@@ -202,6 +202,10 @@ impl<'a> Connection<'a> {
                     return self.close_with(reply, End::Protocol).await;
                 }
             };
+            // Before the confirmation is written: a client told it is subscribed hears every
+            // message published after that (it was cut off from the first one when the
+            // receiver came only after the write).
+            self.follow_subscriptions();
             if !self.hold_input(self.requests > taken) {
                 let reply = Reply::error(
                     "ERR Protocol error: the input of all clients is at its limit, try again",
@@ -214,7 +218,6 @@ impl<'a> Connection<'a> {
             if self.session.closing {
                 return End::Quit;
             }
-            self.follow_subscriptions();
             if more {
                 continue;
             }

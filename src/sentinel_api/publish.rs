@@ -126,12 +126,16 @@ fn replica_health(before: Option<&Master>, after: &Master) -> Vec<Message> {
 /// Broadcasts the messages of every published change until `shutdown`. Each subscribed
 /// connection holds a receiver of `tx`; one that falls a whole channel behind is closed by its
 /// connection, so a slow subscriber never makes this task (or the others) wait or buffer.
+///
+/// `last` is what `topology` held when it was marked seen, before the endpoint accepted its
+/// first connection: a change published after a client subscribed is never taken for the
+/// starting point (as it could when this task, scheduled late, read its own).
 pub async fn run(
     mut topology: TopologyReader,
+    mut last: Arc<Snapshot>,
     tx: broadcast::Sender<Arc<Outgoing>>,
     shutdown: CancellationToken,
 ) {
-    let mut last = topology.borrow_and_update().clone();
     loop {
         tokio::select! {
             changed = topology.changed() => if changed.is_err() { return },
