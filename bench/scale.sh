@@ -8,6 +8,9 @@
 # each one); a storm that does not finish is reported, not an abort. Also the RSS after the
 # idle time. SCALE_HOLD=1 keeps the cluster up without polestar (to profile polestar against
 # it by hand) until Ctrl-C.
+# SCALE_SEEDED=1 writes into the Sentinels' configs what they would learn (their ids, the
+# other Sentinels, the replicas): without it they need O(N²) to learn N masters (18 minutes
+# for 4,000 here; see bench/README.md, "Where it stops").
 #
 #   bench/scale.sh [MASTERS] [STORM] [IDLE]      (defaults: 1000 50 30)
 #
