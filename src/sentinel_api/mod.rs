@@ -163,9 +163,8 @@ async fn serve_here(
         clients: crate::limits::Clients::new(CONNECTIONS_PER_CLIENT),
     };
     let mut tasks = JoinSet::new();
-    let mut topology = api.topology;
-    let baseline = topology.borrow_and_update().clone();
-    tasks.spawn(publish::run(topology, baseline, messages.clone(), shutdown.clone()));
+    // Both take their starting point here, before any connection is accepted.
+    tasks.spawn(publish::run(api.topology, messages.clone(), shutdown.clone()));
     tasks.spawn(publish::follow_events(api.events, messages, shutdown.clone()));
     for listener in listeners {
         tasks.spawn(accept_loop(listener, shared.clone(), slots.clone(), shutdown.clone()));

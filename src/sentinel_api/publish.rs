@@ -127,25 +127,27 @@ fn replica_health(before: Option<&Master>, after: &Master) -> Vec<Message> {
 /// connection holds a receiver of `tx`; one that falls a whole channel behind is closed by its
 /// connection, so a slow subscriber never makes this task (or the others) wait or buffer.
 ///
-/// `last` is what `topology` held when it was marked seen, before the endpoint accepted its
-/// first connection: a change published after a client subscribed is never taken for the
-/// starting point (as it could when this task, scheduled late, read its own).
-pub async fn run(
+/// The starting point is the snapshot current when this is called, not when the task first
+/// runs: the endpoint calls it before it accepts a connection, so a change published after a
+/// client subscribed is never taken for the starting point (it was, by a task scheduled late).
+pub fn run(
     mut topology: TopologyReader,
-    mut last: Arc<Snapshot>,
     tx: broadcast::Sender<Arc<Outgoing>>,
     shutdown: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            changed = topology.changed() => if changed.is_err() { return },
-            () = shutdown.cancelled() => return,
+) -> impl Future<Output = ()> + Send + 'static {
+    let mut last = topology.borrow_and_update().clone();
+    async move {
+        loop {
+            tokio::select! {
+                changed = topology.changed() => if changed.is_err() { return },
+                () = shutdown.cancelled() => return,
+            }
+            let now = topology.borrow_and_update().clone();
+            for message in messages(&last, &now) {
+                send(&tx, message);
+            }
+            last = now;
         }
-        let now = topology.borrow_and_update().clone();
-        for message in messages(&last, &now) {
-            send(&tx, message);
-        }
-        last = now;
     }
 }
 
@@ -179,17 +181,27 @@ pub fn down_message(event: &Event) -> Option<Message> {
     Some(Message { channel, payload })
 }
 
-/// Passes the event log's `primary_down` events on to subscribers until `shutdown`, from now
-/// on. Falling behind the log's broadcast, it catches up from the retained log, never sending
-/// an id twice.
-pub async fn follow_events(
+/// Passes the event log's `primary_down` events on to subscribers until `shutdown`, from the
+/// moment this is called (like [`run`], before the endpoint accepts a connection). Falling
+/// behind the log's broadcast, it catches up from the retained log, never sending an id twice.
+pub fn follow_events(
     log: Arc<EventLog>,
     tx: broadcast::Sender<Arc<Outgoing>>,
     shutdown: CancellationToken,
-) {
+) -> impl Future<Output = ()> + Send + 'static {
     // The past is not this task's to send; it only marks where "from now on" starts.
-    let (past, mut live) = log.follow(None);
-    let mut last = past.last().map(|e| e.id);
+    let (past, live) = log.follow(None);
+    let last = past.last().map(|e| e.id);
+    forward_downs(log, live, last, tx, shutdown)
+}
+
+async fn forward_downs(
+    log: Arc<EventLog>,
+    mut live: broadcast::Receiver<Event>,
+    mut last: Option<u64>,
+    tx: broadcast::Sender<Arc<Outgoing>>,
+    shutdown: CancellationToken,
+) {
     loop {
         let received = tokio::select! {
             received = live.recv() => received,
@@ -319,6 +331,43 @@ mod tests {
             out.to_pattern(proto, b"*switch*", &mut got);
             assert_eq!(got, expect);
         }
+    }
+
+    /// Receives one message within 10 s, or fails naming `what`.
+    async fn next(rx: &mut broadcast::Receiver<Arc<Outgoing>>, what: &str) -> Message {
+        let got = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv()).await;
+        got.unwrap_or_else(|_| panic!("{what}: nothing sent")).expect("open").message.clone()
+    }
+
+    #[tokio::test]
+    async fn a_change_published_before_the_publisher_first_runs_is_sent() {
+        let (publisher, reader) = crate::topology::channel();
+        publisher.replace(snapshot(Some(1), vec![]));
+        let (tx, mut rx) = broadcast::channel(16);
+        let stop = CancellationToken::new();
+        let publishing = run(reader, tx, stop.clone());
+        // The endpoint has answered a SUBSCRIBE by now; the task has not run yet.
+        publisher.replace(snapshot(Some(2), vec![]));
+        let task = tokio::spawn(publishing);
+        let got = next(&mut rx, "the switch").await;
+        assert_eq!(got.channel, "+switch-master");
+        assert_eq!(got.payload, "m 10.0.0.1 1 10.0.0.1 2");
+        stop.cancel();
+        task.await.expect("the publisher ends at the stop");
+    }
+
+    #[tokio::test]
+    async fn a_down_recorded_before_the_follower_first_runs_is_sent() {
+        let log = Arc::new(EventLog::new());
+        let (tx, mut rx) = broadcast::channel(16);
+        let stop = CancellationToken::new();
+        let following = follow_events(log.clone(), tx, stop.clone());
+        let data = serde_json::json!({"event": "+sdown", "node": "10.0.0.1:7001"});
+        log.push(Kind::PrimaryDown, Some("m"), data);
+        let task = tokio::spawn(following);
+        assert_eq!(next(&mut rx, "the down").await.channel, "+sdown");
+        stop.cancel();
+        task.await.expect("the follower ends at the stop");
     }
 
     #[tokio::test]
