@@ -190,35 +190,27 @@ pub fn follow_events(
     shutdown: CancellationToken,
 ) -> impl Future<Output = ()> + Send + 'static {
     // The past is not this task's to send; it only marks where "from now on" starts.
-    let (past, live) = log.follow(None);
-    let last = past.last().map(|e| e.id);
-    forward_downs(log, live, last, tx, shutdown)
-}
-
-async fn forward_downs(
-    log: Arc<EventLog>,
-    mut live: broadcast::Receiver<Event>,
-    mut last: Option<u64>,
-    tx: broadcast::Sender<Arc<Outgoing>>,
-    shutdown: CancellationToken,
-) {
-    loop {
-        let received = tokio::select! {
-            received = live.recv() => received,
-            () = shutdown.cancelled() => return,
-        };
-        let events = match received {
-            Ok(event) => vec![event],
-            Err(RecvError::Lagged(_)) => log.since(last),
-            Err(RecvError::Closed) => return,
-        };
-        for event in events {
-            if last.is_some_and(|l| event.id <= l) {
-                continue;
-            }
-            last = Some(event.id);
-            if let Some(message) = down_message(&event) {
-                send(&tx, message);
+    let (past, mut live) = log.follow(None);
+    let mut last = past.last().map(|e| e.id);
+    async move {
+        loop {
+            let received = tokio::select! {
+                received = live.recv() => received,
+                () = shutdown.cancelled() => return,
+            };
+            let events = match received {
+                Ok(event) => vec![event],
+                Err(RecvError::Lagged(_)) => log.since(last),
+                Err(RecvError::Closed) => return,
+            };
+            for event in events {
+                if last.is_some_and(|l| event.id <= l) {
+                    continue;
+                }
+                last = Some(event.id);
+                if let Some(message) = down_message(&event) {
+                    send(&tx, message);
+                }
             }
         }
     }
@@ -339,6 +331,12 @@ mod tests {
         got.unwrap_or_else(|_| panic!("{what}: nothing sent")).expect("open").message.clone()
     }
 
+    /// Stops the task and waits for it to end.
+    async fn ends_at(stop: CancellationToken, task: tokio::task::JoinHandle<()>) {
+        stop.cancel();
+        task.await.expect("the task ends at the stop");
+    }
+
     #[tokio::test]
     async fn a_change_published_before_the_publisher_first_runs_is_sent() {
         let (publisher, reader) = crate::topology::channel();
@@ -352,8 +350,7 @@ mod tests {
         let got = next(&mut rx, "the switch").await;
         assert_eq!(got.channel, "+switch-master");
         assert_eq!(got.payload, "m 10.0.0.1 1 10.0.0.1 2");
-        stop.cancel();
-        task.await.expect("the publisher ends at the stop");
+        ends_at(stop, task).await;
     }
 
     #[tokio::test]
@@ -366,8 +363,7 @@ mod tests {
         log.push(Kind::PrimaryDown, Some("m"), data);
         let task = tokio::spawn(following);
         assert_eq!(next(&mut rx, "the down").await.channel, "+sdown");
-        stop.cancel();
-        task.await.expect("the follower ends at the stop");
+        ends_at(stop, task).await;
     }
 
     #[tokio::test]
