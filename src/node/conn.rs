@@ -19,6 +19,7 @@ use redis::{
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 
 use crate::config::Auth;
 
@@ -103,18 +104,7 @@ async fn connect_tls(
     endpoint: &Endpoint,
     config: AsyncConnectionConfig,
 ) -> RedisResult<MultiplexedConnection> {
-    let tls = crate::tls::client_config(&endpoint.auth.tls)
-        .map_err(|e| failure(endpoint, "TLS configuration", e.to_string()))?;
-    let server_name = ServerName::try_from(endpoint.host.clone())
-        .map_err(|e| failure(endpoint, "TLS server name", e.to_string()))?;
-    let tcp = TcpStream::connect((endpoint.host.as_str(), endpoint.port))
-        .await
-        .map_err(|e| failure(endpoint, "connect", e.to_string()))?;
-    set_socket_options(&tcp);
-    let stream = TlsConnector::from(tls)
-        .connect(server_name, tcp)
-        .await
-        .map_err(|e| failure(endpoint, "TLS handshake", e.to_string()))?;
+    let stream = tls_stream(endpoint).await?;
     let redis = redis_settings(endpoint);
     let (conn, driver) = MultiplexedConnection::new_with_config(&redis, stream, config)
         .await
@@ -123,6 +113,29 @@ async fn connect_tls(
     // The driver ends when the last clone of the connection is dropped or the socket fails.
     tokio::spawn(driver);
     Ok(conn)
+}
+
+/// TCP with our socket settings, then TLS with the configuration of [`crate::tls`], the
+/// certificate verified against the host dialled.
+pub(super) async fn tls_stream(endpoint: &Endpoint) -> RedisResult<TlsStream<TcpStream>> {
+    let tls = crate::tls::client_config(&endpoint.auth.tls)
+        .map_err(|e| failure(endpoint, "TLS configuration", e.to_string()))?;
+    let server_name = ServerName::try_from(endpoint.host.clone())
+        .map_err(|e| failure(endpoint, "TLS server name", e.to_string()))?;
+    let tcp = tcp_stream(endpoint).await?;
+    TlsConnector::from(tls)
+        .connect(server_name, tcp)
+        .await
+        .map_err(|e| failure(endpoint, "TLS handshake", e.to_string()))
+}
+
+/// TCP with our socket settings.
+pub(super) async fn tcp_stream(endpoint: &Endpoint) -> RedisResult<TcpStream> {
+    let tcp = TcpStream::connect((endpoint.host.as_str(), endpoint.port))
+        .await
+        .map_err(|e| failure(endpoint, "connect", e.to_string()))?;
+    set_socket_options(&tcp);
+    Ok(tcp)
 }
 
 /// The settings `tcp_settings` gives redis' own sockets, on ours.
@@ -138,7 +151,7 @@ fn set_socket_options(tcp: &TcpStream) {
     let _ = socket.set_tcp_user_timeout(Some(USER_TIMEOUT));
 }
 
-fn failure(endpoint: &Endpoint, stage: &'static str, detail: String) -> RedisError {
+pub(super) fn failure(endpoint: &Endpoint, stage: &'static str, detail: String) -> RedisError {
     RedisError::from((ErrorKind::Io, stage, format!("{}: {detail}", endpoint.name())))
 }
 

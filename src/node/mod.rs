@@ -17,6 +17,8 @@ pub mod infrastructure;
 mod kept;
 mod link;
 pub mod pool;
+mod raw;
+pub mod reply;
 
 use redis::Value;
 
@@ -24,6 +26,7 @@ pub use conn::{CONNECT_TIMEOUT, Endpoint, PushSink, RESPONSE_TIMEOUT, connect};
 pub use kept::{DEMOTION_DEADLINES, Fenced, KeptLink, Listing};
 pub use link::{DEFAULT_COMMAND_DEADLINE, DEFAULT_OPEN_DEADLINE, Link, NodeError};
 pub use pool::Nodes;
+pub use raw::RawConn;
 
 /// The name polestar gives the connections it opens to data nodes (`CLIENT SETNAME`).
 pub const CONNECTION_NAME: &str = "polestar";

@@ -1,5 +1,6 @@
-//! One Sentinel, watched over one connection: `PSUBSCRIBE *` for its events, a `PING` with a
-//! deadline every second, a reconciliation of the masters an event names as soon as it
+//! One Sentinel, watched over two connections: on one, `PSUBSCRIBE *` for its events and a
+//! `PING` with a deadline every second; on the other (replies read in place: `SENTINEL MASTERS`
+//! is some 40 strings a master), a reconciliation of the masters an event names as soon as it
 //! arrives, and a full reconciliation (`SENTINEL MASTERS` and friends) at start and
 //! periodically: every second for a few masters, paced by the number of masters for many
 //! (10 ms per master, at most 30 s), so that 1,000 masters cost Sentinel and polestar a
@@ -28,17 +29,18 @@ use futures::stream::FuturesOrdered;
 
 use redis::aio::MultiplexedConnection;
 use redis::{PushInfo, PushKind, Value};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Mutex, Notify, mpsc};
 use tokio::time::{MissedTickBehavior, interval, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 
 use super::core::{Candidate, Follower, SentinelId};
 use super::message::{
-    Addr, Borrowed, Event, MasterRecord, PeerRecord, ReplicaRecord, borrowed_records,
-    coordinated_failover, master_addr, records, text,
+    Addr, Event, Fields, MasterRecord, PeerRecord, ReplicaRecord, coordinated_failover,
+    master_addr, records, text,
 };
 use super::{MasterReport, Observation, Report, Scope};
-use crate::node::{Endpoint, PushSink, connect};
+use crate::node::reply::{Replies, Reply};
+use crate::node::{Endpoint, PushSink, RawConn, connect};
 use crate::readiness::facts::MasterFacts;
 use crate::readiness::heard::{Heard, Records};
 use crate::readiness::{self};
@@ -67,6 +69,9 @@ enum LinkError {
     PingTimeout(Duration),
     #[error("connection closed")]
     Closed,
+    /// It refused a question of a reconciliation.
+    #[error("refused: {0}")]
+    Refused(String),
     /// It answered, and refused `SENTINEL`: something other than a Sentinel.
     #[error("not a Sentinel: {0}")]
     NotSentinel(redis::RedisError),
@@ -158,20 +163,21 @@ impl Link {
         &self,
         scope: Scope,
         peers: Option<PeerCounts>,
-        conn: &MultiplexedConnection,
+        raw: &Arc<Mutex<RawConn>>,
     ) -> InFlight<(Report, Read)> {
-        let (only, keep, conn) = (self.masters.clone(), self.heard.is_some(), conn.clone());
-        Box::pin(reconcile(self.id, scope, only, conn, keep, peers))
+        let (only, keep, raw) = (self.masters.clone(), self.heard.is_some(), raw.clone());
+        Box::pin(reconcile(self.id, scope, only, raw, keep, peers))
     }
 
     /// One connection's life: the first full reconciliation, then, until an error, a loop
-    /// that awaits nothing on the network itself: the PING, a reconciliation and the lookups
-    /// an event needs (hostnames, an epoch) run beside it on clones of the connection, so the
-    /// PING deadline holds and a `+promoted-slave` is passed on at once whatever else is in
-    /// flight.
+    /// that awaits nothing on the network itself: the PING and the lookups an event needs
+    /// (hostnames, an epoch) run beside it on clones of the connection, the reconciliations on
+    /// a second connection whose replies are read in place ([`RawConn`]), so the PING deadline
+    /// holds and a `+promoted-slave` is passed on at once whatever else is in flight.
     async fn session(&self) -> Result<(), LinkError> {
         let (conn, mut pushes) = self.open().await?;
-        let mut reconciling = self.first_reconciliation(&conn).await?;
+        let raw = Arc::new(Mutex::new(RawConn::open(&self.endpoint).await?));
+        let mut reconciling = self.first_reconciliation(&raw).await?;
         let mut ping = interval(PING_EVERY);
         ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut pinging: Option<InFlight<()>> = None;
@@ -205,7 +211,7 @@ impl Link {
                 }
             }
             self.over_budget(&mut pending, &mut drops, &mut reconciling.due);
-            self.start_due(&mut reconciling, &conn);
+            self.start_due(&mut reconciling, &raw);
         }
     }
 
@@ -213,9 +219,9 @@ impl Link {
     /// peer counts of the next full ones taken from it.
     async fn first_reconciliation(
         &self,
-        conn: &MultiplexedConnection,
+        raw: &Arc<Mutex<RawConn>>,
     ) -> Result<Reconciling, LinkError> {
-        let first = self.reconciliation(Scope::All, Some(PeerCounts::default()), conn);
+        let first = self.reconciliation(Scope::All, Some(PeerCounts::default()), raw);
         let (first, mut read) = first.await?;
         let peers = read.peers.take();
         self.hear(read);
@@ -239,7 +245,7 @@ impl Link {
 
     /// Starts the reconciliation of what is due, unless one runs; a full one restarts the
     /// pace and takes the peer counts to compare against.
-    fn start_due(&self, reconciling: &mut Reconciling, conn: &MultiplexedConnection) {
+    fn start_due(&self, reconciling: &mut Reconciling, raw: &Arc<Mutex<RawConn>>) {
         if reconciling.running.is_some() {
             return;
         }
@@ -251,7 +257,7 @@ impl Link {
             }
             Scope::Masters(_) => None,
         };
-        reconciling.running = Some(self.reconciliation(scope, counts, conn));
+        reconciling.running = Some(self.reconciliation(scope, counts, raw));
     }
 
     /// Events past the budget were dropped: a full reconciliation reads the same truth.
@@ -470,7 +476,8 @@ mod tests {
         counts.rounds = 1;
         let due = Asks::of(&record(false, Some(0), Some(2)), Some(&counts));
         assert!(due.peers && !due.addr && !due.replicas, "every PEERS_EVERY-th round");
-        assert!(!Asks::of(&record(false, Some(0), Some(2)), None).any(), "a scoped one");
+        let scoped = Asks::of(&record(false, Some(0), Some(2)), None);
+        assert!(!scoped.addr && !scoped.replicas && !scoped.peers, "a scoped one");
     }
 
     #[test]

@@ -8,6 +8,8 @@ use std::collections::HashMap;
 
 use redis::Value;
 
+use crate::node::reply::Record;
+
 /// `<host> <port>` as Sentinel reports an instance (an IP, or a hostname with
 /// `announce-hostnames yes`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -222,57 +224,16 @@ impl Fields for HashMap<String, String> {
     }
 }
 
-/// One record read in place, without copying it into a map: `SENTINEL MASTERS` lists some
-/// 40 fields of every master, and a full reconciliation reads it for a thousand masters
-/// every ten seconds on each link; only a handful of the fields are ever read. Reads as
-/// [`record`] does (a value that is no text reads as empty), except that a record with a key
-/// that is no text is not refused as a whole (that key is skipped).
-pub struct Borrowed<'a>(&'a Value);
-
-impl<'a> Borrowed<'a> {
-    /// `None` for what [`record`] would refuse: neither a map nor an even list.
-    pub fn new(value: &'a Value) -> Option<Self> {
-        match value {
-            Value::Map(_) => Some(Self(value)),
-            Value::Array(a) if a.len() % 2 == 0 => Some(Self(value)),
-            _ => None,
-        }
-    }
-
-    /// The value of the first field called `name`.
-    fn find(&self, name: &str) -> Option<&'a Value> {
-        let is = |k: &Value| borrowed_text(k).as_deref() == Some(name);
-        match self.0 {
-            Value::Map(m) => m.iter().find(|(k, _)| is(k)).map(|(_, v)| v),
-            Value::Array(a) => a.chunks_exact(2).find(|c| is(&c[0])).map(|c| &c[1]),
-            _ => None,
-        }
-    }
-}
-
-impl Fields for Borrowed<'_> {
+/// One record read in place from a [`RawConn`](crate::node::RawConn)'s replies, without
+/// copying it into a map: `SENTINEL MASTERS` lists some 40 fields of every master, and a full
+/// reconciliation reads it for a thousand masters every ten seconds on each link; only a
+/// handful of the fields are ever read. Reads as [`record`] does (a value that is no text
+/// reads as empty), except that a record with a key that is no text is not refused as a whole
+/// (that key is skipped).
+impl Fields for Record<'_> {
     fn field(&self, name: &str) -> Option<Cow<'_, str>> {
-        Some(borrowed_text(self.find(name)?).unwrap_or_default())
+        Some(self.get(name)?.field_text().unwrap_or_default())
     }
-}
-
-/// [`text`] without a copy where the reply holds the text as it is.
-fn borrowed_text(value: &Value) -> Option<Cow<'_, str>> {
-    match value {
-        Value::BulkString(b) => std::str::from_utf8(b).ok().map(Cow::Borrowed),
-        Value::SimpleString(s) => Some(Cow::Borrowed(s)),
-        Value::VerbatimString { text, .. } => Some(Cow::Borrowed(text)),
-        other => text(other).map(Cow::Owned),
-    }
-}
-
-/// Every record of a list, read in place; those that are no record are skipped.
-pub fn borrowed_records(value: &Value) -> impl Iterator<Item = Borrowed<'_>> {
-    let items = match value {
-        Value::Array(items) | Value::Set(items) => items.as_slice(),
-        _ => &[],
-    };
-    items.iter().filter_map(Borrowed::new)
 }
 
 /// One master as a Sentinel describes it (`SENTINEL MASTERS`).
@@ -375,10 +336,10 @@ pub struct PeerRecord {
 }
 
 impl PeerRecord {
-    pub fn from_record(r: &HashMap<String, String>) -> Option<Self> {
+    pub fn from_record(r: &impl Fields) -> Option<Self> {
         Some(Self {
-            addr: Addr::parse(r.get("ip")?, r.get("port")?)?,
-            runid: r.get("runid")?.clone(),
+            addr: Addr::parse(&r.field("ip")?, &r.field("port")?)?,
+            runid: r.field("runid")?.into_owned(),
         })
     }
 }
@@ -394,6 +355,7 @@ pub fn master_addr(value: &Value) -> Option<Addr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::reply::Replies;
 
     fn addr(host: &str, port: u16) -> Addr {
         Addr { host: host.into(), port }
@@ -550,16 +512,24 @@ mod tests {
         };
         for v in [resp2, resp3] {
             assert_eq!(record(&v).as_ref().and_then(MasterRecord::from_record), Some(want.clone()));
-            let borrowed = Borrowed::new(&v).and_then(|r| MasterRecord::from_record(&r));
-            assert_eq!(borrowed, Some(want.clone()), "read in place, the same");
         }
-        assert!(Borrowed::new(&Value::Array(vec![bulk("odd")])).is_none());
-        let list = Value::Array(vec![Value::Nil, Value::Array(vec![bulk("name"), bulk("x")])]);
-        assert_eq!(borrowed_records(&list).count(), 1, "what is no record is skipped");
-        let int = Value::Map(vec![(bulk("num-slaves"), Value::Int(3))]);
-        let r = Borrowed::new(&int).expect("a map");
-        assert_eq!(r.field("num-slaves").as_deref(), Some("3"), "an integer reads as text");
-        assert_eq!(r.field("flags"), None);
+        // Read in place from the bytes, the same.
+        let mut wire = format!("*{}\r\n", fields.len() * 2);
+        for (k, v) in fields {
+            wire += &format!("${}\r\n{k}\r\n${}\r\n{v}\r\n", k.len(), v.len());
+        }
+        wire += "*4\r\n$10\r\nnum-slaves\r\n:3\r\n$5\r\nflags\r\n*0\r\n";
+        let mut scan = crate::node::reply::Scan::default();
+        let ends =
+            [scan.next(wire.as_bytes()), scan.next(wire.as_bytes())].map(|e| e.expect("valid"));
+        let replies = Replies::new(wire.into_bytes(), ends.into_iter().flatten().collect());
+        let mut replies = replies.iter();
+        let first = replies.next().and_then(|r| r.record()).expect("a record");
+        assert_eq!(MasterRecord::from_record(&first), Some(want), "read in place, the same");
+        let second = replies.next().and_then(|r| r.record()).expect("a record");
+        assert_eq!(second.field("num-slaves").as_deref(), Some("3"), "an integer reads as text");
+        assert_eq!(second.field("flags").as_deref(), Some(""), "a list reads as empty");
+        assert_eq!(second.field("name"), None);
         assert_eq!(record(&Value::Array(vec![bulk("odd")])), None);
         assert_eq!(records(&Value::Nil), Vec::new());
     }

@@ -21,22 +21,28 @@ pub(super) async fn reconcile(
     from: SentinelId,
     scope: Scope,
     only: Option<Arc<HashSet<String>>>,
-    mut conn: MultiplexedConnection,
+    raw: Arc<Mutex<RawConn>>,
     keep: bool,
     peers: Option<PeerCounts>,
 ) -> Result<(Report, Read), LinkError> {
-    let conn = &mut conn;
+    let mut raw = raw.lock().await;
     let full = scope == Scope::All;
-    let masters = master_records(conn, &scope, only.as_deref(), keep).await?;
+    let masters = master_records(&mut raw, &scope, only.as_deref(), keep).await?;
     let mut peers = peers.filter(|_| full).map(PeerCounts::next_round);
     let asks: Vec<Asks> = masters.iter().map(|(m, _)| Asks::of(m, peers.as_ref())).collect();
-    let replies: Vec<Value> = match asks.iter().any(Asks::any) {
-        true => pipeline(&masters, &asks).query_async(conn).await?,
-        false => Vec::new(),
+    let commands = pipeline(&masters, &asks);
+    let replies = match commands.is_empty() {
+        true => Replies::default(),
+        false => raw.ask(&commands).await?,
     };
+    // As a pipeline of the redis crate fails at its first refused command: a master removed
+    // since its record was read fails the reconciliation, and the next one reads without it.
+    if let Some(refused) = replies.iter().find_map(|r| refusal(&r)) {
+        return Err(LinkError::Refused(refused));
+    }
     let mut report = Report { from, scope: scope.clone(), masters: Vec::new(), with_peers: full };
     let mut read = Read { scope, masters: HashMap::new(), peers: None };
-    let mut replies = replies.into_iter();
+    let mut replies = replies.iter();
     let none = Value::Array(Vec::new());
     for ((m, facts), asked) in masters.into_iter().zip(asks) {
         let answers = Answers::take(&mut replies, &asked);
@@ -57,10 +63,18 @@ pub(super) async fn reconcile(
     Ok((report, read))
 }
 
+/// The text of a refused command.
+fn refusal(reply: &Reply<'_>) -> Option<String> {
+    match reply {
+        Reply::Error(e) => Some(String::from_utf8_lossy(e).into_owned()),
+        _ => None,
+    }
+}
+
 /// One master of `SENTINEL MASTERS`/`MASTER`, read in place, and with `keep` its facts for the
 /// readiness poll (the same fields: every record that reads has them).
 pub(super) fn read_master(
-    r: &Borrowed<'_>,
+    r: &impl Fields,
     keep: bool,
 ) -> Option<(MasterRecord, Option<MasterFacts>)> {
     let m = MasterRecord::from_record(r)?;
@@ -71,28 +85,29 @@ pub(super) fn read_master(
 /// The records of the masters in `scope`, of those this polestar serves (`only`; `None`:
 /// all) when it is every master.
 async fn master_records(
-    conn: &mut MultiplexedConnection,
+    raw: &mut RawConn,
     scope: &Scope,
     only: Option<&HashSet<String>>,
     keep: bool,
-) -> redis::RedisResult<Vec<(MasterRecord, Option<MasterFacts>)>> {
+) -> Result<Vec<(MasterRecord, Option<MasterFacts>)>, LinkError> {
     let served = |m: &MasterRecord| only.is_none_or(|names| names.contains(&m.name));
     Ok(match scope {
         Scope::All => {
-            let masters: Value = redis::cmd("SENTINEL").arg("MASTERS").query_async(conn).await?;
-            let records = borrowed_records(&masters).filter_map(|r| read_master(&r, keep));
+            let replies = raw.ask(&[vec!["SENTINEL", "MASTERS"]]).await?;
+            let masters = replies.iter().next().unwrap_or(Reply::Nil);
+            if let Some(refused) = refusal(&masters) {
+                return Err(LinkError::Refused(refused));
+            }
+            let records = masters.items().filter_map(|r| read_master(&r.record()?, keep));
             records.filter(|(m, _)| served(m)).collect()
         }
         Scope::Masters(names) => {
             // A master this Sentinel no longer monitors answers an error: it is left out of
             // the report, which the scope tells the decider is news.
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for name in names {
-                pipe.cmd("SENTINEL").arg("MASTER").arg(name);
-            }
-            let replies: Vec<Value> = pipe.query_async(conn).await?;
-            let records = replies.iter().filter_map(Borrowed::new);
+            let commands: Vec<Vec<&str>> =
+                names.iter().map(|name| vec!["SENTINEL", "MASTER", name.as_str()]).collect();
+            let replies = raw.ask(&commands).await?;
+            let records = replies.iter().filter_map(|r| r.record());
             records.filter_map(|r| read_master(&r, keep)).collect()
         }
     })
@@ -106,13 +121,16 @@ struct Answers {
 }
 
 impl Answers {
-    /// Takes them from the pipeline's replies, in the order [`pipeline`] asked.
-    fn take(replies: &mut impl Iterator<Item = Value>, asked: &Asks) -> Self {
-        let addr = if asked.addr { Some(replies.next().unwrap_or(Value::Nil)) } else { None };
-        let replicas = if asked.replicas { replies.next() } else { None };
-        let listed = if asked.peers { replies.next() } else { None };
-        let peers =
-            listed.map(|v| records(&v).iter().filter_map(PeerRecord::from_record).collect());
+    /// Takes them from the pipeline's replies, in the order [`pipeline`] asked. The address
+    /// and the replicas (a few masters' at most) become values for the code that reads those;
+    /// the peers (every master's, every few rounds) are read in place.
+    fn take<'a>(replies: &mut impl Iterator<Item = Reply<'a>>, asked: &Asks) -> Self {
+        let mut next = |asked: bool| if asked { replies.next() } else { None };
+        let addr = next(asked.addr).map(|r| r.to_value());
+        let replicas = next(asked.replicas).map(|r| r.to_value());
+        let listed = next(asked.peers).map(|r| r.items());
+        let peers = listed
+            .map(|items| items.filter_map(|r| PeerRecord::from_record(&r.record()?)).collect());
         Self { addr, replicas, peers }
     }
 }
@@ -142,33 +160,25 @@ impl Asks {
             peers: peers.is_some_and(|p| p.due(m)),
         }
     }
-
-    pub(super) fn any(&self) -> bool {
-        self.addr || self.replicas || self.peers
-    }
 }
 
 /// The commands `asks` calls for, in the order [`reconcile`] reads their replies.
-pub(super) fn pipeline(
-    masters: &[(MasterRecord, Option<MasterFacts>)],
+pub(super) fn pipeline<'a>(
+    masters: &'a [(MasterRecord, Option<MasterFacts>)],
     asks: &[Asks],
-) -> redis::Pipeline {
-    let mut pipe = redis::pipe();
+) -> Vec<Vec<&'a str>> {
+    let mut commands = Vec::new();
     for ((m, _), asked) in masters.iter().zip(asks) {
-        let mut ask = |sub: &str| {
-            pipe.cmd("SENTINEL").arg(sub).arg(&m.name);
-        };
-        if asked.addr {
-            ask("GET-MASTER-ADDR-BY-NAME");
-        }
-        if asked.replicas {
-            ask("REPLICAS");
-        }
-        if asked.peers {
-            ask("SENTINELS");
+        let subs = [
+            (asked.addr, "GET-MASTER-ADDR-BY-NAME"),
+            (asked.replicas, "REPLICAS"),
+            (asked.peers, "SENTINELS"),
+        ];
+        for (_, sub) in subs.into_iter().filter(|(ask, _)| *ask) {
+            commands.push(vec!["SENTINEL", sub, m.name.as_str()]);
         }
     }
-    pipe
+    commands
 }
 
 /// One reconciliation's records for the readiness poll (empty unless asked to keep them),

@@ -1,0 +1,263 @@
+//! A plain RESP2 connection whose replies are read in place ([`super::reply`]): for the
+//! questions whose answers are large, a Sentinel's `SENTINEL MASTERS` above all (some 40
+//! strings for every master it monitors). Same transport as every other connection
+//! ([`super::conn`]: connect timeout, keepalive, `TCP_USER_TIMEOUT`, TLS as configured), `AUTH`
+//! when a password is set, and a deadline on every exchange. No pub/sub, no `HELLO`: the server
+//! answers in RESP2, one reply per command, in order.
+//!
+//! Any failure (the deadline, a closed or broken socket, bytes that are no RESP2, replies
+//! larger than [`MAX_REPLIES`]) leaves the connection unusable: every later call fails, and
+//! its owner opens a new one.
+
+use redis::RedisResult;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::timeout;
+
+use super::conn::{failure, tcp_stream, tls_stream};
+use super::reply::{Replies, Reply, Scan};
+use super::{CONNECT_TIMEOUT, Endpoint, RESPONSE_TIMEOUT};
+
+/// The most one exchange's replies may take: `SENTINEL MASTERS` is about 0.7 KB a master.
+pub const MAX_REPLIES: usize = 64 << 20;
+
+/// How much a read asks for at a time.
+const READ_CHUNK: usize = 64 << 10;
+
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> Stream for T {}
+
+pub struct RawConn {
+    stream: Box<dyn Stream>,
+    endpoint: Endpoint,
+    /// An exchange failed (or was abandoned half way): the stream is out of step.
+    broken: bool,
+}
+
+impl RawConn {
+    /// Connects and authenticates within [`CONNECT_TIMEOUT`]; a failure is recorded for
+    /// `/readyz` as [`super::connect`]'s are.
+    pub async fn open(endpoint: &Endpoint) -> RedisResult<Self> {
+        let opened = match timeout(CONNECT_TIMEOUT, Self::open_now(endpoint)).await {
+            Ok(opened) => opened,
+            Err(_) => {
+                Err(failure(endpoint, "connect", format!("no answer within {CONNECT_TIMEOUT:?}")))
+            }
+        };
+        crate::reach::record(&endpoint.name(), opened.as_ref().err());
+        opened
+    }
+
+    async fn open_now(endpoint: &Endpoint) -> RedisResult<Self> {
+        let stream: Box<dyn Stream> = match endpoint.auth.tls.enabled {
+            true => Box::new(tls_stream(endpoint).await?),
+            false => Box::new(tcp_stream(endpoint).await?),
+        };
+        let mut conn = Self { stream, endpoint: endpoint.clone(), broken: false };
+        let Some(password) = &endpoint.auth.password else { return Ok(conn) };
+        let mut auth = vec!["AUTH"];
+        auth.extend(endpoint.auth.username.as_deref());
+        auth.push(password.expose());
+        let replies = conn.ask(&[auth]).await?;
+        match replies.iter().next() {
+            Some(Reply::Error(e)) => {
+                Err(failure(endpoint, "AUTH", String::from_utf8_lossy(e).into_owned()))
+            }
+            _ => Ok(conn),
+        }
+    }
+
+    /// Sends `commands` at once and reads one reply to each within [`RESPONSE_TIMEOUT`]. A
+    /// command the server refuses has its error as its reply.
+    pub async fn ask(&mut self, commands: &[Vec<&str>]) -> RedisResult<Replies> {
+        if self.broken {
+            return Err(self.fail("exchange", "the connection failed before".into()));
+        }
+        self.broken = true;
+        let exchange = timeout(RESPONSE_TIMEOUT, self.exchange(commands)).await;
+        let replies = exchange.unwrap_or_else(|_| {
+            Err(self.fail("exchange", format!("no answer within {RESPONSE_TIMEOUT:?}")))
+        })?;
+        self.broken = false;
+        Ok(replies)
+    }
+
+    async fn exchange(&mut self, commands: &[Vec<&str>]) -> RedisResult<Replies> {
+        let io = |e: std::io::Error| e.to_string();
+        let sent = self.stream.write_all(&encode(commands)).await.map_err(io);
+        let sent = match sent {
+            Ok(()) => self.stream.flush().await.map_err(io),
+            Err(e) => Err(e),
+        };
+        sent.map_err(|e| self.fail("send", e))?;
+        let (mut buf, mut ends, mut scan) = (Vec::new(), Vec::new(), Scan::default());
+        while ends.len() < commands.len() {
+            if buf.len() >= MAX_REPLIES {
+                return Err(self.fail("read", format!("replies longer than {MAX_REPLIES} bytes")));
+            }
+            buf.reserve(READ_CHUNK);
+            match self.stream.read_buf(&mut buf).await {
+                Ok(0) => return Err(self.fail("read", "connection closed".into())),
+                Ok(_) => {}
+                Err(e) => return Err(self.fail("read", e.to_string())),
+            }
+            while ends.len() < commands.len() {
+                match scan.next(&buf) {
+                    Ok(Some(end)) => ends.push(end),
+                    Ok(None) => break,
+                    Err(e) => return Err(self.fail("read", e.to_string())),
+                }
+            }
+        }
+        // Nothing was asked for past the last reply: a server that sends more is out of step.
+        if buf.len() > scan.scanned() {
+            return Err(self.fail("read", "more replies than commands".into()));
+        }
+        Ok(Replies::new(buf, ends))
+    }
+
+    fn fail(&self, stage: &'static str, detail: String) -> redis::RedisError {
+        failure(&self.endpoint, stage, detail)
+    }
+}
+
+/// The commands as RESP arrays of bulk strings.
+fn encode(commands: &[Vec<&str>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for command in commands {
+        out.extend_from_slice(format!("*{}\r\n", command.len()).as_bytes());
+        for arg in command {
+            out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            out.extend_from_slice(arg.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncBufReadExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+    use crate::config::{Auth, Secret};
+
+    #[test]
+    fn commands_are_arrays_of_bulk_strings() {
+        let out = encode(&[vec!["SENTINEL", "MASTERS"], vec!["AUTH", "p w"]]);
+        let want = b"*2\r\n$8\r\nSENTINEL\r\n$7\r\nMASTERS\r\n*2\r\n$4\r\nAUTH\r\n$3\r\np w\r\n";
+        assert_eq!(out, want);
+    }
+
+    /// A server on loopback that reads `lines` request lines, then has `answer` write to the
+    /// client; the endpoint to reach it.
+    async fn server<F, Fut>(lines: usize, auth: Auth, answer: F) -> Endpoint
+    where
+        F: FnOnce(TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("bound").port();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            let mut reader = tokio::io::BufReader::new(&mut stream);
+            let mut line = String::new();
+            for _ in 0..lines {
+                line.clear();
+                reader.read_line(&mut line).await.expect("a request line");
+            }
+            answer(stream).await;
+        });
+        Endpoint::new("127.0.0.1", port, &auth)
+    }
+
+    fn words(n: usize) -> usize {
+        // `*n` and a `$len` and a word line per argument.
+        1 + 2 * n
+    }
+
+    #[tokio::test]
+    async fn replies_arriving_in_pieces_are_read_in_order() {
+        let endpoint = server(2 * words(2), Auth::default(), |mut s| async move {
+            for piece in [&b"*2\r\n$1\r\na"[..], b"\r\n:7\r\n", b"-ERR no such", b" master\r\n"] {
+                s.write_all(piece).await.expect("write");
+                s.flush().await.expect("flush");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        let mut conn = RawConn::open(&endpoint).await.expect("open");
+        let replies = conn.ask(&[vec!["A", "b"], vec!["C", "d"]]).await.expect("replies");
+        let values: Vec<redis::Value> = replies.iter().map(|r| r.to_value()).collect();
+        let a = redis::Value::BulkString(b"a".to_vec());
+        assert_eq!(values[0], redis::Value::Array(vec![a, redis::Value::Int(7)]));
+        assert!(matches!(replies.iter().nth(1), Some(Reply::Error(b"ERR no such master"))));
+    }
+
+    #[tokio::test]
+    async fn a_refused_password_fails_the_open_naming_the_endpoint() {
+        let auth = Auth {
+            username: Some("u".into()),
+            password: Some(Secret::new("p")),
+            ..Auth::default()
+        };
+        let endpoint = server(words(3), auth, |mut s| async move {
+            let _ = s.write_all(b"-WRONGPASS invalid username-password pair\r\n").await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        })
+        .await;
+        let Err(e) = RawConn::open(&endpoint).await else { panic!("a refused AUTH opened") };
+        let e = e.to_string();
+        assert!(e.contains("WRONGPASS") && e.contains(&endpoint.name()), "{e}");
+    }
+
+    #[tokio::test]
+    async fn bytes_that_are_no_resp_break_the_connection_for_good() {
+        for (answer, why) in [
+            (&b">2\r\n+a\r\n+b\r\n"[..], "unknown reply type"),
+            (b"+OK\r\n+extra\r\n", "more replies than commands"),
+            (b"$3\r\nabcd\r\n", "not ended by CRLF"),
+        ] {
+            let endpoint = server(words(1), Auth::default(), move |mut s| async move {
+                let _ = s.write_all(answer).await;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            })
+            .await;
+            let mut conn = RawConn::open(&endpoint).await.expect("open");
+            let e = conn.ask(&[vec!["PING"]]).await.expect_err("refused").to_string();
+            assert!(e.contains(why), "{e}");
+            let again = conn.ask(&[vec!["PING"]]).await.expect_err("broken").to_string();
+            assert!(again.contains("failed before"), "{again}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_server_that_stalls_or_floods_is_given_up() {
+        let endpoint = server(words(1), Auth::default(), |s| async move {
+            let _held = s;
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        })
+        .await;
+        let mut conn = RawConn::open(&endpoint).await.expect("open");
+        let started = std::time::Instant::now();
+        let e = conn.ask(&[vec!["PING"]]).await.expect_err("stalled").to_string();
+        assert!(e.contains("no answer within"), "{e}");
+        assert!(started.elapsed() < RESPONSE_TIMEOUT * 3, "{:?}", started.elapsed());
+        // A bulk string longer than the bound: read up to the bound, then dropped.
+        let endpoint = server(words(1), Auth::default(), |mut s| async move {
+            let _ = s.write_all(format!("${}\r\n", MAX_REPLIES * 2).as_bytes()).await;
+            let chunk = vec![b'x'; 1 << 20];
+            for _ in 0..(MAX_REPLIES >> 20) + 8 {
+                if s.write_all(&chunk).await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        let mut conn = RawConn::open(&endpoint).await.expect("open");
+        let e = conn.ask(&[vec!["PING"]]).await.expect_err("flooded").to_string();
+        assert!(e.contains("replies longer than"), "{e}");
+    }
+}
