@@ -551,18 +551,15 @@ async fn lag_stays_known_from_the_replicas_own_offsets_while_the_primary_is_stop
     env.lab.cont_node(index(primary)).expect("SIGCONT the primary");
 }
 
-/// The last command of each of polestar's connections to the Sentinel at `addr` that is
-/// neither its link's subscription nor a Sentinel peer's (`CLIENT LIST`'s `cmd`).
+/// The last command of each of the readiness poll's connections to the Sentinel at `addr`
+/// (`CLIENT LIST`'s `cmd`): named `polestar-readiness` (the links' are `polestar-reconcile`
+/// and, subscribed, unnamed).
 async fn polestar_commands(addr: std::net::SocketAddr) -> Vec<String> {
     let list: String = query(addr, redis::cmd("CLIENT").arg("LIST")).await.unwrap_or_default();
     let field = |line: &str, key: &str| {
         line.split_whitespace().find_map(|f| f.strip_prefix(key)).unwrap_or("").to_string()
     };
-    let ours = |line: &&str| {
-        !field(line, "name=").starts_with("sentinel-")
-            && field(line, "psub=") == "0"
-            && field(line, "cmd=") != "client|list"
-    };
+    let ours = |line: &&str| field(line, "name=") == "polestar-readiness";
     list.lines().filter(ours).map(|line| field(line, "cmd=")).collect()
 }
 

@@ -34,10 +34,12 @@ pub struct RawConn {
 }
 
 impl RawConn {
-    /// Connects and authenticates within [`CONNECT_TIMEOUT`]; a failure is recorded for
-    /// `/readyz` as [`super::connect`]'s are.
-    pub async fn open(endpoint: &Endpoint) -> RedisResult<Self> {
-        let opened = match timeout(CONNECT_TIMEOUT, Self::open_now(endpoint)).await {
+    /// Connects, authenticates and names the connection `name` (`CLIENT SETNAME`, so that
+    /// `CLIENT LIST` shows whose it is and drains spare it), in one exchange within
+    /// [`CONNECT_TIMEOUT`]. A refused name is no failure (an ACL may deny `CLIENT`); a refused
+    /// `AUTH` is. A failure is recorded for `/readyz` as [`super::connect`]'s are.
+    pub async fn open(endpoint: &Endpoint, name: &str) -> RedisResult<Self> {
+        let opened = match timeout(CONNECT_TIMEOUT, Self::open_now(endpoint, name)).await {
             Ok(opened) => opened,
             Err(_) => {
                 Err(failure(endpoint, "connect", format!("no answer within {CONNECT_TIMEOUT:?}")))
@@ -47,19 +49,24 @@ impl RawConn {
         opened
     }
 
-    async fn open_now(endpoint: &Endpoint) -> RedisResult<Self> {
+    async fn open_now(endpoint: &Endpoint, name: &str) -> RedisResult<Self> {
         let stream: Box<dyn Stream> = match endpoint.auth.tls.enabled {
             true => Box::new(tls_stream(endpoint).await?),
             false => Box::new(tcp_stream(endpoint).await?),
         };
         let mut conn = Self { stream, endpoint: endpoint.clone(), broken: false };
-        let Some(password) = &endpoint.auth.password else { return Ok(conn) };
-        let mut auth = vec!["AUTH"];
-        auth.extend(endpoint.auth.username.as_deref());
-        auth.push(password.expose());
-        let replies = conn.ask(&[auth]).await?;
+        let auth = endpoint.auth.password.as_ref().map(|password| {
+            let mut auth = vec!["AUTH"];
+            auth.extend(endpoint.auth.username.as_deref());
+            auth.push(password.expose());
+            auth
+        });
+        let authenticating = auth.is_some();
+        let commands: Vec<Vec<&str>> =
+            auth.into_iter().chain([vec!["CLIENT", "SETNAME", name]]).collect();
+        let replies = conn.ask(&commands).await?;
         match replies.iter().next() {
-            Some(Reply::Error(e)) => {
+            Some(Reply::Error(e)) if authenticating => {
                 Err(failure(endpoint, "AUTH", String::from_utf8_lossy(e).into_owned()))
             }
             _ => Ok(conn),
@@ -151,19 +158,26 @@ mod tests {
         assert_eq!(out, want);
     }
 
-    /// A server on loopback that reads `lines` request lines, then has `answer` write to the
-    /// client; the endpoint to reach it.
-    async fn server<F, Fut>(lines: usize, auth: Auth, answer: F) -> Endpoint
+    /// A server on loopback: it answers the opening exchange (the naming, `CLIENT SETNAME t`,
+    /// after `AUTH u p` when `auth` has a password) with `opened`, reads `lines` request lines,
+    /// then has `answer` write to the client; the endpoint to reach it.
+    async fn server<F, Fut>(auth: Auth, opened: &'static [u8], lines: usize, answer: F) -> Endpoint
     where
         F: FnOnce(TcpStream) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()> + Send,
     {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("bound").port();
+        let opening = words(3) * if auth.password.is_some() { 2 } else { 1 };
         tokio::spawn(async move {
             let (mut stream, _) = listener.accept().await.expect("accept");
             let mut reader = tokio::io::BufReader::new(&mut stream);
             let mut line = String::new();
+            for _ in 0..opening {
+                line.clear();
+                reader.read_line(&mut line).await.expect("an opening line");
+            }
+            reader.get_mut().write_all(opened).await.expect("opened");
             for _ in 0..lines {
                 line.clear();
                 reader.read_line(&mut line).await.expect("a request line");
@@ -180,15 +194,18 @@ mod tests {
 
     #[tokio::test]
     async fn replies_arriving_in_pieces_are_read_in_order() {
-        let endpoint = server(2 * words(2), Auth::default(), |mut s| async move {
-            for piece in [&b"*2\r\n$1\r\na"[..], b"\r\n:7\r\n", b"-ERR no such", b" master\r\n"] {
-                s.write_all(piece).await.expect("write");
-                s.flush().await.expect("flush");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
-        let mut conn = RawConn::open(&endpoint).await.expect("open");
+        // A refused name is no failure.
+        let endpoint =
+            server(Auth::default(), b"-ERR denied\r\n", 2 * words(2), |mut s| async move {
+                for piece in [&b"*2\r\n$1\r\na"[..], b"\r\n:7\r\n", b"-ERR no such", b" master\r\n"]
+                {
+                    s.write_all(piece).await.expect("write");
+                    s.flush().await.expect("flush");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+        let mut conn = RawConn::open(&endpoint, "t").await.expect("open");
         let replies = conn.ask(&[vec!["A", "b"], vec!["C", "d"]]).await.expect("replies");
         let values: Vec<redis::Value> = replies.iter().map(|r| r.to_value()).collect();
         let a = redis::Value::BulkString(b"a".to_vec());
@@ -203,12 +220,13 @@ mod tests {
             password: Some(Secret::new("p")),
             ..Auth::default()
         };
-        let endpoint = server(words(3), auth, |mut s| async move {
-            let _ = s.write_all(b"-WRONGPASS invalid username-password pair\r\n").await;
+        let refused = b"-WRONGPASS invalid username-password pair\r\n-NOAUTH\r\n";
+        let endpoint = server(auth, refused, 0, |s| async move {
+            let _held = s;
             tokio::time::sleep(Duration::from_secs(5)).await;
         })
         .await;
-        let Err(e) = RawConn::open(&endpoint).await else { panic!("a refused AUTH opened") };
+        let Err(e) = RawConn::open(&endpoint, "t").await else { panic!("a refused AUTH opened") };
         let e = e.to_string();
         assert!(e.contains("WRONGPASS") && e.contains(&endpoint.name()), "{e}");
     }
@@ -220,12 +238,12 @@ mod tests {
             (b"+OK\r\n+extra\r\n", "more replies than commands"),
             (b"$3\r\nabcd\r\n", "not ended by CRLF"),
         ] {
-            let endpoint = server(words(1), Auth::default(), move |mut s| async move {
+            let endpoint = server(Auth::default(), b"+OK\r\n", words(1), move |mut s| async move {
                 let _ = s.write_all(answer).await;
                 tokio::time::sleep(Duration::from_secs(5)).await;
             })
             .await;
-            let mut conn = RawConn::open(&endpoint).await.expect("open");
+            let mut conn = RawConn::open(&endpoint, "t").await.expect("open");
             let e = conn.ask(&[vec!["PING"]]).await.expect_err("refused").to_string();
             assert!(e.contains(why), "{e}");
             let again = conn.ask(&[vec!["PING"]]).await.expect_err("broken").to_string();
@@ -235,18 +253,18 @@ mod tests {
 
     #[tokio::test]
     async fn a_server_that_stalls_or_floods_is_given_up() {
-        let endpoint = server(words(1), Auth::default(), |s| async move {
+        let endpoint = server(Auth::default(), b"+OK\r\n", words(1), |s| async move {
             let _held = s;
             tokio::time::sleep(Duration::from_secs(10)).await;
         })
         .await;
-        let mut conn = RawConn::open(&endpoint).await.expect("open");
+        let mut conn = RawConn::open(&endpoint, "t").await.expect("open");
         let started = std::time::Instant::now();
         let e = conn.ask(&[vec!["PING"]]).await.expect_err("stalled").to_string();
         assert!(e.contains("no answer within"), "{e}");
         assert!(started.elapsed() < RESPONSE_TIMEOUT * 3, "{:?}", started.elapsed());
         // A bulk string longer than the bound: read up to the bound, then dropped.
-        let endpoint = server(words(1), Auth::default(), |mut s| async move {
+        let endpoint = server(Auth::default(), b"+OK\r\n", words(1), |mut s| async move {
             let _ = s.write_all(format!("${}\r\n", MAX_REPLIES * 2).as_bytes()).await;
             let chunk = vec![b'x'; 1 << 20];
             for _ in 0..(MAX_REPLIES >> 20) + 8 {
@@ -256,7 +274,7 @@ mod tests {
             }
         })
         .await;
-        let mut conn = RawConn::open(&endpoint).await.expect("open");
+        let mut conn = RawConn::open(&endpoint, "t").await.expect("open");
         let e = conn.ask(&[vec!["PING"]]).await.expect_err("flooded").to_string();
         assert!(e.contains("replies longer than"), "{e}");
     }

@@ -54,6 +54,8 @@ use flow::*;
 use reconcile::*;
 use translate::{Tell, translate};
 
+/// The name of a link's connection for reconciliations (`CLIENT LIST` shows it).
+pub const RECONCILE_CONNECTION_NAME: &str = "polestar-reconcile";
 const PING_EVERY: Duration = Duration::from_secs(1);
 const PING_DEADLINE: Duration = Duration::from_millis(1500);
 const RESOLVE_DEADLINE: Duration = Duration::from_secs(1);
@@ -176,7 +178,8 @@ impl Link {
     /// holds and a `+promoted-slave` is passed on at once whatever else is in flight.
     async fn session(&self) -> Result<(), LinkError> {
         let (conn, mut pushes) = self.open().await?;
-        let raw = Arc::new(Mutex::new(RawConn::open(&self.endpoint).await?));
+        let raw = RawConn::open(&self.endpoint, RECONCILE_CONNECTION_NAME).await?;
+        let raw = Arc::new(Mutex::new(raw));
         let mut reconciling = self.first_reconciliation(&raw).await?;
         let mut ping = interval(PING_EVERY);
         ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
