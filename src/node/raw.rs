@@ -29,8 +29,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> Stream for T {}
 pub struct RawConn {
     stream: Box<dyn Stream>,
     endpoint: Endpoint,
+    name: String,
     /// An exchange failed (or was abandoned half way): the stream is out of step.
     broken: bool,
+    /// The last exchange found the connection closed by the server before any reply.
+    closed_idle: bool,
 }
 
 impl RawConn {
@@ -54,7 +57,13 @@ impl RawConn {
             true => Box::new(tls_stream(endpoint).await?),
             false => Box::new(tcp_stream(endpoint).await?),
         };
-        let mut conn = Self { stream, endpoint: endpoint.clone(), broken: false };
+        let mut conn = Self {
+            stream,
+            endpoint: endpoint.clone(),
+            name: name.to_string(),
+            broken: false,
+            closed_idle: false,
+        };
         let auth = endpoint.auth.password.as_ref().map(|password| {
             let mut auth = vec!["AUTH"];
             auth.extend(endpoint.auth.username.as_deref());
@@ -64,18 +73,30 @@ impl RawConn {
         let authenticating = auth.is_some();
         let commands: Vec<Vec<&str>> =
             auth.into_iter().chain([vec!["CLIENT", "SETNAME", name]]).collect();
-        let replies = conn.ask(&commands).await?;
+        let replies = conn.ask_once(&commands).await?;
         match replies.iter().next() {
             Some(Reply::Error(e)) if authenticating => {
-                Err(failure(endpoint, "AUTH", String::from_utf8_lossy(e).into_owned()))
+                Err(failure(&conn.endpoint, "AUTH", String::from_utf8_lossy(e).into_owned()))
             }
             _ => Ok(conn),
         }
     }
 
     /// Sends `commands` at once and reads one reply to each within [`RESPONSE_TIMEOUT`]. A
-    /// command the server refuses has its error as its reply.
+    /// command the server refuses has its error as its reply. For questions only: when the
+    /// server had closed the connection while it was idle (a `timeout` in its config, a
+    /// restart), they are asked again once on a new connection.
     pub async fn ask(&mut self, commands: &[Vec<&str>]) -> RedisResult<Replies> {
+        match self.ask_once(commands).await {
+            Err(_) if self.closed_idle => {
+                *self = Self::open(&self.endpoint, &self.name).await?;
+                self.ask_once(commands).await
+            }
+            asked => asked,
+        }
+    }
+
+    async fn ask_once(&mut self, commands: &[Vec<&str>]) -> RedisResult<Replies> {
         if self.broken {
             return Err(self.fail("exchange", "the connection failed before".into()));
         }
@@ -89,20 +110,26 @@ impl RawConn {
     }
 
     async fn exchange(&mut self, commands: &[Vec<&str>]) -> RedisResult<Replies> {
-        let io = |e: std::io::Error| e.to_string();
-        let sent = self.stream.write_all(&encode(commands)).await.map_err(io);
-        let sent = match sent {
-            Ok(()) => self.stream.flush().await.map_err(io),
+        self.closed_idle = false;
+        let sent = match self.stream.write_all(&encode(commands)).await {
+            Ok(()) => self.stream.flush().await,
             Err(e) => Err(e),
         };
-        sent.map_err(|e| self.fail("send", e))?;
+        if let Err(e) = sent {
+            self.closed_idle = closed(&e);
+            return Err(self.fail("send", e.to_string()));
+        }
         let (mut buf, mut ends, mut scan) = (Vec::new(), Vec::new(), Scan::default());
         while ends.len() < commands.len() {
             if buf.len() >= MAX_REPLIES {
                 return Err(self.fail("read", format!("replies longer than {MAX_REPLIES} bytes")));
             }
             buf.reserve(READ_CHUNK);
-            match self.stream.read_buf(&mut buf).await {
+            let read = self.stream.read_buf(&mut buf).await;
+            if buf.is_empty() {
+                self.closed_idle = read.as_ref().map_or_else(closed, |n| *n == 0);
+            }
+            match read {
                 Ok(0) => return Err(self.fail("read", "connection closed".into())),
                 Ok(_) => {}
                 Err(e) => return Err(self.fail("read", e.to_string())),
@@ -127,6 +154,12 @@ impl RawConn {
     }
 }
 
+/// Whether `e` says the peer closed the connection.
+fn closed(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+    matches!(e.kind(), BrokenPipe | ConnectionReset | ConnectionAborted)
+}
+
 /// The commands as RESP arrays of bulk strings.
 fn encode(commands: &[Vec<&str>]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -143,6 +176,8 @@ fn encode(commands: &[Vec<&str>]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
     use tokio::io::AsyncBufReadExt;
@@ -249,6 +284,43 @@ mod tests {
             let again = conn.ask(&[vec!["PING"]]).await.expect_err("broken").to_string();
             assert!(again.contains("failed before"), "{again}");
         }
+    }
+
+    /// A server that closes idle connections (`timeout` in its config): the question is asked
+    /// again on a new connection, once.
+    #[tokio::test]
+    async fn a_connection_the_server_closed_while_idle_is_opened_again() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("bound").port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let n = count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut reader = tokio::io::BufReader::new(&mut stream);
+                    let mut line = String::new();
+                    for _ in 0..words(3) {
+                        reader.read_line(&mut line).await.expect("the naming");
+                    }
+                    reader.get_mut().write_all(b"+OK\r\n").await.expect("named");
+                    if n == 0 {
+                        return; // Closed while idle.
+                    }
+                    for _ in 0..words(1) {
+                        reader.read_line(&mut line).await.expect("a request line");
+                    }
+                    reader.get_mut().write_all(b"+PONG\r\n").await.expect("answered");
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                });
+            }
+        });
+        let endpoint = Endpoint::new("127.0.0.1", port, &Auth::default());
+        let mut conn = RawConn::open(&endpoint, "t").await.expect("open");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let replies = conn.ask(&[vec!["PING"]]).await.expect("asked again");
+        assert!(matches!(replies.iter().next(), Some(Reply::Status(b"PONG"))));
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
