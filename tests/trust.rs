@@ -297,6 +297,95 @@ async fn the_documented_default_user_acl_denies_hellos_and_keeps_the_application
     assert_eq!(set, "OK");
 }
 
+/// The ACL users docs/operating.md gives polestar on the Sentinels and on the data nodes,
+/// applied as written to a real cluster: polestar publishes the primary, the readiness verdict
+/// shows no Sentinel blocker (`INFO`, `CKQUORUM`, the records), its connections to each Sentinel
+/// carry their names (`CLIENT SETNAME` is allowed) and, through a failover, it fences, drains
+/// and follows the new primary without one refused command in its log.
+#[tokio::test]
+async fn the_documented_acl_users_are_all_polestar_needs() {
+    let docs = include_str!("../docs/operating.md");
+    let rules = |password: &str, secret: &str| -> Vec<String> {
+        let start = format!("user polestar on >{password} ");
+        let block = docs.split("```").find(|b| b.trim_start().starts_with(&start));
+        let block = block.unwrap_or_else(|| panic!("docs/operating.md gives `{start}...`"));
+        let words = block.split_whitespace().skip(2).filter(|w| *w != "\\");
+        words.map(|w| w.replace(&format!(">{password}"), &format!(">{secret}"))).collect()
+    };
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    for (addrs, password, secret) in [
+        (lab.sentinel_addrs(), "SENTINEL-PASSWORD", SENTINEL_SECRET),
+        (lab.node_addrs(), "NODE-PASSWORD", NODE_SECRET),
+    ] {
+        for addr in addrs {
+            let setuser = |rules: Vec<String>| {
+                let mut acl = redis::cmd("ACL");
+                acl.arg("SETUSER").arg("polestar").arg("reset").arg(rules);
+                async move { polestar_lab::query::<String>(addr, &acl).await }
+            };
+            let as_written = setuser(rules(password, secret)).await;
+            // As the docs say: Redis before 7.2 does not know `CLIENT SETINFO`.
+            if let Err(e) = as_written {
+                assert!(format!("{e:#}").contains("client|setinfo"), "the documented ACL: {e:#}");
+                let mut older = rules(password, secret);
+                older.retain(|r| r != "+client|setinfo");
+                setuser(older).await.expect("the documented ACL without +client|setinfo");
+            }
+        }
+    }
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.drain = true;
+    let secrets = tempfile::tempdir().expect("a directory for the secrets");
+    let (sentinel_pass, node_pass) = (secrets.path().join("s.pass"), secrets.path().join("n.pass"));
+    std::fs::write(&sentinel_pass, SENTINEL_SECRET).expect("write the Sentinel password");
+    std::fs::write(&node_pass, NODE_SECRET).expect("write the node password");
+    config.sentinel_settings =
+        vec!["username: polestar".into(), format!("password_file: {}", sentinel_pass.display())];
+    config.extra =
+        format!("nodes:\n  username: polestar\n  password_file: {}\n", node_pass.display());
+    let env = Env::with_config(lab, &config).await;
+    let primary = env.lab.primary().await.expect("the lab's primary");
+    env.wait_api_primary(primary, STARTUP).await;
+    env.wait_until(STARTUP, "no Sentinel blocker, both Sentinel connections named", || async {
+        let (reasons, details, _) = blockers(&env).await?;
+        let sentinel = ["ckquorum", "sentinel_tilt", "sentinels_unreachable", "sentinels_disagree"];
+        ensure!(!reasons.iter().any(|r| sentinel.contains(&r.as_str())), "{details}");
+        for addr in env.lab.sentinel_addrs() {
+            let list: String = polestar_lab::query(addr, redis::cmd("CLIENT").arg("LIST")).await?;
+            for name in ["polestar-reconcile", "polestar-readiness"] {
+                let named = list.lines().any(|l| l.split(' ').any(|w| w == format!("name={name}")));
+                ensure!(named, "{addr}: no connection named {name}:\n{list}");
+            }
+        }
+        Ok(())
+    })
+    .await;
+    let since = {
+        let (_, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
+        let ids = events.as_array().into_iter().flatten().filter_map(|e| e["id"].as_u64());
+        ids.max().unwrap_or(0)
+    };
+    let new = env.failover().await;
+    assert_ne!(new, primary);
+    env.wait_until(FAILOVER, "the old primary fenced and drained", || async {
+        let kinds: Vec<String> = node_actions(&env, since)
+            .await
+            .iter()
+            .filter_map(|e| e["kind"].as_str().map(str::to_string))
+            .collect();
+        ensure!(
+            kinds.iter().any(|k| k == "fence") && kinds.iter().any(|k| k == "drain"),
+            "{kinds:?}"
+        );
+        Ok(())
+    })
+    .await;
+    let log = env.ps.log_tail(400);
+    for refused in ["NOPERM", "no permissions", "WRONGPASS", "NOAUTH"] {
+        assert!(!log.contains(refused), "polestar was refused ({refused}):\n{log}");
+    }
+}
+
 /// Gives every Sentinel and data node of the lab an ACL user `polestar` with its secret, and
 /// a polestar config that uses them: credentials the fakes must never see.
 async fn with_credentials(lab: &Lab, config: &mut PolestarConfig, dir: &std::path::Path) {
