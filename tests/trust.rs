@@ -336,13 +336,7 @@ async fn the_documented_acl_users_are_all_polestar_needs() {
     let mut config = PolestarConfig::for_lab(&lab);
     config.drain = true;
     let secrets = tempfile::tempdir().expect("a directory for the secrets");
-    let (sentinel_pass, node_pass) = (secrets.path().join("s.pass"), secrets.path().join("n.pass"));
-    std::fs::write(&sentinel_pass, SENTINEL_SECRET).expect("write the Sentinel password");
-    std::fs::write(&node_pass, NODE_SECRET).expect("write the node password");
-    config.sentinel_settings =
-        vec!["username: polestar".into(), format!("password_file: {}", sentinel_pass.display())];
-    config.extra =
-        format!("nodes:\n  username: polestar\n  password_file: {}\n", node_pass.display());
+    log_in_as_polestar(&mut config, secrets.path());
     let env = Env::with_config(lab, &config).await;
     let primary = env.lab.primary().await.expect("the lab's primary");
     env.wait_api_primary(primary, STARTUP).await;
@@ -399,6 +393,12 @@ async fn with_credentials(lab: &Lab, config: &mut PolestarConfig, dir: &std::pat
             polestar_lab::query::<String>(addr, &acl).await.expect("ACL SETUSER");
         }
     }
+    log_in_as_polestar(config, dir);
+}
+
+/// A polestar config that logs in as the user `polestar` on the Sentinels and the data nodes,
+/// with the secrets in files under `dir`.
+fn log_in_as_polestar(config: &mut PolestarConfig, dir: &std::path::Path) {
     let (sentinel_pass, node_pass) = (dir.join("sentinel.pass"), dir.join("node.pass"));
     std::fs::write(&sentinel_pass, SENTINEL_SECRET).expect("write the Sentinel password");
     std::fs::write(&node_pass, NODE_SECRET).expect("write the node password");
