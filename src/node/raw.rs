@@ -1,11 +1,11 @@
-//! A plain RESP2 connection whose replies are read in place ([`super::reply`]): for the
+//! A plain RESP connection whose replies are read in place ([`super::reply`]): for the
 //! questions whose answers are large, a Sentinel's `SENTINEL MASTERS` above all (some 40
 //! strings for every master it monitors). Same transport as every other connection
 //! ([`super::conn`]: connect timeout, keepalive, `TCP_USER_TIMEOUT`, TLS as configured), `AUTH`
 //! when a password is set, and a deadline on every exchange. No pub/sub, no `HELLO`: the server
 //! answers in RESP2, one reply per command, in order.
 //!
-//! Any failure (the deadline, a closed or broken socket, bytes that are no RESP2, replies
+//! Any failure (the deadline, a closed or broken socket, bytes that are no RESP, replies
 //! larger than [`MAX_REPLIES`]) leaves the connection unusable: every later call fails, and
 //! its owner opens a new one.
 
@@ -32,8 +32,19 @@ pub struct RawConn {
     name: String,
     /// An exchange failed (or was abandoned half way): the stream is out of step.
     broken: bool,
-    /// The last exchange found the connection closed by the server before any reply.
+}
+
+/// Why an exchange failed, and whether the server had closed the connection before it (the
+/// peer gone before any reply: asking again on a new connection may succeed).
+struct Failed {
+    error: redis::RedisError,
     closed_idle: bool,
+}
+
+impl Failed {
+    fn other(error: redis::RedisError) -> Self {
+        Self { error, closed_idle: false }
+    }
 }
 
 impl RawConn {
@@ -57,13 +68,8 @@ impl RawConn {
             true => Box::new(tls_stream(endpoint).await?),
             false => Box::new(tcp_stream(endpoint).await?),
         };
-        let mut conn = Self {
-            stream,
-            endpoint: endpoint.clone(),
-            name: name.to_string(),
-            broken: false,
-            closed_idle: false,
-        };
+        let mut conn =
+            Self { stream, endpoint: endpoint.clone(), name: name.to_string(), broken: false };
         let auth = endpoint.auth.password.as_ref().map(|password| {
             let mut auth = vec!["AUTH"];
             auth.extend(endpoint.auth.username.as_deref());
@@ -73,7 +79,7 @@ impl RawConn {
         let authenticating = auth.is_some();
         let commands: Vec<Vec<&str>> =
             auth.into_iter().chain([vec!["CLIENT", "SETNAME", name]]).collect();
-        let replies = conn.ask_once(&commands).await?;
+        let replies = conn.ask_once(&commands).await.map_err(|f| f.error)?;
         match replies.iter().next() {
             Some(Reply::Error(e)) if authenticating => {
                 Err(failure(&conn.endpoint, "AUTH", String::from_utf8_lossy(e).into_owned()))
@@ -88,63 +94,72 @@ impl RawConn {
     /// restart), they are asked again once on a new connection.
     pub async fn ask(&mut self, commands: &[Vec<&str>]) -> RedisResult<Replies> {
         match self.ask_once(commands).await {
-            Err(_) if self.closed_idle => {
+            Ok(replies) => Ok(replies),
+            Err(Failed { closed_idle: true, .. }) => {
                 *self = Self::open(&self.endpoint, &self.name).await?;
-                self.ask_once(commands).await
+                self.ask_once(commands).await.map_err(|f| f.error)
             }
-            asked => asked,
+            Err(failed) => Err(failed.error),
         }
     }
 
-    async fn ask_once(&mut self, commands: &[Vec<&str>]) -> RedisResult<Replies> {
+    async fn ask_once(&mut self, commands: &[Vec<&str>]) -> Result<Replies, Failed> {
         if self.broken {
-            return Err(self.fail("exchange", "the connection failed before".into()));
+            return Err(Failed::other(
+                self.fail("exchange", "the connection failed before".into()),
+            ));
         }
         self.broken = true;
         let exchange = timeout(RESPONSE_TIMEOUT, self.exchange(commands)).await;
         let replies = exchange.unwrap_or_else(|_| {
-            Err(self.fail("exchange", format!("no answer within {RESPONSE_TIMEOUT:?}")))
+            let late = format!("no answer within {RESPONSE_TIMEOUT:?}");
+            Err(Failed::other(self.fail("exchange", late)))
         })?;
         self.broken = false;
         Ok(replies)
     }
 
-    async fn exchange(&mut self, commands: &[Vec<&str>]) -> RedisResult<Replies> {
-        self.closed_idle = false;
+    async fn exchange(&mut self, commands: &[Vec<&str>]) -> Result<Replies, Failed> {
         let sent = match self.stream.write_all(&encode(commands)).await {
             Ok(()) => self.stream.flush().await,
             Err(e) => Err(e),
         };
         if let Err(e) = sent {
-            self.closed_idle = closed(&e);
-            return Err(self.fail("send", e.to_string()));
+            return Err(Failed {
+                closed_idle: closed(&e),
+                error: self.fail("send", e.to_string()),
+            });
         }
         let (mut buf, mut ends, mut scan) = (Vec::new(), Vec::new(), Scan::default());
         while ends.len() < commands.len() {
             if buf.len() >= MAX_REPLIES {
-                return Err(self.fail("read", format!("replies longer than {MAX_REPLIES} bytes")));
+                let long = format!("replies longer than {MAX_REPLIES} bytes");
+                return Err(Failed::other(self.fail("read", long)));
             }
             buf.reserve(READ_CHUNK);
             let read = self.stream.read_buf(&mut buf).await;
-            if buf.is_empty() {
-                self.closed_idle = read.as_ref().map_or_else(closed, |n| *n == 0);
-            }
+            let closed_idle = buf.is_empty() && read.as_ref().map_or_else(closed, |n| *n == 0);
             match read {
-                Ok(0) => return Err(self.fail("read", "connection closed".into())),
+                Ok(0) => {
+                    let error = self.fail("read", "connection closed".into());
+                    return Err(Failed { error, closed_idle });
+                }
                 Ok(_) => {}
-                Err(e) => return Err(self.fail("read", e.to_string())),
+                Err(e) => {
+                    return Err(Failed { error: self.fail("read", e.to_string()), closed_idle });
+                }
             }
             while ends.len() < commands.len() {
                 match scan.next(&buf) {
                     Ok(Some(end)) => ends.push(end),
                     Ok(None) => break,
-                    Err(e) => return Err(self.fail("read", e.to_string())),
+                    Err(e) => return Err(Failed::other(self.fail("read", e.to_string()))),
                 }
             }
         }
         // Nothing was asked for past the last reply: a server that sends more is out of step.
         if buf.len() > scan.scanned() {
-            return Err(self.fail("read", "more replies than commands".into()));
+            return Err(Failed::other(self.fail("read", "more replies than commands".into())));
         }
         Ok(Replies::new(buf, ends))
     }
@@ -160,16 +175,15 @@ fn closed(e: &std::io::Error) -> bool {
     matches!(e.kind(), BrokenPipe | ConnectionReset | ConnectionAborted)
 }
 
-/// The commands as RESP arrays of bulk strings.
+/// The commands as RESP arrays of bulk strings, packed by the redis crate.
 fn encode(commands: &[Vec<&str>]) -> Vec<u8> {
     let mut out = Vec::new();
     for command in commands {
-        out.extend_from_slice(format!("*{}\r\n", command.len()).as_bytes());
+        let mut cmd = redis::Cmd::new();
         for arg in command {
-            out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-            out.extend_from_slice(arg.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            cmd.arg(*arg);
         }
+        cmd.write_packed_command(&mut out);
     }
     out
 }
