@@ -38,6 +38,7 @@ pub const FAILOVER_SECONDS: &str = "polestar_failover_seconds";
 pub const SENTINEL_API_LIMITED: &str = "polestar_sentinel_api_limited_total";
 pub const SWITCHOVERS: &str = "polestar_switchovers_total";
 pub const SWITCHOVER_WAIT: &str = "polestar_switchover_wait_seconds";
+pub const BAD_REPLIES: &str = "polestar_bad_replies_total";
 
 /// The `method` label values of [`DRAIN_KILLED`].
 pub const KILL_METHODS: [&str; 2] = ["client_kill", "sock_destroy"];
@@ -120,6 +121,10 @@ fn recorder() -> per_master::Recorder {
 
 /// Every metric's description, one entry per metric: as long as the list of metrics.
 fn describe() {
+    describe_counter!(
+        BAD_REPLIES,
+        "Replies from a Sentinel or a node that were not RESP or broke a bound: each costs its exchange only"
+    );
     describe_counter!(
         SWITCHOVERS,
         "polestar's switchovers, by outcome (failed_over, not_caught_up, too_far_behind, refused)"

@@ -1,9 +1,10 @@
 //! Every spawned task has an owner that awaits it or restarts it, or ends by itself and says
 //! so if it panics: none ends unseen. [`restarting`]: a long-lived task that must run until
-//! shutdown (the Sentinel decider, the agent) and that, should it end before (a panic: a bug,
-//! never network input), is started afresh with a log line rather than leaving the process
-//! up but deaf. [`detached`]: a task that nothing waits for because it ends by itself (bounded
-//! in time, or by the token it holds), whose panic is logged with its name.
+//! shutdown (the Sentinel decider, the agent, the readiness poll) and that, should it end
+//! before (a panic: a bug, never network input), is started afresh with a log line rather
+//! than leaving the process up but deaf. [`detached`]: a task that nothing waits for because
+//! it ends by itself (bounded in time, or by the token it holds), whose panic is logged with
+//! its name.
 
 use std::any::Any;
 use std::future::Future;

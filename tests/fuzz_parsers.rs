@@ -113,6 +113,22 @@ fn check_event(event: &Event) {
     }
 }
 
+/// Raw `INFO` or `CLIENT LIST` text as a node may send it: the pieces those are made of,
+/// line ends whole and split, and bytes that are not UTF-8.
+fn text_bytes() -> impl Strategy<Value = Vec<u8>> {
+    let piece = prop_oneof![
+        3 => prop::sample::select(vec![
+            "id=", "addr=", "laddr=", "name=", "age=", "idle=", "flags=", "cmd=", "fd=",
+            "10.0.0.1:6379", "[::1]:6379", "7", "-1", "18446744073709551616", " ", "=", ":",
+            "\n", "\r\n", "\r", "#", "# Replication", "role:", "master", "slave",
+            "slave0:", "ip=", ",port=", ",offset=", "master_repl_offset:", "sentinel_tilt:",
+        ])
+        .prop_map(|s| s.as_bytes().to_vec()),
+        1 => prop::collection::vec(any::<u8>(), 0..8),
+    ];
+    prop::collection::vec(piece, 0..48).prop_map(|p| p.concat())
+}
+
 fn bytes() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         prop::sample::select(vec![
@@ -257,6 +273,21 @@ proptest! {
         let list = clients::parse_list(&text);
         let nonblank = text.lines().filter(|l| !l.trim().is_empty()).count();
         prop_assert_eq!(list.clients.len() + list.unreadable, nonblank);
+    }
+
+    /// Whatever bytes a node answers `CLIENT LIST` or `INFO` with (read as the readers do,
+    /// lossily), nothing panics, every line is a client or counted unreadable, and every
+    /// field found is in the text.
+    #[test]
+    fn client_list_and_info_from_raw_bytes_never_panic(raw in text_bytes()) {
+        let text = String::from_utf8_lossy(&raw);
+        let list = clients::parse_list(&text);
+        let nonblank = text.lines().filter(|l| !l.trim().is_empty()).count();
+        prop_assert_eq!(list.clients.len() + list.unreadable, nonblank);
+        for (field, value) in polestar::readiness::parse::info_fields(&text) {
+            let line = format!("{field}:{value}");
+            prop_assert!(text.contains(&line));
+        }
     }
 
     #[test]

@@ -24,6 +24,8 @@ enum Behaviour {
     Flood,
     /// Reads and never writes.
     Silent,
+    /// Answers everything with two bytes, `\r\n`: an element with no type byte.
+    Crlf,
 }
 
 /// A fake Sentinel; counts the connections it accepted.
@@ -78,6 +80,13 @@ async fn serve(mut stream: TcpStream, behaviour: Behaviour, n: usize) {
                 }
             }
         }
+        Behaviour::Crlf => {
+            while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {
+                if stream.write_all(b"\r\n").await.is_err() {
+                    return;
+                }
+            }
+        }
         Behaviour::Silent => {
             let idle = async { while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {} };
             let _ = tokio::time::timeout(Duration::from_secs(60), idle).await;
@@ -116,4 +125,36 @@ async fn hostile_sentinels_do_not_disturb_the_truth_of_the_real_ones() {
         assert!(n >= 2, "fake #{i} at {addr} was connected to {n} time(s): not retried");
     }
     assert!(!env.ps.logged("panicked"), "{}", env.ps.log_tail(40));
+}
+
+/// A fourth configured Sentinel address that answers every request with `\r\n` ended
+/// polestar within seconds (a slice `1..0` in the reply scanner, read by the readiness poll,
+/// whose end stopped the daemon). Now it costs that address's exchanges only: the daemon
+/// stays up through many readiness rounds, keeps the real primary in DNS and the API, and
+/// says what the address sent.
+#[tokio::test]
+async fn a_sentinel_address_answering_two_bytes_crlf_costs_its_exchanges_only() {
+    let (crlf, accepted) = fake(Behaviour::Crlf).await;
+    let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+    let mut config = PolestarConfig::for_lab(&lab);
+    config.sentinels.push(crlf.to_string());
+    config.dns = true;
+    let env = Env::with_config(lab, &config).await;
+    let primary = env.lab.primary().await.expect("the lab's primary");
+    env.wait_api_primary(primary, common::STARTUP).await;
+    let dns = env.ps.dns.expect("DNS is served");
+    let name = format!("{}.redis.test.", env.master_name());
+    // Readiness rounds are 1 s apart, and each asks the address: a dozen chances to crash.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(12);
+    while tokio::time::Instant::now() < deadline {
+        let m = env.master().await.expect("the API answers: polestar is up");
+        assert_eq!(primary_of(&m), Some(primary), "the published primary moved: {m}");
+        let answered = crate::chaos::clients::resolve_a(dns, &name).await;
+        assert_eq!(answered, Some(primary.ip()), "DNS answers the primary");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let n = accepted.load(Ordering::SeqCst);
+    assert!(n >= 4, "the address was asked {n} time(s): the test proves nothing");
+    assert!(!env.ps.logged("panicked"), "{}", env.ps.log_tail(40));
+    assert!(env.ps.logged("no RESP"), "the bad replies are said: {}", env.ps.log_tail(40));
 }

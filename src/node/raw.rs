@@ -14,8 +14,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::timeout;
 
 use super::conn::{failure, tcp_stream, tls_stream};
-use super::reply::{Replies, Reply, Scan};
+use super::reply::{Replies, Reply, ReplyError, Scan};
 use super::{CONNECT_TIMEOUT, Endpoint, RESPONSE_TIMEOUT};
+use crate::log_every::LogEvery;
 
 /// The most one exchange's replies may take: `SENTINEL MASTERS` is about 0.7 KB a master.
 pub const MAX_REPLIES: usize = 64 << 20;
@@ -153,7 +154,7 @@ impl RawConn {
                 match scan.next(&buf) {
                     Ok(Some(end)) => ends.push(end),
                     Ok(None) => break,
-                    Err(e) => return Err(Failed::other(self.fail("read", e.to_string()))),
+                    Err(e) => return Err(Failed::other(self.bad_reply(e))),
                 }
             }
         }
@@ -162,6 +163,18 @@ impl RawConn {
             return Err(Failed::other(self.fail("read", "more replies than commands".into())));
         }
         Ok(Replies::new(buf, ends))
+    }
+
+    /// A reply that is no RESP: the exchange's failure, counted, and logged once per interval
+    /// (a hostile peer answers every question so, and each one is a new connection).
+    fn bad_reply(&self, e: ReplyError) -> redis::RedisError {
+        static EVERY: LogEvery = LogEvery::new();
+        metrics::counter!(crate::metrics::BAD_REPLIES).increment(1);
+        if let Some(hits) = EVERY.hit(std::time::Instant::now()) {
+            let peer = self.endpoint.name();
+            tracing::warn!(%peer, hits, "a peer answered what is no RESP: {e}");
+        }
+        self.fail("read", e.to_string())
     }
 
     fn fail(&self, stage: &'static str, detail: String) -> redis::RedisError {

@@ -132,7 +132,11 @@ fn header(buf: &[u8], at: usize) -> Result<Option<Header<'_>>, ReplyError> {
     if rest[cr + 1] != b'\n' {
         return Err(ReplyError::Protocol("line not ended by CRLF"));
     }
-    let line = &rest[1..cr];
+    // `cr` is 0 when the element starts with its line end ("\r\n"): no type byte at all. (It
+    // was sliced as `1..0`, and two bytes from any peer panicked the task reading them.)
+    let Some(line) = rest.get(1..cr) else {
+        return Err(ReplyError::Protocol("unknown reply type"));
+    };
     let length = || {
         let n = number(line).ok_or(ReplyError::Protocol("not a number"))?;
         match n {
@@ -359,6 +363,9 @@ impl<'a> Record<'a> {
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -460,6 +467,17 @@ mod tests {
         assert_eq!(refused(deep.as_bytes()), Some(ReplyError::TooDeep));
         let deepest = "*1\r\n".repeat(MAX_DEPTH) + ":1\r\n";
         assert_eq!(scan_in_steps(deepest.as_bytes(), 2).map(|r| r.len()), Ok(1));
+    }
+
+    /// An element that starts with its line end has no type byte: refused, where it panicked
+    /// (a fourth configured Sentinel answering `\r\n` ended the daemon within seconds).
+    #[test]
+    fn two_bytes_crlf_are_refused_not_a_panic() {
+        for input in [&b"\r\n"[..], b"*2\r\n+a\r\n\r\n", b"\r\n\r\n", b"+OK\r\n\r\n"] {
+            let refused = scan_in_steps(input, 1).err();
+            assert_eq!(refused, Some(ReplyError::Protocol("unknown reply type")), "{input:?}");
+        }
+        assert!(read(b"\r\n", 0).is_none());
     }
 
     #[test]

@@ -525,6 +525,39 @@ mod fuzz {
         out
     }
 
+    /// The requests a [`Parser`] takes from `wire` fed in reads of `sizes` (cycled), and the
+    /// error that ended it, if any.
+    fn feed(
+        wire: &[u8],
+        sizes: &[usize],
+        limits: &Limits,
+    ) -> (Vec<Request>, Option<ProtocolError>) {
+        let mut parser = Parser::default();
+        let (mut input, mut got, mut fed) = (Vec::new(), Vec::new(), 0);
+        for size in sizes.iter().cycle() {
+            if fed == wire.len() {
+                break;
+            }
+            let end = (fed + size).min(wire.len());
+            input.extend_from_slice(&wire[fed..end]);
+            fed = end;
+            loop {
+                match parser.next(&input, limits) {
+                    Ok((used, request)) => {
+                        assert!(used <= input.len(), "consumed more than it was given");
+                        input.drain(..used);
+                        match request {
+                            Some(r) => got.push(r),
+                            None => break,
+                        }
+                    }
+                    Err(e) => return (got, Some(e)),
+                }
+            }
+        }
+        (got, None)
+    }
+
     proptest! {
         #![proptest_config(config())]
 
@@ -565,6 +598,30 @@ mod fuzz {
             prop_assert_eq!(parse(&wire, &LIMITS), Ok(Some((args.clone(), wire.len()))));
             let cut = split.min(wire.len() - 1);
             prop_assert_eq!(parse(&wire[..cut], &LIMITS), Ok(None));
+        }
+
+        /// Raw bytes through the resumable parser, however a client's writes are cut: the
+        /// same requests, and the same error, as when they arrive at once.
+        #[test]
+        fn noise_fed_in_pieces_reads_as_a_whole(
+            parts in proptest::collection::vec(
+                prop_oneof![
+                    Just(b"*".to_vec()), Just(b"$".to_vec()), Just(b"\r\n".to_vec()),
+                    Just(b"\n".to_vec()), Just(b"\r".to_vec()), Just(b"\"".to_vec()),
+                    Just(b"-1".to_vec()), Just(b"PING ".to_vec()),
+                    "[0-9]{1,3}".prop_map(String::into_bytes),
+                    proptest::collection::vec(any::<u8>(), 0..8),
+                ],
+                0..32,
+            ),
+            sizes in proptest::collection::vec(1usize..30, 1..64),
+        ) {
+            let bytes = parts.concat();
+            let small = Limits { max_args: 4, max_bulk: 16, max_inline: 64, max_request: 128 };
+            for limits in [LIMITS, small] {
+                let whole = feed(&bytes, &[bytes.len().max(1)], &limits);
+                prop_assert_eq!(&feed(&bytes, &sizes, &limits), &whole);
+            }
         }
 
         #[test]

@@ -75,3 +75,53 @@ mod tests {
         assert_eq!(replica_offset("garbage"), None);
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! The `INFO` a switchover reads comes from the nodes: any bytes, read lossily as the
+    //! switchover reads them, parse without a panic, and what parses is what the text says.
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::switchover::version::Server;
+
+    fn config() -> ProptestConfig {
+        let cases = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok());
+        ProptestConfig { cases: cases.unwrap_or(1000), ..ProptestConfig::default() }
+    }
+
+    fn info_bytes() -> impl Strategy<Value = Vec<u8>> {
+        let piece = prop_oneof![
+            3 => prop::sample::select(vec![
+                "role:master", "role:slave", "master_repl_offset:", "slave_repl_offset:",
+                "slave", "slave0:", "slavex:", "ip=", "10.0.0.2", "::1", ",port=", "6379",
+                ",offset=", "=", ",", ":", "\r\n", "\n", "\r", "-1", "18446744073709551616",
+                "server_name:valkey", "valkey_version:", "9.1.2", ".", "é",
+            ])
+            .prop_map(|s| s.as_bytes().to_vec()),
+            1 => prop::collection::vec(any::<u8>(), 0..8),
+        ];
+        prop::collection::vec(piece, 0..40).prop_map(|p| p.concat())
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn info_from_raw_bytes_never_panics(raw in info_bytes()) {
+            let text = String::from_utf8_lossy(&raw);
+            if let Some(primary) = Primary::parse(&text) {
+                prop_assert!(text.contains("master_repl_offset:"));
+                let says_master = text.lines().any(|l| l.trim_end() == "role:master");
+                prop_assert!(says_master || !primary.role_master);
+                prop_assert!(primary.acked.len() <= text.matches("slave").count());
+            }
+            if replica_offset(&text).is_some() {
+                prop_assert!(text.contains("slave_repl_offset:") && text.contains("role:slave"));
+            }
+            if let Server::Valkey(..) = Server::parse(&text) {
+                prop_assert!(text.contains("server_name:valkey"));
+            }
+        }
+    }
+}
