@@ -80,8 +80,8 @@ impl Listeners {
 ///
 /// Every component runs until shutdown as one of `tasks`; the first that ends before stops
 /// the daemon (see [`first_to_stop`]), so a panic is a loud exit for systemd to restart, never
-/// a silent hole. (The Sentinel decider and the agent are restarted in place instead: see
-/// [`crate::supervise::restarting`].)
+/// a silent hole. (The Sentinel decider, the agent and the readiness poll are restarted in
+/// place instead: see [`crate::supervise::restarting`].)
 struct Daemon {
     live: ConfigReader,
     shutdown: CancellationToken,
@@ -129,7 +129,7 @@ impl Daemon {
         let maintenance = Arc::new(Maintenance::default());
         let handoffs = maintenance.handoffs.subscribe();
         let mask = crate::switchover::mask::run(raw.clone(), handoffs, published, self.stop());
-        self.tasks.spawn(mask.map(Ok));
+        self.tasks.spawn(mask);
         let (drain, drain_tx) = self.start_drain(config);
         // The links leave their records of each master here; the readiness poll reads them.
         let heard = crate::readiness::Heard::default();
@@ -138,8 +138,13 @@ impl Daemon {
             crate::source::spawn(c, w, e, drain_tx.clone(), heard_by_links.clone(), s)
         };
         let (readiness_tx, readiness) = crate::readiness::channel();
-        let (live, reader) = (self.live.clone(), self.reader.clone());
-        let poll = crate::readiness::poll::run(live, reader, heard, readiness_tx, self.stop());
+        let (live, reader, stop) = (self.live.clone(), self.reader.clone(), self.stop());
+        // Restarted in place if it ends (a bug): it reads untrusted replies from every
+        // configured Sentinel and published node, and its end must cost the verdicts only.
+        let poll = crate::supervise::restarting("the readiness poll", self.stop(), move || {
+            let (live, reader, heard) = (live.clone(), reader.clone(), heard.clone());
+            crate::readiness::poll::run(live, reader, heard, readiness_tx.clone(), stop.clone())
+        });
         self.tasks.spawn(poll.map(Ok));
         let events = self.events.clone();
         let watch =
@@ -191,7 +196,7 @@ impl Daemon {
         if let Some(max_lag) = d.replica_max_lag {
             let follow = crate::readiness::lagging::follow;
             let (filtered, feed) = follow(topology, readiness, max_lag, stop.clone());
-            self.tasks.spawn(feed.map(Ok));
+            self.tasks.spawn(feed);
             topology = filtered;
         }
         self.tasks.spawn(async move {
@@ -327,13 +332,12 @@ fn register_master_series(
                 }
             }
             tokio::select! {
-                changed = reader.changed() => if changed.is_err() { break },
-                _ = shutdown.cancelled() => break,
+                changed = reader.changed() => if changed.is_err() {
+                    return topology::input_closed("the per-master metric series", &shutdown);
+                },
+                _ = shutdown.cancelled() => return Ok(()),
             }
         }
-        // The writer went away or shutdown: wait for shutdown so as not to stop the daemon.
-        shutdown.cancelled().await;
-        Ok(())
     }
 }
 

@@ -40,6 +40,7 @@ pub async fn demo(shutdown: CancellationToken) -> anyhow::Result<()> {
         lab = Lab::start(opts) => lab.context("cannot start the demo cluster")?,
         _ = shutdown.cancelled() => return Ok(()),
     };
+    close_hellos(&lab).await.context("cannot apply the recommended ACL to the demo cluster")?;
     let listeners = Listeners::choose()?;
     let path = write_config(&lab, &listeners)?;
     let config = Config::load(&path)?;
@@ -49,6 +50,53 @@ pub async fn demo(shutdown: CancellationToken) -> anyhow::Result<()> {
     drop(lab);
     say("demo stopped; every process it started is gone");
     result
+}
+
+/// The Sentinels' own user on the demo's data nodes (docs/operating.md's list), with this
+/// password: a loopback demo's, never a deployment's.
+const SENTINEL_USER: &str = "sentinel";
+const SENTINEL_PASSWORD: &str = "demo-sentinel-node-pw";
+const SENTINEL_RULES: &str = "allchannels -@all +multi +exec +ping +info +role +subscribe \
+    +publish +slaveof +replicaof +config|rewrite +client|setname +client|kill +script|kill \
+    +client|pause +failover";
+
+/// The ACL the README recommends, applied to the demo's own cluster so that its first screen
+/// has no warning about the demo itself: the Sentinels get a user of their own on the data
+/// nodes, then the `default` user keeps only the application's channels (`resetchannels
+/// &app:*`), so no client of the demo may publish a Sentinel hello. Connections the Sentinels
+/// opened as `default` are closed; they reconnect with their user before the daemon starts.
+async fn close_hellos(lab: &Lab) -> anyhow::Result<()> {
+    use polestar_lab::query;
+    let acl = |args: &[&str]| {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg(args);
+        cmd
+    };
+    let password = format!(">{SENTINEL_PASSWORD}");
+    let mut sentinel_user = vec!["SETUSER", SENTINEL_USER, "reset", "on", &password];
+    sentinel_user.extend(SENTINEL_RULES.split_whitespace());
+    for node in lab.node_addrs() {
+        query::<String>(node, &acl(&sentinel_user)).await?;
+    }
+    let master = lab.master_name().to_string();
+    for sentinel in lab.sentinel_addrs() {
+        let set = ["SET", &master, "auth-user", SENTINEL_USER, "auth-pass", SENTINEL_PASSWORD];
+        let mut cmd = redis::cmd("SENTINEL");
+        cmd.arg(&set[..]);
+        query::<String>(sentinel, &cmd).await?;
+    }
+    for node in lab.node_addrs() {
+        query::<String>(node, &acl(&["SETUSER", "default", "resetchannels", "&app:*"])).await?;
+        // The Sentinels' links (command and pub/sub), not replication: a replica resyncing
+        // would be a blocker on the first screen.
+        for kind in ["normal", "pubsub"] {
+            let mut kill = redis::cmd("CLIENT");
+            kill.arg(&["KILL", "USER", "default", "TYPE", kind, "SKIPME", "yes"][..]);
+            let _: redis::Value = query(node, &kill).await?;
+        }
+    }
+    // Every Sentinel sees every replica and Sentinel again before polestar asks.
+    lab.wait_converged(std::time::Duration::from_secs(30)).await
 }
 
 /// Fails with the install command when a program the lab runs is missing.

@@ -89,7 +89,9 @@ enum Command {
         /// Refuse unless the node is one of this master's (a hook that knows its master).
         #[arg(long, value_name = "NAME")]
         master: Option<String>,
-        /// How long to wait for the new primary to be published (a primary's handoff).
+        /// How long to wait for what blocks the handoff to clear (another node of the master
+        /// still coming back, a failover, a replica catching up), and then, for a primary, for
+        /// the new primary to be published.
         #[arg(long, default_value = "30s", value_parser = parse_duration)]
         wait: Duration,
         /// A primary's switchover: how long it may wait for its replicas (default 5s).
@@ -231,6 +233,13 @@ fn check(path: &std::path::Path) -> ExitCode {
         Ok(config) => {
             for warning in &config.warnings {
                 eprintln!("{}: warning: {warning}", path.display());
+            }
+            let problems = config.host_problems();
+            for problem in &problems {
+                eprintln!("{}: {problem}", path.display());
+            }
+            if !problems.is_empty() {
+                return ExitCode::from(2);
             }
             println!("{}: {}", path.display(), config.summary());
             ExitCode::SUCCESS

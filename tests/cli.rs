@@ -104,6 +104,8 @@ async fn demo_serves_a_cluster_and_ctrl_c_cleans_up() {
     let mut child = Command::new(BIN)
         .arg("demo")
         .env("NO_COLOR", "1")
+        // The hello ACL check's verdict per node (debug when it passes).
+        .env("POLESTAR_LOG", "info,hickory_server=warn,polestar::sentinel::hello_acl=debug")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -115,6 +117,18 @@ async fn demo_serves_a_cluster_and_ctrl_c_cleans_up() {
     let logs = || format!("stdout:\n{}\nstderr:\n{}", lock(&out).join("\n"), lock(&err).join("\n"));
 
     let (http, dir) = demo_ready(&mut child, &out, &err, logs).await;
+    // The demo applies the README's ACL to its own nodes: polestar finds every one closed to
+    // forged hellos, and the first screen carries no warning about the demo itself.
+    let closed = "the default user may not publish Sentinel hellos";
+    let end = tokio::time::Instant::now() + Duration::from_secs(30);
+    while lock(&err).iter().filter(|l| l.contains(closed)).count() < 3 {
+        assert!(tokio::time::Instant::now() < end, "not every node checked closed:\n{}", logs());
+        tokio::time::sleep(POLL).await;
+    }
+    // The readiness poll asks every second: a few rounds for a blocker to show.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let warned = lock(&err).iter().any(|l| l.contains("WARN") || l.contains("hello_acl event"));
+    assert!(!warned, "the demo's first screen warns:\n{}", logs());
     let body = reqwest::get(format!("http://{http}/v1/masters/mymaster/primary")).await;
     let body = body.expect("the demo's API answers").text().await.expect("a body");
     assert!(body.trim().parse::<std::net::SocketAddr>().is_ok(), "{body}\n{}", logs());

@@ -45,6 +45,12 @@ for doc in README.md docs/operating.md docs/using.md docs/decisions.md; do
   [ -f "/usr/share/doc/polestar/$doc" ] || fail "/usr/share/doc/polestar/$doc is not installed"
 done
 
+# One example configuration per deployment shape (docs/operating.md, "Deployment shapes").
+for shape in central dns-only http-only sentinel-endpoint node-sweeper agent-sentinels agent-upstreams; do
+  [ -f "/usr/share/doc/polestar/examples/$shape.yaml" ] \
+    || fail "/usr/share/doc/polestar/examples/$shape.yaml is not installed"
+done
+
 step "checking the user and permissions"
 entry=$(getent passwd polestar) || fail "no polestar user"
 uid=$(echo "$entry" | cut -d: -f3)

@@ -6,6 +6,7 @@
 pub mod duration;
 pub mod readiness;
 pub mod sentinel_api;
+mod shape;
 pub mod size;
 mod walk;
 
@@ -301,31 +302,6 @@ impl Config {
             .map(|m| m.label.clone())
             .unwrap_or_else(|| label_for(master))
     }
-
-    /// The one-line summary `polestar check` prints.
-    pub fn summary(&self) -> String {
-        let source = match &self.source {
-            Source::Sentinels(s) => format!("{} sentinel(s)", s.addresses.len()),
-            Source::Upstream(u) => format!("upstream {}", u.urls.join(", ")),
-        };
-        let masters = match &self.masters {
-            Some(m) => format!("{} master(s)", m.len()),
-            None => "every monitored master".to_string(),
-        };
-        let dns = match &self.dns {
-            Some(d) => format!("DNS {} on {}", d.zone, join(&d.listen)),
-            None => "no DNS".to_string(),
-        };
-        let http = match &self.http {
-            Some(h) => format!("HTTP on {}", h.listen),
-            None => "no HTTP".to_string(),
-        };
-        let api = match &self.sentinel_api {
-            Some(a) => format!(", Sentinel API on {}", join(&a.listen)),
-            None => String::new(),
-        };
-        format!("ok: {source}, {masters}, {dns}, {http}{api}")
-    }
 }
 
 fn join<T: fmt::Display>(items: &[T]) -> String {
@@ -362,7 +338,7 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
         plaintext(u, sweep.as_ref().and_then(|s| s.as_ref()), p);
     }
     let source = source(sentinels, upstream, p)?;
-    Some(Config {
+    let config = Config {
         source,
         masters: masters.flatten(),
         nodes,
@@ -374,7 +350,9 @@ fn build(value: Value, base: &Path, p: &mut Problems) -> Option<Config> {
         readiness,
         file: None,
         warnings: Vec::new(),
-    })
+    };
+    shape::check(&config, p);
+    Some(config)
 }
 
 /// `nodes`' credentials, `nodes.tls` defaulting to `sentinels.tls` (when `nodes` has no `tls`

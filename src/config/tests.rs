@@ -111,7 +111,9 @@ fn label_clash_is_an_error() {
 
 #[test]
 fn sentinels_or_upstream_exactly_one() {
-    assert!(parse("upstream: http://127.0.0.1:8053").is_ok());
+    assert!(
+        parse("upstream: http://127.0.0.1:8053\ndns: {listen: ['127.0.0.1:53'], zone: x.}").is_ok()
+    );
     assert!(parse("{}").is_err());
     let both = "sentinels: {addresses: ['127.0.0.1:1']}\nupstream: http://127.0.0.1:8053";
     assert!(parse(both).is_err());
@@ -255,15 +257,87 @@ fn an_http_upstream_with_a_token_or_sweep_remote_is_refused_unless_allowed() {
         assert!(problems.iter().any(|p| p.contains("upstream.allow_plaintext")), "{problems:?}");
     }
     let accepted = [
-        format!("{token}, allow_plaintext: true}}"),
+        format!("{token}, allow_plaintext: true}}\nhttp: {{listen: '127.0.0.1:0'}}"),
         "upstream: {urls: ['http://10.0.0.5:8053'], allow_plaintext: true}\nsweep: {remote: true}"
             .into(),
         "upstream: {urls: ['https://10.0.0.5:8053'], token_file: agent.token}\nsweep: {remote: true}"
             .into(),
-        "upstream: http://10.0.0.5:8053".into(),
+        "upstream: http://10.0.0.5:8053\nhttp: {listen: '127.0.0.1:0'}".into(),
         "upstream: http://10.0.0.5:8053\nsweep: {local_ports: [6379]}".into(),
     ];
     for text in accepted {
         assert!(load(&text).is_ok(), "{text}: {:?}", load(&text).err());
     }
+}
+
+/// Every shipped example loads, and says what it does (the file names the shape).
+#[test]
+fn every_example_says_what_it_does() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/examples");
+    let secrets = tempfile::tempdir().expect("temp dir");
+    let pass = secrets.path().join("sentinel-api.pass");
+    std::fs::write(&pass, "s3cret\n").expect("write");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&pass, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    for (name, want) in [
+        ("dns-only.yaml", "serves DNS for redis.internal. on 10.0.0.5:53; drains"),
+        ("http-only.yaml", "serves HTTP on 10.0.0.6:8053; drains"),
+        ("sentinel-endpoint.yaml", "serves the Sentinel protocol on 10.0.0.7:26379; drains"),
+        (
+            "node-sweeper.yaml",
+            "follows 3 Sentinel(s) (every master they monitor); sweeps local port 6379",
+        ),
+        ("agent-sentinels.yaml", "(mymaster); aborts this host's sockets to old primaries"),
+    ] {
+        let text = std::fs::read_to_string(dir.join(name)).expect("an example");
+        let text = text.replace("/etc/polestar/", &format!("{}/", secrets.path().display()));
+        let config =
+            Config::parse(&text, secrets.path()).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        let summary = config.summary();
+        assert!(summary.contains(want), "{name}: {summary}");
+        assert!(config.warnings.is_empty(), "{name}: {:?}", config.warnings);
+    }
+}
+
+/// A configuration that would start and serve no one is refused, each section that cannot act
+/// named; one that only drains, or has an idle `sweep` beside a real duty, is warned about.
+#[test]
+fn a_configuration_that_does_nothing_is_refused_with_every_reason() {
+    let refused = [
+        (
+            "upstream: http://10.0.0.5:8053",
+            vec!["(top level): follows its upstreams and does nothing"],
+        ),
+        ("upstream: http://10.0.0.5:8053\nsweep: {}", vec!["sweep: sweeps nothing", "(top level)"]),
+        (
+            "sentinels: {addresses: ['127.0.0.1:1']}\ndrain: {enabled: false}\nsweep: {remote: false}",
+            vec![
+                "sweep: sweeps nothing",
+                "drain.enabled: false",
+                "(top level): follows the Sentinels",
+            ],
+        ),
+        (
+            "sentinels: {addresses: ['127.0.0.1:1']}\ndns: {listen: ['127.0.0.1:53']}",
+            vec!["dns.zone: missing"],
+        ),
+        ("{}", vec!["sentinels: missing"]),
+    ];
+    for (text, wants) in refused {
+        let problems = parse(text).expect_err(text);
+        for want in wants {
+            assert!(problems.iter().any(|p| p.starts_with(want)), "{want:?} in {problems:?}");
+        }
+    }
+    let drains_only = parse("sentinels: {addresses: ['127.0.0.1:1']}").expect("it drains");
+    assert!(drains_only.warnings.iter().any(|w| w.contains("publishes the primary nowhere")));
+    let idle =
+        parse("sentinels: {addresses: ['127.0.0.1:1']}\nhttp: {listen: '127.0.0.1:0'}\nsweep: {}")
+            .expect("it serves HTTP");
+    assert!(
+        idle.warnings.iter().any(|w| w.starts_with("sweep: sweeps nothing")),
+        "{:?}",
+        idle.warnings
+    );
+    assert!(!idle.summary().contains("sweeps"), "{}", idle.summary());
 }

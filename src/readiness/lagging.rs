@@ -31,21 +31,26 @@ pub fn filter(snapshot: &Snapshot, board: &Board, max_lag: u64) -> Snapshot {
 }
 
 /// A topology reader that follows `topology` and `board` through [`filter`], and the task
-/// that feeds it (it ends at shutdown, or when the topology's writer is gone).
+/// that feeds it until shutdown. The topology is the main input: its writer gone while the
+/// daemon runs ends the task with an error. The board is a side input: if its writer went
+/// away, the last verdicts stay in force and topology changes still pass.
 pub fn follow(
     mut topology: TopologyReader,
     mut board: Reader,
     max_lag: u64,
     shutdown: CancellationToken,
-) -> (TopologyReader, impl Future<Output = ()>) {
+) -> (TopologyReader, impl Future<Output = anyhow::Result<()>>) {
     let first = filter(&topology.borrow_and_update(), &board.borrow_and_update(), max_lag);
     let (tx, rx) = watch::channel(Arc::new(first));
     let feed = async move {
+        let mut board_open = true;
         loop {
             tokio::select! {
-                changed = topology.changed() => if changed.is_err() { break },
-                changed = board.changed() => if changed.is_err() { break },
-                () = shutdown.cancelled() => break,
+                changed = topology.changed() => if changed.is_err() {
+                    return crate::topology::input_closed("the replica lag filter", &shutdown);
+                },
+                changed = board.changed(), if board_open => board_open = changed.is_ok(),
+                () = shutdown.cancelled() => return Ok(()),
             }
             let next = filter(&topology.borrow_and_update(), &board.borrow_and_update(), max_lag);
             tx.send_if_modified(|current| {
@@ -56,7 +61,6 @@ pub fn follow(
                 !same
             });
         }
-        shutdown.cancelled().await;
     };
     (rx, feed)
 }
@@ -108,5 +112,20 @@ mod tests {
         assert_eq!(healthy(&filter(&snapshot(), &board, 1000)), [1]);
         assert_eq!(healthy(&filter(&snapshot(), &board, 5000)), [1, 2]);
         assert_eq!(healthy(&filter(&snapshot(), &Board::default(), 0)), [1, 2, 3], "not judged");
+    }
+
+    /// The readiness poll gone (its board closed) leaves the last verdicts, not a frozen view.
+    #[tokio::test]
+    async fn topology_changes_pass_after_the_board_closed() {
+        let (publisher, topology) = crate::topology::channel();
+        let (board_tx, board) = crate::readiness::channel();
+        let stop = CancellationToken::new();
+        let (mut filtered, feed) = follow(topology, board, 1000, stop.clone());
+        let feed = tokio::spawn(feed);
+        drop(board_tx);
+        publisher.replace(snapshot());
+        filtered.wait_for(|s| s.masters.contains_key("m")).await.expect("fed");
+        stop.cancel();
+        feed.await.expect("no panic").expect("a clean end at shutdown");
     }
 }

@@ -79,6 +79,9 @@ impl Reloader {
         match self.reload() {
             Ok(changes) if changes.is_empty() => tracing::info!("reloaded {file}: no changes"),
             Ok(changes) => {
+                for turned in &changes.turned {
+                    tracing::warn!("reloaded {file}: {turned}");
+                }
                 for setting in &changes.restart {
                     tracing::warn!("reloaded {file}: {setting} changed; restart polestar to apply");
                 }
@@ -101,11 +104,14 @@ pub struct Changes {
     pub applied: Vec<&'static str>,
     /// Not applied: they take a restart.
     pub restart: Vec<&'static str>,
+    /// Sections turned on or off, each with what happens to its shape now: in an operator's
+    /// words, for the log.
+    pub turned: Vec<String>,
 }
 
 impl Changes {
     pub fn between(old: &Config, new: &Config) -> Self {
-        Self { applied: applied(old, new), restart: restart(old, new) }
+        Self { applied: applied(old, new), restart: restart(old, new), turned: turned(old, new) }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -146,6 +152,59 @@ fn applied(old: &Config, new: &Config) -> Vec<&'static str> {
         "sentinel_api.password_file",
     );
     applied
+}
+
+/// The sections a reload turns on or off, and what that does while running. The listeners'
+/// sections (`dns`, `http`, `sentinel_api`) are bound once, at start: one turned on is not
+/// served until a restart, one turned off keeps serving until then (what served is never left
+/// silent by a reload). `sweep` and `drain` start and stop at once; so does the source when it
+/// changes from Sentinels to upstreams or back (its watcher is replaced, see [`watcher`]).
+fn turned(old: &Config, new: &Config) -> Vec<String> {
+    let mut turned = Vec::new();
+    let listeners = [
+        ("dns", "DNS", old.dns.is_some(), new.dns.is_some()),
+        ("http", "HTTP", old.http.is_some(), new.http.is_some()),
+        (
+            "sentinel_api",
+            "the Sentinel protocol",
+            old.sentinel_api.is_some(),
+            new.sentinel_api.is_some(),
+        ),
+    ];
+    for (section, what, was, is) in listeners {
+        match (was, is) {
+            (false, true) => turned.push(format!(
+                "`{section}` turned on: {what} is not served until polestar restarts (listeners are bound at start)"
+            )),
+            (true, false) => turned.push(format!(
+                "`{section}` turned off: {what} is still served until polestar restarts"
+            )),
+            _ => {}
+        }
+    }
+    let sweeps =
+        |c: &Config| c.sweep.as_ref().is_some_and(|s| !s.local_ports.is_empty() || s.remote);
+    match (sweeps(old), sweeps(new)) {
+        (false, true) => turned.push("`sweep` turned on: sockets are swept from the next primary change (if this process may destroy them)".into()),
+        (true, false) => turned.push("`sweep` turned off: sweeps under way finish, no new ones start".into()),
+        _ => {}
+    }
+    match (old.drains(), new.drains()) {
+        (false, true) => turned
+            .push("`drain` turned on: the next failover fences and drains the old primary".into()),
+        (true, false) => turned.push(
+            "`drain` turned off: a drain under way finishes, the next failover drains nothing"
+                .into(),
+        ),
+        _ => {}
+    }
+    use crate::config::Source;
+    match (&old.source, &new.source) {
+        (Source::Sentinels(_), Source::Upstream(_)) => turned.push("`upstream` in place of `sentinels`: the agent takes over once it has a full picture, then the Sentinel watcher stops".into()),
+        (Source::Upstream(_), Source::Sentinels(_)) => turned.push("`sentinels` in place of `upstream`: the Sentinel watcher takes over once it has a full picture, then the agent stops".into()),
+        _ => {}
+    }
+    turned
 }
 
 /// The sections that differ and take a restart.

@@ -95,3 +95,29 @@ fn sentinel_api_peers_apply_and_its_listener_needs_a_restart() {
     assert_eq!(kept.listen[0].port(), 26380, "the bound address stays published");
     assert_eq!(kept.peers[0].host, "10.0.0.2", "the new peers are");
 }
+
+/// A reload that turns a section on or off says what that does to its shape: a listener's
+/// section waits for a restart (and one turned off keeps serving), `sweep` and `drain` change
+/// at once.
+#[test]
+fn sections_turned_on_or_off_are_named_with_what_happens() {
+    let with = format!(
+        "{BASE}dns: {{ listen: [\"127.0.0.1:53\"], zone: x. }}\nsweep: {{ remote: true }}\n\
+         drain: {{ enabled: false }}\n"
+    );
+    let on = Changes::between(&parse(BASE), &parse(&with));
+    let has = |changes: &Changes, want: &str| changes.turned.iter().any(|t| t.starts_with(want));
+    assert!(has(&on, "`dns` turned on: DNS is not served until polestar restarts"), "{on:?}");
+    assert!(has(&on, "`sweep` turned on"), "{on:?}");
+    assert!(has(&on, "`drain` turned off"), "{on:?}");
+    assert_eq!(on.restart, ["dns"]);
+    let without_http = with.replace("http: { listen: \"127.0.0.1:8053\" }\n", "");
+    let off = Changes::between(&parse(&with), &parse(&without_http));
+    assert!(
+        has(&off, "`http` turned off: HTTP is still served until polestar restarts"),
+        "{off:?}"
+    );
+    let kept = keep_listeners(&parse(&with), parse(&without_http));
+    assert!(kept.http.is_some(), "the running HTTP server stays published");
+    assert!(Changes::between(&parse(BASE), &parse(BASE)).turned.is_empty());
+}

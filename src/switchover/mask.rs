@@ -52,8 +52,9 @@ impl Handoffs {
         self.tx.send_if_modified(|out| out.insert((master.to_string(), node)))
     }
 
-    pub fn bring_back(&self, master: &str, node: SocketAddr) {
-        self.tx.send_if_modified(|out| out.remove(&(master.to_string(), node)));
+    /// Brings `node` back; false if it was not out.
+    pub fn bring_back(&self, master: &str, node: SocketAddr) -> bool {
+        self.tx.send_if_modified(|out| out.remove(&(master.to_string(), node)))
     }
 }
 
@@ -76,26 +77,33 @@ pub fn mask(snapshot: &Snapshot, out: &Out) -> Snapshot {
     masked
 }
 
-/// Copies `raw` into `writer`, masked, on every change of either, until shutdown. Nothing is
-/// published before the raw side has published once.
+/// Copies `raw` into `publisher`, masked, on every change of either, until shutdown. Nothing
+/// is published before the raw side has published once.
+///
+/// `raw` is the main input: its writer going away while the daemon runs is an error, the
+/// daemon's to report (STYLE rule 14). The handoffs are a side input: a polestar without an
+/// HTTP API has nobody to ask for one, so their sender may be gone from the start, and the
+/// last set (empty) simply stays in force.
 pub async fn run(
     mut raw: TopologyReader,
     mut out: watch::Receiver<Out>,
     publisher: Publisher,
     shutdown: CancellationToken,
-) {
+) -> anyhow::Result<()> {
+    let mut handoffs_open = true;
     loop {
         let snapshot = raw.borrow_and_update().clone();
         if snapshot.version > 0 {
             publisher.replace(mask(&snapshot, &out.borrow_and_update()));
         }
         tokio::select! {
-            changed = raw.changed() => if changed.is_err() { break },
-            changed = out.changed() => if changed.is_err() { break },
-            () = shutdown.cancelled() => return,
+            changed = raw.changed() => if changed.is_err() {
+                return crate::topology::input_closed("the handoff mask", &shutdown);
+            },
+            changed = out.changed(), if handoffs_open => handoffs_open = changed.is_ok(),
+            () = shutdown.cancelled() => return Ok(()),
         }
     }
-    shutdown.cancelled().await;
 }
 
 #[cfg(test)]
@@ -165,6 +173,40 @@ mod tests {
         handoffs.bring_back("a", node);
         public.wait_for(|s| s.masters["a"].replicas[0].healthy).await.unwrap();
         stop.cancel();
-        task.await.unwrap();
+        task.await.unwrap().unwrap();
+    }
+
+    /// Without an HTTP API nothing holds the handoffs' sender: the mask must go on copying
+    /// every change (it stopped, and a polestar without `http:` served nothing).
+    #[tokio::test]
+    async fn the_stage_follows_the_writer_when_nobody_can_ask_for_a_handoff() {
+        let (raw_publisher, raw) = crate::topology::channel();
+        let (publisher, mut public) = crate::topology::channel();
+        let handoffs = Handoffs::default();
+        let subscribed = handoffs.subscribe();
+        drop(handoffs);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(raw, subscribed, publisher, stop.clone()));
+        raw_publisher.replace(snapshot());
+        public.wait_for(|s| s.version > 0).await.unwrap();
+        let mut next = snapshot();
+        next.masters.remove("b");
+        raw_publisher.replace(next);
+        public.wait_for(|s| !s.masters.contains_key("b")).await.unwrap();
+        stop.cancel();
+        task.await.unwrap().unwrap();
+    }
+
+    /// The writer gone while the daemon runs is an error, not a quiet end.
+    #[tokio::test]
+    async fn the_writer_gone_before_shutdown_is_an_error() {
+        let (raw_publisher, raw) = crate::topology::channel();
+        let (publisher, _public) = crate::topology::channel();
+        let handoffs = Handoffs::default();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(raw, handoffs.subscribe(), publisher, stop.clone()));
+        drop(raw_publisher);
+        let ended = task.await.unwrap();
+        assert!(ended.is_err(), "{ended:?}");
     }
 }

@@ -156,6 +156,24 @@ impl Net {
         Ok(())
     }
 
+    /// Stops one process as an operator does (SIGTERM) and reaps it; killed if it has not
+    /// exited within `grace`.
+    pub fn terminate(&self, label: &str, grace: Duration) {
+        let mut procs = self.lock_procs();
+        if let Some(i) = procs.iter().position(|(l, _, _)| l == label) {
+            let (_, mut child, _) = procs.remove(i);
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+            let deadline = std::time::Instant::now() + grace;
+            while std::time::Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            reap(&mut child);
+        }
+    }
+
     /// Kills and reaps one process.
     pub fn stop(&self, label: &str) {
         let mut procs = self.lock_procs();

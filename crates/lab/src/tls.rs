@@ -50,6 +50,19 @@ impl Certs {
         })
     }
 
+    /// A server certificate signed by the CA that [`Certs::generate`] made in `dir`, naming
+    /// `ips` (an HTTPS API on other hosts than loopback): `(<name>.crt, <name>.key)`.
+    pub fn server(
+        dir: &Path,
+        name: &str,
+        ips: &[std::net::IpAddr],
+    ) -> anyhow::Result<(PathBuf, PathBuf)> {
+        let names: Vec<String> = ips.iter().map(|ip| format!("IP:{ip}")).collect();
+        let san = format!("subjectAltName={}", names.join(","));
+        sign(dir, name, "polestar API", Some(&san), "serverAuth")?;
+        Ok((dir.join(format!("{name}.crt")), dir.join(format!("{name}.key"))))
+    }
+
     /// A client of the lab's processes: trusts the lab's CA, presents polestar's certificate
     /// (ring, the provider polestar uses).
     pub fn client_config(&self) -> anyhow::Result<Arc<ClientConfig>> {
