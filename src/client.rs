@@ -187,7 +187,7 @@ pub async fn request_failover_with(
 }
 
 /// A handoff asked for: the node (`ip:port`), the master it must be a node of (if given), and
-/// how long to wait for a new primary.
+/// how long to wait for its blockers to clear and for a new primary.
 pub struct Handoff<'a> {
     pub node: &'a str,
     pub master: Option<&'a str>,
@@ -221,7 +221,8 @@ pub async fn request_handoff(
     if let Some(master) = master {
         query.push(("master", master.to_string()));
     }
-    let hold = wait + limits.hold();
+    // The blockers' wait, then the new primary's.
+    let hold = wait * 2 + limits.hold();
     api.post(&["v1", "nodes", node, "handoff"], &query, Some(hold)).await
 }
 

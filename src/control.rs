@@ -101,6 +101,17 @@ pub struct HandedOff {
     pub drained: usize,
     /// The node was already handed off and nothing had to be done again.
     pub already: bool,
+    /// What the handoff waited for before it could be done (`--wait`), if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waited: Option<Waited>,
+}
+
+/// What a handoff waited for: each blocker (its last words) and how long in all.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Waited {
+    pub ms: u64,
+    #[serde(rename = "for")]
+    pub for_: Vec<String>,
 }
 
 /// Why a switchover or a handoff was refused. Nothing is left fenced by any of them.
@@ -142,6 +153,23 @@ pub enum SwitchoverError {
     HandedOff { master: String, replica: SocketAddr },
     #[error("handoff of {node} refused: {why}")]
     Refused { node: SocketAddr, why: String },
+    #[error("a handoff of {0} is already being asked for: nothing more done")]
+    Twice(SocketAddr),
+    /// A blocker that could have cleared was still there when the handoff's wait ended; for
+    /// a primary, what stopping it now would cost.
+    #[error(
+        "{why} (still so after waiting {}{}){}",
+        crate::config::duration::format(std::time::Duration::from_secs(waited.as_secs())),
+        if before.is_empty() { String::new() } else { format!("; before that: {}", before.join("; ")) },
+        cost.as_ref().map(|c| format!("; stopping it now: {c}")).unwrap_or_default()
+    )]
+    Blocked {
+        why: Box<SwitchoverError>,
+        waited: std::time::Duration,
+        /// The other blockers met while it waited (their last words).
+        before: Vec<String>,
+        cost: Option<String>,
+    },
     /// Sentinel accepted, but the new primary was not published in time.
     #[error("{0}")]
     TimedOut(String),
@@ -155,6 +183,7 @@ impl SwitchoverError {
         match self {
             Self::TooFarBehind { replica, lag_bytes, .. }
             | Self::NotCaughtUp { replica, lag_bytes, .. } => Some((*replica, *lag_bytes)),
+            Self::Blocked { why, .. } => why.lag(),
             _ => None,
         }
     }

@@ -56,6 +56,8 @@ pub enum Kind {
     Switchover,
     Handoff,
     HandoffEnded,
+    /// A handoff refused once its wait was over (for a primary: what stopping it would cost).
+    HandoffRefused,
     /// A data node whose `default` user may publish Sentinel hellos.
     HelloAcl,
     /// An agent's upstream answering again, or not.
@@ -64,7 +66,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 26] = [
+    pub const ALL: [Kind; 27] = [
         Kind::Switch,
         Kind::Revert,
         Kind::Stale,
@@ -88,6 +90,7 @@ impl Kind {
         Kind::Switchover,
         Kind::Handoff,
         Kind::HandoffEnded,
+        Kind::HandoffRefused,
         Kind::HelloAcl,
         Kind::UpstreamUp,
         Kind::UpstreamDown,
@@ -118,6 +121,7 @@ impl Kind {
             Kind::Switchover => "switchover",
             Kind::Handoff => "handoff",
             Kind::HandoffEnded => "handoff_ended",
+            Kind::HandoffRefused => "handoff_refused",
             Kind::HelloAcl => "hello_acl",
             Kind::UpstreamUp => "upstream_up",
             Kind::UpstreamDown => "upstream_down",
@@ -221,10 +225,27 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// A duration in milliseconds to the microsecond, as logs and events carry latencies
+/// (`latency_ms=0.059`, not `0.059948999999999995`).
+pub fn millis(d: std::time::Duration) -> f64 {
+    d.as_micros() as f64 / 1e3
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn latencies_are_rounded_to_the_microsecond() {
+        let shown = |nanos| millis(std::time::Duration::from_nanos(nanos)).to_string();
+        assert_eq!(shown(59_949), "0.059");
+        assert_eq!(shown(2_503_118_234), "2503.118");
+        assert_eq!(
+            json!({"latency_ms": millis(std::time::Duration::from_nanos(59_949))}).to_string(),
+            r#"{"latency_ms":0.059}"#
+        );
+    }
 
     #[test]
     fn ids_increase_and_since_filters() {

@@ -102,6 +102,7 @@ impl Current {
             raw: with.raw.clone(),
             events: with.events.clone(),
             drain: with.drain.clone(),
+            max_lag: config.readiness.max_lag,
         };
         Ok((&with.maintenance, deps))
     }

@@ -18,7 +18,8 @@ use super::{ApiError, Shared};
 use crate::config::{duration, size};
 use crate::control::{SwitchoverError, SwitchoverOptions};
 
-/// How long a handoff waits for the new primary when `?wait=` names no time.
+/// How long a handoff waits for its blockers to clear, and then for the new primary, when
+/// `?wait=` names no time.
 const HANDOFF_WAIT: Duration = Duration::from_secs(30);
 
 /// `?max_wait=5s&max_lag=1MB`, checked before anything is asked of a node.
@@ -50,19 +51,34 @@ pub fn refusal(error: SwitchoverError) -> ApiError {
             StatusCode::CONFLICT
         }
         E::Refused { .. } | E::OtherMaster { .. } | E::HandedOff { .. } => StatusCode::CONFLICT,
+        E::Twice(_) | E::Blocked { .. } => StatusCode::CONFLICT,
         E::Fence { .. } => StatusCode::BAD_GATEWAY,
         E::TimedOut(_) => StatusCode::GATEWAY_TIMEOUT,
         E::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
         E::Control(_) => StatusCode::OK,
     };
     let lag = error.lag();
+    let blocked = match &error {
+        E::Blocked { waited, cost, .. } => Some((waited.as_millis() as u64, cost.clone())),
+        _ => None,
+    };
     let api = match error {
         E::Control(control) => ApiError::from(control),
         other => ApiError::new(status, other.to_string()),
     };
-    match lag {
+    let api = match lag {
         Some((replica, lag_bytes)) => {
             api.with("replica", json!(replica.to_string())).with("lag_bytes", json!(lag_bytes))
+        }
+        None => api,
+    };
+    match blocked {
+        Some((waited_ms, cost)) => {
+            let api = api.with("waited_ms", json!(waited_ms));
+            match cost {
+                Some(cost) => api.with("cost", json!(cost)),
+                None => api,
+            }
         }
         None => api,
     }

@@ -346,7 +346,7 @@ impl Decider {
         let latency = at.elapsed();
         let from = old.as_ref().map(ToString::to_string);
         let (to, epoch, via) = (new.node, new.epoch, cause.as_str());
-        let ms = latency.as_secs_f64() * 1e3;
+        let ms = crate::events::millis(latency);
         tracing::info!(%master, from = from.as_deref().unwrap_or("-"), to = %to, epoch, via, latency_ms = ms, "switch");
         metrics::histogram!(m::PUBLISH_LATENCY).record(latency.as_secs_f64());
         if from.is_some() {

@@ -26,10 +26,16 @@ pub enum Verdict {
 }
 
 impl Reading {
-    /// The replica furthest behind the primary and its lag in bytes (`None`: no replicas).
+    /// The replica furthest behind the primary and its lag in bytes (`None`: no replicas). A
+    /// replica *ahead* of the primary's offset has another replication history (it was read
+    /// after the primary's second offset, so it cannot be ahead in this one): none of the
+    /// primary's stream is known to be in it, and it counts as the whole offset behind.
     pub fn furthest(&self) -> Option<(SocketAddr, u64)> {
         let top = self.primary_before.max(self.primary_after);
-        let lag = |offset: Option<u64>| offset.map_or(top, |o| top.saturating_sub(o));
+        let lag = |offset: Option<u64>| match offset {
+            Some(o) if o <= top => top - o,
+            _ => top,
+        };
         let behind = self.replicas.iter().map(|(addr, offset)| (*addr, lag(*offset)));
         behind.max_by_key(|(_, lag)| *lag)
     }
@@ -89,7 +95,17 @@ mod tests {
             // A replica past the offset read first (the stream moved): never counted as done.
             (reading(100, 120, &[(1, Some(120))]), s(1), Verdict::Wait { replica: at(1), lag: 1 }),
             (reading(100, 120, &[(1, Some(110))]), s(1), Verdict::Wait { replica: at(1), lag: 10 }),
-            (reading(100, 100, &[(1, Some(130))]), s(0), Verdict::CaughtUp),
+            // Ahead of the primary: another history, never caught up.
+            (
+                reading(100, 100, &[(1, Some(130))]),
+                s(0),
+                Verdict::Wait { replica: at(1), lag: 100 },
+            ),
+            (
+                reading(100, 100, &[(1, Some(100)), (2, Some(130))]),
+                s(5),
+                Verdict::GiveUp { replica: at(2), lag: 100 },
+            ),
         ];
         for (reading, elapsed, verdict) in table {
             assert_eq!(judge(&reading, elapsed, s(5)), verdict, "{reading:?} after {elapsed:?}");

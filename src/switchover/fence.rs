@@ -56,16 +56,16 @@ impl Fence {
 
     /// Stops renewing: the pause lapses within [`pause_length`] (someone else, the drain side,
     /// holds the node from here on).
-    pub async fn release(self) {
+    pub async fn release(mut self) {
         self.stop.cancel();
-        let _ = self.renewal.await;
+        let _ = (&mut self.renewal).await;
     }
 
     /// Stops renewing and lifts the pause at once (only when no failover follows it), over
     /// the renewal's connection, or a new one if that one fails or its task is gone.
-    pub async fn lift(self) -> Result<(), String> {
+    pub async fn lift(mut self) -> Result<(), String> {
         self.stop.cancel();
-        if let Ok(link) = self.renewal.await
+        if let Ok(link) = (&mut self.renewal).await
             && link.unpause(NODE_DEADLINE).await.is_ok()
         {
             return Ok(());
@@ -81,6 +81,14 @@ impl Fence {
             let _ = tokio::time::timeout(limit, done).await;
             self.release().await;
         });
+    }
+}
+
+/// A fence dropped unreleased (its switchover's future dropped halfway) is renewed no more:
+/// it lapses within [`pause_length`], as when polestar dies.
+impl Drop for Fence {
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }
 

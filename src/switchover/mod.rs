@@ -29,10 +29,13 @@
 //! to be stopped: `choose::handed_off_candidate`).
 //!
 //! The handoff of a replica takes it out of every replica answer at once ([`mask`]: it is
-//! published unhealthy), drains its clients, and lets it back once Sentinel reports it
-//! healthy after its restart; one node of a master at a time, never the last healthy replica,
-//! and (when the caller names the master) never a node of another master.
+//! published unhealthy), drains its clients, and lets it back once it is back ([`back`]:
+//! restarted, a linked and caught-up replica of the published primary, looked at directly);
+//! one node of a master at a time, never the last healthy replica, the primary's handoff
+//! included, and (when the caller names the master) never a node of another master. What can
+//! clear by itself is waited for within the handoff's `wait` ([`handoff`]).
 
+mod back;
 mod catchup;
 mod choose;
 mod fence;
@@ -43,9 +46,9 @@ pub mod mask;
 mod run;
 mod version;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::config::{Auth, Sentinels};
@@ -57,6 +60,7 @@ use crate::topology::{Master, MasterState, TopologyReader};
 pub use mask::Handoffs;
 
 /// What a switchover or a handoff works with, from the running configuration.
+#[derive(Clone)]
 pub struct Deps {
     pub sentinels: Sentinels,
     pub nodes: Auth,
@@ -69,6 +73,8 @@ pub struct Deps {
     pub raw: TopologyReader,
     pub events: Arc<EventLog>,
     pub drain: Option<DrainHandle>,
+    /// `readiness.max_lag`: how far behind a node handed off may be and count as back.
+    pub max_lag: u64,
 }
 
 impl Deps {
@@ -85,42 +91,60 @@ impl Deps {
 }
 
 /// What lives from one request to the next: the masters a switchover or a handoff runs for
-/// now (one at a time per master), and the replicas handed off.
+/// now (one at a time per master), the nodes a handoff is asked for now (one request at a time
+/// per node), and the nodes handed off, with what was known of each when it was.
 #[derive(Default)]
 pub struct Maintenance {
     busy: Mutex<BTreeSet<String>>,
+    asking: Mutex<BTreeSet<SocketAddr>>,
     pub handoffs: Handoffs,
+    marks: Mutex<HashMap<SocketAddr, handoff::Marked>>,
 }
 
-/// Holds a master for one switchover or handoff; dropping it frees the master.
-struct Busy<'a> {
-    maintenance: &'a Maintenance,
-    master: String,
+/// A key held in one of [`Maintenance`]'s sets; dropping it frees the key. It owns its
+/// `Maintenance`, so that a switchover's task can keep it past a caller that went away.
+struct Held<K: Ord + 'static> {
+    maintenance: Arc<Maintenance>,
+    set: fn(&Maintenance) -> &Mutex<BTreeSet<K>>,
+    key: K,
 }
 
-impl Drop for Busy<'_> {
+impl<K: Ord + 'static> Drop for Held<K> {
     fn drop(&mut self) {
-        self.maintenance.lock().remove(&self.master);
+        lock((self.set)(&self.maintenance)).remove(&self.key);
     }
+}
+
+/// Only inserts and removes under these locks: a poisoned one is still consistent.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Maintenance {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
-        // Only inserts and removes under the lock: a poisoned set is still consistent.
-        self.busy.lock().unwrap_or_else(|p| p.into_inner())
+    fn hold<K: Ord + Clone>(
+        self: &Arc<Self>,
+        set: fn(&Self) -> &Mutex<BTreeSet<K>>,
+        key: &K,
+    ) -> Option<Held<K>> {
+        let fresh = lock(set(self)).insert(key.clone());
+        fresh.then(|| Held { maintenance: self.clone(), set, key: key.clone() })
     }
 
-    fn take(&self, master: &str) -> Result<Busy<'_>, SwitchoverError> {
-        if !self.lock().insert(master.to_string()) {
+    fn take(self: &Arc<Self>, master: &str) -> Result<Held<String>, SwitchoverError> {
+        self.hold(|m| &m.busy, &master.to_string()).ok_or_else(|| {
             let why = "another switchover or handoff of it is running".to_string();
-            return Err(SwitchoverError::Busy { master: master.to_string(), why });
-        }
-        Ok(Busy { maintenance: self, master: master.to_string() })
+            SwitchoverError::Busy { master: master.to_string(), why }
+        })
+    }
+
+    /// Holds `node` for one handoff request: a second one at the same time is refused.
+    fn asking(self: &Arc<Self>, node: SocketAddr) -> Result<Held<SocketAddr>, SwitchoverError> {
+        self.hold(|m| &m.asking, &node).ok_or(SwitchoverError::Twice(node))
     }
 
     /// The lossless switchover of `master` (see the module doc).
     pub async fn switchover(
-        &self,
+        self: &Arc<Self>,
         deps: &Deps,
         master: &str,
         options: SwitchoverOptions,
@@ -132,9 +156,9 @@ impl Maintenance {
             let why = "a failover is in progress".to_string();
             return Err(SwitchoverError::Busy { master: master.to_string(), why });
         }
-        let _busy = self.take(master)?;
+        let busy = self.take(master)?;
         let handed_off = self.handoffs.of(master);
-        run::switchover(deps, master, primary.addr(), &handed_off, options).await
+        run::to_the_end(busy, deps, master, primary.addr(), handed_off, options).await
     }
 
     /// The handoff of `node` (see [`handoff`]), of `master` if given.

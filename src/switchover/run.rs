@@ -52,6 +52,28 @@ pub async fn switchover(
     result
 }
 
+/// [`switchover`] in a task of its own, which keeps `busy`: a caller that goes away (an HTTP
+/// client that disconnects) does not stop it halfway, the fence renewed or the drain's
+/// coordinated mark set with nobody left to lift them. It runs to its end, which lifts or
+/// releases both, and frees the master then.
+pub async fn to_the_end(
+    busy: impl Send + 'static,
+    deps: &Deps,
+    master: &str,
+    primary: SocketAddr,
+    handed_off: Vec<SocketAddr>,
+    options: SwitchoverOptions,
+) -> Result<Switched, SwitchoverError> {
+    let (deps, name) = (deps.clone(), master.to_string());
+    let task = tokio::spawn(async move {
+        let _busy = busy;
+        switchover(&deps, &name, primary, &handed_off, options).await
+    });
+    task.await.unwrap_or_else(|e| {
+        Err(SwitchoverError::Fence { node: primary, why: format!("the switchover failed: {e}") })
+    })
+}
+
 async fn attempt(
     deps: &Deps,
     master: &str,

@@ -236,21 +236,57 @@ async fn refusals(cluster: &Cluster) -> anyhow::Result<()> {
     };
     anyhow::ensure!(flagged(d2.ip()) && !flagged(d3.ip()), "Sentinel endpoint: {flags:?}");
     anyhow::ensure!(!lab.events("handoff", d2).await.is_empty(), "no handoff event for {d2}");
-    let url = lab.handoff_url(&d3.to_string(), "");
+    // Refusals once a short wait is over: naming the blocker and the wait. Meanwhile a
+    // second request for the same node is refused at once.
     let d2s = d2.to_string();
-    lab.refused("a second replica", url, token, 409, &[&d2s, "one node at a time"]).await?;
-    let url = lab.handoff_url(&d1.to_string(), "");
+    let url = lab.handoff_url(&d3.to_string(), "wait=3s");
+    let first = {
+        let (ctl, url) = (cluster.ctl.clone(), url.clone());
+        tokio::spawn(async move { post_as(&ctl, url, token).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    lab.refused("the same node twice at once", url, token, 409, &[&d3.to_string(), "already"])
+        .await?;
+    let (status, body) = first.await??;
+    let error = body["error"].as_str().unwrap_or("");
+    anyhow::ensure!(
+        status == 409 && error.contains(&d2s) && error.contains("one node at a time"),
+        "a second replica: {status} {body}"
+    );
+    anyhow::ensure!(error.contains("after waiting 3s"), "the wait is not named: {error}");
+    let url = lab.handoff_url(&d1.to_string(), "wait=1s");
     lab.refused("the primary while a replica is out", url, token, 409, &[&d2s, "handed off"])
         .await?;
+    let refusals = events_of(cluster, &cluster.ctl, 0).await;
+    let cost = refusals
+        .iter()
+        .rev()
+        .find(|e| e["kind"] == "handoff_refused" && e["node"] == d1.to_string());
+    anyhow::ensure!(
+        cost.is_some_and(|e| e["cost"].as_str().is_some_and(|c| c.contains("down-after"))),
+        "no handoff_refused event with the cost of stopping {d1}: {cost:?}"
+    );
     let url = lab.url("/v1/masters/mymaster/failover?wait=5s");
     lab.refused("a switchover while a replica is out", url, token, 409, &[&d2s, "handed off"])
         .await?;
+    // A handoff that waits: asked while d2 is out, done once d2 is back from its restart.
+    let waiting = {
+        let (ctl, url) = (cluster.ctl.clone(), lab.handoff_url(&d3.to_string(), "wait=90s"));
+        tokio::spawn(async move { post_as(&ctl, url, token).await })
+    };
     lab.restart(1).await?;
+    let (status, body) = waiting.await??;
+    let waited = body["waited"]["for"].to_string();
+    anyhow::ensure!(
+        status == 200 && body["role"] == "replica" && waited.contains(&d2s),
+        "the handoff that waited for {d2}: {status} {body}"
+    );
     until(&format!("the end of {d2}'s handoff"), Duration::from_secs(10), || async {
         let ended = lab.events("handoff_ended", d2).await;
         ended.iter().any(|e| e["restarted"] == true).then_some(())
     })
     .await?;
+    lab.restart(2).await?;
 
     // The last healthy replica.
     cluster.net.stop("redis-1");
@@ -258,9 +294,13 @@ async fn refusals(cluster: &Cluster) -> anyhow::Result<()> {
         (!listed_healthy(cluster, d2).await).then_some(())
     })
     .await?;
-    let url = lab.handoff_url(&d3.to_string(), "");
+    let url = lab.handoff_url(&d3.to_string(), "wait=1s");
     let d3s = d3.to_string();
     lab.refused("the last healthy replica", url, token, 409, &[&d3s, "last healthy replica"])
+        .await?;
+    // A primary's handoff too: promoted, d3 would have no replica while d1 restarts.
+    let url = lab.handoff_url(&d1.to_string(), "wait=1s");
+    lab.refused("the primary, one healthy replica", url, token, 409, &[&d3s, "last healthy"])
         .await?;
     lab.restart(1).await?;
 
@@ -291,7 +331,7 @@ async fn refusals(cluster: &Cluster) -> anyhow::Result<()> {
         (m["state"] == "failover").then_some(())
     })
     .await?;
-    let (status, body) = post_as(&cluster.ctl, lab.handoff_url(&d3s, ""), token).await?;
+    let (status, body) = post_as(&cluster.ctl, lab.handoff_url(&d3s, "wait=1s"), token).await?;
     let error = body["error"].as_str().unwrap_or("");
     anyhow::ensure!(
         status == 409 && error.contains("failover"),
@@ -400,4 +440,59 @@ async fn setup(cluster: &Cluster) -> anyhow::Result<Lab<'_>> {
     })
     .await?;
     Ok(lab)
+}
+
+/// Regression (issue 35): a replica handed off and then promoted (a failover polestar did not
+/// ask for: `SENTINEL FAILOVER`, the other replica at `replica-priority 0`) is the primary
+/// now. Asking for its handoff again does not answer "already handed off, safe to stop" and
+/// drain the published primary (as it did): it is handed off as the primary it is, with a
+/// switchover away from it, waiting (`?wait=60s`) for the failover to settle first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_handed_off_and_promoted_since_is_handed_off_as_the_primary() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::start(5_000).await.unwrap();
+    let result = promoted_since(&cluster).await;
+    cluster.net.with_logs(result).unwrap();
+}
+
+async fn promoted_since(cluster: &Cluster) -> anyhow::Result<()> {
+    super::start_shaped_at(cluster, "1000mbit").await?;
+    let [d1, d2, d3] = [0, 1, 2].map(|i| SocketAddr::new(cluster.db[i].ip, 6379));
+    let url = |node: SocketAddr, query: &str| {
+        format!("http://{}:{HTTP_PORT}/v1/nodes/{node}/handoff?{query}", cluster.ctl.ip)
+    };
+    let (status, body) = post_as(&cluster.ctl, url(d2, "wait=5s"), Some(TOKEN)).await?;
+    anyhow::ensure!(status == 200 && body["role"] == "replica", "handoff of {d2}: {status} {body}");
+    let out = cluster.cli(&cluster.db[2], 6379, &["CONFIG", "SET", "replica-priority", "0"]);
+    anyhow::ensure!(out.trim() == "OK", "CONFIG SET replica-priority: {out}");
+    until("every Sentinel to see d3's priority 0", Duration::from_secs(30), || async {
+        let all = cluster.db.iter().all(|h| {
+            let out = cluster.cli(h, 26379, &["SENTINEL", "REPLICAS", "mymaster"]);
+            let lines: Vec<&str> = out.lines().map(str::trim).collect();
+            let at = lines.windows(2).position(|w| w == ["ip", &d3.ip().to_string()]);
+            at.is_some_and(|at| {
+                lines[at..]
+                    .windows(2)
+                    .find(|w| w[0] == "slave-priority")
+                    .is_some_and(|w| w[1] == "0")
+            })
+        });
+        all.then_some(())
+    })
+    .await?;
+    let out = cluster.cli(&cluster.db[0], 26379, &["SENTINEL", "FAILOVER", "mymaster"]);
+    anyhow::ensure!(out.trim() == "OK", "SENTINEL FAILOVER: {out}");
+    until(&format!("{d2} published as the primary"), Duration::from_secs(30), || async {
+        (super::primary(cluster).await == Some(d2)).then_some(())
+    })
+    .await?;
+    let (status, body) = post_as(&cluster.ctl, url(d2, "wait=60s"), Some(TOKEN)).await?;
+    anyhow::ensure!(
+        status == 200 && body["role"] == "primary" && body["already"] == false,
+        "handoff of {d2}, promoted since its handoff: {status} {body}"
+    );
+    let now = super::primary(cluster).await;
+    anyhow::ensure!(now == Some(d1), "the primary after the handoff of {d2}: {now:?}");
+    eprintln!("handoff of the promoted {d2}: {body}");
+    Ok(())
 }
