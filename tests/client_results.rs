@@ -219,26 +219,43 @@ pub fn unbound_version() -> String {
 
 /// The versions `tests/clients/package.json` and `requirements.txt` pin, by the library names
 /// the clients print (`ioredis`, `node-redis`, `redis-py`, `valkey-glide`).
-fn pins() -> BTreeMap<String, String> {
+fn pins() -> BTreeMap<String, BTreeSet<String>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients");
     let package = std::fs::read_to_string(dir.join("package.json")).expect("package.json");
     let package: Value = serde_json::from_str(&package).expect("package.json is JSON");
-    let npm = |name: &str| package["dependencies"][name].as_str().map(String::from);
-    let requirements = std::fs::read_to_string(dir.join("requirements.txt")).expect("requirements");
-    let pip = |name: &str| {
-        requirements
-            .lines()
-            .find_map(|l| l.trim().strip_prefix(&format!("{name}==")))
-            .map(String::from)
+    // `"ioredis5": "npm:ioredis@5.8.2"`: an alias of a previous major.
+    let npm = |name: &str| {
+        let pin = package["dependencies"][name].as_str()?;
+        Some(pin.rsplit_once('@').map_or(pin, |(_, v)| v).to_string())
+    };
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).expect("requirements");
+    let (requirements, previous) = (read("requirements.txt"), read("requirements-previous.txt"));
+    let pip = |text: &str, name: &str| {
+        text.lines().find_map(|l| l.trim().strip_prefix(&format!("{name}=="))).map(String::from)
     };
     let pinned = [
         ("ioredis", npm("ioredis")),
+        ("ioredis", npm("ioredis5")),
+        ("iovalkey", npm("iovalkey")),
         ("node-redis", npm("redis")),
-        ("redis-py", pip("redis")),
-        ("valkey-glide", pip("valkey-glide")),
+        ("node-redis", npm("redis5")),
+        ("redis-py", pip(&requirements, "redis")),
+        ("redis-py", pip(&previous, "redis")),
+        ("valkey-py", pip(&requirements, "valkey")),
+        ("valkey-glide", pip(&requirements, "valkey-glide")),
     ];
-    pinned.into_iter().filter_map(|(lib, v)| Some((lib.to_string(), v?))).collect()
+    let mut pins: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (lib, version) in pinned {
+        if let Some(version) = version {
+            pins.entry(lib.to_string()).or_default().insert(version);
+        }
+    }
+    pins
 }
+
+/// The client libraries the tests pin (a version of one of them that no pin names is stale).
+const LIBRARIES: [&str; 6] =
+    ["ioredis", "iovalkey", "node-redis", "redis-py", "valkey-py", "valkey-glide"];
 
 /// The cells of a generated table's rows (escaped `|` kept inside their cell).
 fn cells(table: &str) -> Vec<Vec<String>> {
@@ -252,7 +269,11 @@ fn cells(table: &str) -> Vec<Vec<String>> {
 }
 
 /// Every library version the two tables name that is not the pinned one.
-fn unpinned(results: &str, versions: &str, pins: &BTreeMap<String, String>) -> Vec<String> {
+fn unpinned(
+    results: &str,
+    versions: &str,
+    pins: &BTreeMap<String, BTreeSet<String>>,
+) -> Vec<String> {
     let mut named: Vec<(String, String)> = Vec::new();
     for row in cells(results) {
         if let Some((lib, v)) = row.get(1).and_then(|c| c.split_once(' ')) {
@@ -267,11 +288,14 @@ fn unpinned(results: &str, versions: &str, pins: &BTreeMap<String, String>) -> V
     named
         .into_iter()
         .filter(|(lib, v)| match pins.get(lib) {
-            Some(pin) => pin != v,
+            Some(pinned) => !pinned.contains(v),
             // Not a client library (a server, the resolver): nothing pins it here.
-            None => ["ioredis", "node-redis", "redis-py", "valkey-glide"].contains(&lib.as_str()),
+            None => LIBRARIES.contains(&lib.as_str()),
         })
-        .map(|(lib, v)| format!("{lib} {v} (pinned: {})", pins.get(&lib).map_or("none", |p| p)))
+        .map(|(lib, v)| {
+            let pinned = pins.get(&lib).map(|p| p.iter().cloned().collect::<Vec<_>>().join(", "));
+            format!("{lib} {v} (pinned: {})", pinned.as_deref().unwrap_or("none"))
+        })
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect()
@@ -302,7 +326,8 @@ fn check_versions(table: &str) -> Result<(), String> {
 
 /// Every client the client tests run: its label and its settings.
 fn clients_tested() -> Vec<(&'static str, &'static str)> {
-    let dns = crate::clients_netns::APPS.iter().map(|a| (a.label, a.settings));
+    let dns = crate::clients_netns::APPS.iter().chain(&crate::clients_netns::PREVIOUS);
+    let dns = dns.map(|a| (a.label, a.settings));
     let sentinel = crate::clients_sentinel::CLIENTS.iter().chain(&crate::clients_sentinel::WARNED);
     dns.chain(sentinel.map(|c| (c.label, c.settings))).collect()
 }
@@ -394,8 +419,8 @@ fn the_component_table_lists_libraries_servers_and_resolver_and_checks_pins() {
     assert_eq!(table, want);
     check_versions(&table).expect("the rendered table passes its own check");
     let pins = BTreeMap::from([
-        ("ioredis".to_string(), "5.8.2".to_string()),
-        ("redis-py".to_string(), "6.4.1".to_string()),
+        ("ioredis".to_string(), BTreeSet::from(["5.8.2".to_string(), "6.1.0".to_string()])),
+        ("redis-py".to_string(), BTreeSet::from(["6.4.1".to_string()])),
     ]);
     let results =
         format!("{HEADER}\n{RULE}\n| a | node-redis 5.9.0 | p | f | 1 s | 1 | 0 of 1 | s |\n");

@@ -76,8 +76,9 @@ pub(crate) struct App {
     pub(crate) label: &'static str,
     /// Whether its successes are acknowledged writes (RPUSH acked:<label>), checked for loss.
     writes: bool,
-    /// Whether the recovery time is held to the promise. redis-py's default retry sleeps a
-    /// random 0-2 s, then 0-4 s, between reconnects: its time is reported, not promised.
+    /// Whether the recovery time is held to the promise. redis-py 6's default retry (valkey-py's
+    /// too) sleeps a random 0-2 s, then 0-4 s, between reconnects: its time is reported, not
+    /// promised.
     timed: bool,
     /// The script in tests/clients (`.js`: node, `.py`: the venv's python), the arguments
     /// before `HOST PORT LABEL` and after them.
@@ -90,7 +91,7 @@ pub(crate) struct App {
 
 const GLIDE_ADVISED: &str = "request_timeout=500, BackoffStrategy(num_of_retries=4, factor=10, exponent_base=2), connection_timeout=500";
 
-pub(crate) const APPS: [App; 9] = [
+pub(crate) const APPS: [App; 10] = [
     App {
         label: "ioredis",
         writes: true,
@@ -116,7 +117,7 @@ pub(crate) const APPS: [App; 9] = [
         script: "failover_redis_py.py",
         before: &[],
         after: &[],
-        settings: "single_connection_client=True, defaults (3 retries, ExponentialWithJitterBackoff(base=1, cap=10))",
+        settings: "single_connection_client=True, defaults (RESP3, 10 retries, ExponentialWithJitterBackoff(base=0.01, cap=1))",
     },
     App {
         label: "redis-py-fast",
@@ -177,6 +178,68 @@ pub(crate) const APPS: [App; 9] = [
         before: &["writer"],
         after: &["default"],
         settings: "defaults (request_timeout=250)",
+    },
+    App {
+        label: "node-redis",
+        writes: true,
+        timed: true,
+        script: "failover_node_redis.js",
+        before: &["writer"],
+        after: &[],
+        settings: "createClient({socket: {host, port}}) defaults",
+    },
+];
+
+/// The previous majors, which applications still run, and the Valkey forks, each on its
+/// defaults: a run of their own beside the current releases (the same faults, the machine
+/// no busier than for [`APPS`]). node-redis 5.9.0 by name can stop for good after a burst of
+/// reconnects (its connection's `CLIENT SETINFO` error, or `Socket closed unexpectedly`, is the
+/// last thing it does, on Redis 7.0 as on Valkey 8.1): reported, not held to the promise.
+pub(crate) const PREVIOUS: [App; 5] = [
+    App {
+        label: "ioredis5",
+        writes: true,
+        timed: true,
+        script: "failover_ioredis.js",
+        before: &["writer"],
+        after: &["lib=ioredis5"],
+        settings: "defaults (disconnectTimeout 2000 ms)",
+    },
+    App {
+        label: "iovalkey",
+        writes: true,
+        timed: true,
+        script: "failover_ioredis.js",
+        before: &["writer"],
+        after: &["lib=iovalkey"],
+        settings: "defaults (disconnectTimeout 2000 ms)",
+    },
+    App {
+        label: "redis-py6",
+        writes: true,
+        timed: false,
+        script: "failover_redis_py.py",
+        before: &[],
+        after: &["lib=redis6"],
+        settings: "single_connection_client=True, defaults (3 retries, ExponentialWithJitterBackoff(base=1, cap=10))",
+    },
+    App {
+        label: "valkey-py",
+        writes: true,
+        timed: false,
+        script: "failover_redis_py.py",
+        before: &[],
+        after: &["lib=valkey"],
+        settings: "single_connection_client=True, defaults (3 retries, ExponentialWithJitterBackoff(base=1, cap=10))",
+    },
+    App {
+        label: "node-redis5",
+        writes: true,
+        timed: false,
+        script: "failover_node_redis.js",
+        before: &["writer"],
+        after: &["lib=redis5"],
+        settings: "createClient({socket: {host, port}}) defaults",
     },
 ];
 
@@ -336,7 +399,7 @@ fn acked(cluster: &Cluster, label: &str) -> (Started, BTreeSet<u64>) {
     (started, seqs)
 }
 
-fn spawn_apps(cluster: &Cluster, target: &str) -> anyhow::Result<()> {
+fn spawn_apps(cluster: &Cluster, target: &str, apps: &[App]) -> anyhow::Result<()> {
     let dir = clients_dir();
     let python = dir.join("venv/bin/python").to_string_lossy().into_owned();
     anyhow::ensure!(
@@ -346,15 +409,15 @@ fn spawn_apps(cluster: &Cluster, target: &str) -> anyhow::Result<()> {
     );
     // A library missing from the venv would only show as a client that never wrote.
     let imports = std::process::Command::new(&python)
-        .args(["-c", "import redis, glide"])
+        .args(["-c", "import redis, valkey, glide"])
         .output()
         .map_err(|e| anyhow::anyhow!("{python}: {e}"))?;
     anyhow::ensure!(
         imports.status.success(),
-        "redis-py or Valkey GLIDE is missing from tests/clients/venv ({}): run `bash tests/deps.sh`",
+        "redis-py, valkey-py or Valkey GLIDE is missing from tests/clients/venv ({}): run `bash tests/deps.sh`",
         String::from_utf8_lossy(&imports.stderr).lines().last().unwrap_or("").trim()
     );
-    for app in &APPS {
+    for app in apps {
         let script = dir.join(app.script).to_string_lossy().into_owned();
         let program = if app.script.ends_with(".js") { "node" } else { python.as_str() };
         let mut args = vec![script.as_str()];
@@ -450,18 +513,18 @@ fn report(line: &str) {
 }
 
 async fn scenario(fault: Fault, mode: Mode) {
-    scenario_on(fault, mode, Flavor::Redis).await;
+    scenario_on(fault, mode, Flavor::Redis, &APPS).await;
 }
 
-async fn scenario_on(fault: Fault, mode: Mode, flavor: Flavor) {
+async fn scenario_on(fault: Fault, mode: Mode, flavor: Flavor, apps: &[App]) {
     let _serial = netns::SERIAL.lock().await;
     let cluster = Cluster::start_on(DOWN_AFTER_MS, flavor).await;
     let cluster = cluster.unwrap_or_else(|e| panic!("{e:#}"));
-    let result = run(&cluster, fault, mode).await;
+    let result = run(&cluster, fault, mode, apps).await;
     cluster.net.with_logs(result).unwrap_or_else(|e| panic!("{e:#}"));
 }
 
-async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> {
+async fn run(cluster: &Cluster, fault: Fault, mode: Mode, apps: &[App]) -> anyhow::Result<()> {
     let _resolv = deploy(cluster, mode).await?;
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
@@ -480,9 +543,9 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
         Mode::Polestar => NAME.to_string(),
         Mode::Pinned => old.ip().to_string(),
     };
-    spawn_apps(cluster, &target)?;
+    spawn_apps(cluster, &target, apps)?;
     let started = SystemTime::now();
-    for app in &APPS {
+    for app in apps {
         until(&format!("{} on the first primary", app.label), SETUP, || async {
             first_ok_on(cluster, app.label, old, started)
         })
@@ -507,7 +570,7 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
         Mode::Pinned => CONTROL_WATCH,
     };
     // All clients at once: until every one is back (or the watch ends).
-    let back_all = || APPS.iter().map(|a| first_ok_on(cluster, a.label, new, fault_at)).collect();
+    let back_all = || apps.iter().map(|a| first_ok_on(cluster, a.label, new, fault_at)).collect();
     let all_back = until("every client on the new primary", watch, || async {
         let back: Vec<Option<SystemTime>> = back_all();
         back.iter().all(Option::is_some).then_some(())
@@ -516,7 +579,7 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
     let back: Vec<Option<SystemTime>> = back_all();
     // More writes on the new primary, then the clients stop and the writes are counted there.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    for app in &APPS {
+    for app in apps {
         cluster.net.stop(app.label);
     }
     stop.cancel();
@@ -540,7 +603,7 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
     };
     let limit = resolver.map_or(base, after_resolver);
     let mut failures = Vec::new();
-    for (app, at) in APPS.iter().zip(&back) {
+    for (app, at) in apps.iter().zip(&back) {
         let (started, seqs) = acked(cluster, app.label);
         let version = &started.version;
         let lost = if app.writes {
@@ -593,7 +656,11 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
         if mode == Mode::Polestar && app.timed {
             match at {
                 Some(at) if secs(switch, *at) <= limit => {}
-                _ => failures.push(format!("{}: {back_text}, promised {limit:.1}s", app.label)),
+                _ => failures.push(format!(
+                    "{}: {back_text}, promised {limit:.1}s; its log's last lines:\n{}",
+                    app.label,
+                    last_lines(&cluster.net.log(app.label), 12)
+                )),
             }
         }
         if let Some((lost, _)) = lost.filter(|(l, _)| *l > 0 && mode == Mode::Polestar) {
@@ -601,7 +668,7 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
         }
     }
     if mode == Mode::Polestar {
-        failures.extend(disconnect_timeout_costs_nothing(&back, switch));
+        failures.extend(disconnect_timeout_costs_nothing(apps, &back, switch));
     }
     anyhow::ensure!(failures.is_empty(), "{}", failures.join("\n"));
     if mode == Mode::Pinned {
@@ -612,17 +679,25 @@ async fn run(cluster: &Cluster, fault: Fault, mode: Mode) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// The last `n` lines of `text` that are not one more success (what a client did when it
+/// stopped succeeding).
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.contains(r#""ev":"ok""#)).collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// docs/operating.md: by name, nothing makes ioredis close a connection itself (no
 /// `+switch-master`, no `reconnectOnError` by default): polestar's kill and sweeps close it, so its
 /// `disconnectTimeout` (2 s by default, the wait for a FIN after its own close) costs nothing. The
 /// default must be back within 1 s of `disconnectTimeout: 50` (where it plays a part, on the
 /// Sentinel endpoint, it costs its whole 2 s: `clients_sentinel::ioredis_waits_...`).
 fn disconnect_timeout_costs_nothing(
+    apps: &[App],
     back: &[Option<SystemTime>],
     switch: SystemTime,
 ) -> Option<String> {
     let at = |label: &str| {
-        let i = APPS.iter().position(|a| a.label == label)?;
+        let i = apps.iter().position(|a| a.label == label)?;
         back[i].map(|at| secs(switch, at))
     };
     let (default, low) = (at("ioredis")?, at("ioredis-disconnect50")?);
@@ -655,7 +730,22 @@ async fn real_clients_dark_primary_through_unbound_are_back_within_ttl() {
 /// Valkey 8: the node-side sweeper reads Valkey's `CLIENT LIST` to spare Sentinels.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn valkey_real_clients_hung_primary_through_unbound_are_back_within_ttl() {
-    scenario_on(Fault::Hung, Mode::Polestar, crate::common::valkey()).await;
+    scenario_on(Fault::Hung, Mode::Polestar, crate::common::valkey(), &APPS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn previous_majors_and_forks_planned_failover_through_unbound_lose_nothing() {
+    scenario_on(Fault::Planned, Mode::Polestar, Flavor::Redis, &PREVIOUS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn previous_majors_and_forks_hung_primary_through_unbound_are_back_within_ttl() {
+    scenario_on(Fault::Hung, Mode::Polestar, Flavor::Redis, &PREVIOUS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn previous_majors_and_forks_dark_primary_through_unbound_are_back_within_ttl() {
+    scenario_on(Fault::Dark, Mode::Polestar, Flavor::Redis, &PREVIOUS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,6 +34,9 @@ pub(crate) struct Client {
     /// The writer script in tests/clients and its settings argument.
     script: &'static str,
     arg: Option<&'static str>,
+    /// `lib=NAME` for the script: a previous major (`redis6`, `ioredis5`, `redis5`), or the
+    /// current release when `None`.
+    lib: Option<&'static str>,
     /// Held to [`BACK`] and to no error (`quiet`) or at most one surfaced error.
     promised: bool,
     quiet: bool,
@@ -51,6 +54,7 @@ pub(crate) const WARNED: [Client; 4] = [
         settings: "Redis(connection_pool=master_for(name).connection_pool, single_connection_client=True)",
         script: PY,
         arg: Some("single"),
+        lib: None,
         promised: false,
         quiet: false,
     },
@@ -59,6 +63,7 @@ pub(crate) const WARNED: [Client; 4] = [
         settings: "master_for(name)",
         script: PY,
         arg: Some("default"),
+        lib: None,
         promised: true,
         quiet: false,
     },
@@ -67,6 +72,7 @@ pub(crate) const WARNED: [Client; 4] = [
         settings: IOREDIS_DEFAULT_DISCONNECT,
         script: IOREDIS,
         arg: Some("default-disconnect"),
+        lib: None,
         promised: false,
         quiet: false,
     },
@@ -75,16 +81,18 @@ pub(crate) const WARNED: [Client; 4] = [
         settings: IOREDIS_ADVISED,
         script: IOREDIS,
         arg: None,
+        lib: None,
         promised: true,
         quiet: false,
     },
 ];
 
-pub(crate) const CLIENTS: [Client; 4] = [
+pub(crate) const CLIENTS: [Client; 7] = [
     Client {
         label: "redis-py master_for default",
         script: "sentinel_writer.py",
         arg: Some("default"),
+        lib: None,
         settings: "master_for(name)",
         promised: true,
         quiet: false,
@@ -93,6 +101,7 @@ pub(crate) const CLIENTS: [Client; 4] = [
         label: "redis-py master_for redial+retry",
         script: "sentinel_writer.py",
         arg: Some("redial"),
+        lib: None,
         settings: "connection_class=SentinelRedialingConnection, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)",
         promised: true,
         quiet: true,
@@ -101,6 +110,7 @@ pub(crate) const CLIENTS: [Client; 4] = [
         label: "redis-py master_for retry only",
         script: "sentinel_writer.py",
         arg: Some("advised"),
+        lib: None,
         settings: "retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)",
         promised: false,
         quiet: false,
@@ -109,6 +119,35 @@ pub(crate) const CLIENTS: [Client; 4] = [
         label: "node-redis createSentinel default",
         script: "sentinel_writer_node_redis.js",
         arg: None,
+        lib: None,
+        settings: "createSentinel({name, sentinelRootNodes})",
+        promised: true,
+        quiet: false,
+    },
+    // The previous majors, which applications still run.
+    Client {
+        label: "redis-py 6 master_for redial+retry",
+        script: "sentinel_writer.py",
+        arg: Some("redial"),
+        lib: Some("redis6"),
+        settings: "connection_class=SentinelRedialingConnection, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10)",
+        promised: true,
+        quiet: true,
+    },
+    Client {
+        label: "ioredis 5 sentinels advised",
+        settings: IOREDIS_ADVISED,
+        script: IOREDIS,
+        arg: None,
+        lib: Some("ioredis5"),
+        promised: true,
+        quiet: false,
+    },
+    Client {
+        label: "node-redis 5 createSentinel default",
+        script: "sentinel_writer_node_redis.js",
+        arg: None,
+        lib: Some("redis5"),
         settings: "createSentinel({name, sentinelRootNodes})",
         promised: true,
         quiet: false,
@@ -140,6 +179,7 @@ impl Writer {
         let mut args = vec![path(&dir.join(client.script))];
         args.extend([endpoint.to_string(), master.to_string(), key.clone(), "60".into()]);
         args.extend(client.arg.map(String::from));
+        args.extend(client.lib.map(|lib| format!("lib={lib}")));
         let mut child = Command::new(program)
             .args(&args)
             .stdin(Stdio::null())

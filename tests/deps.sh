@@ -40,7 +40,8 @@ if [ "${1:-}" != demo ] && ! cargo deb --version 2>/dev/null | grep -q "$CARGO_D
   echo "installing cargo-deb $CARGO_DEB_VERSION" >&2
   cargo install cargo-deb --version "$CARGO_DEB_VERSION" --locked --quiet
 fi
-# Real client libraries (ioredis, redis-py) and Valkey's server, in tests/clients/ (not in git).
+# Real client libraries (ioredis, node-redis, iovalkey, redis-py, valkey-py, GLIDE; the current
+# releases and the previous majors) and Valkey's server, in tests/clients/ (not in git).
 if [ "${1:-}" != demo ]; then
   clients="$(cd "$(dirname "$0")" && pwd)/clients"
   if [ ! -x "$clients/venv/bin/python" ] || ! cmp -s "$clients/requirements.txt" "$clients/venv/.installed"; then
@@ -48,6 +49,12 @@ if [ "${1:-}" != demo ]; then
     python3 -m venv "$clients/venv"
     "$clients/venv/bin/pip" install -q --disable-pip-version-check -r "$clients/requirements.txt"
     cp "$clients/requirements.txt" "$clients/venv/.installed"
+  fi
+  if ! cmp -s "$clients/requirements-previous.txt" "$clients/py-previous/.installed"; then
+    echo "installing the previous major of redis-py" >&2
+    rm -rf "$clients/py-previous"
+    "$clients/venv/bin/pip" install -q --disable-pip-version-check --target "$clients/py-previous" -r "$clients/requirements-previous.txt"
+    cp "$clients/requirements-previous.txt" "$clients/py-previous/.installed"
   fi
   if [ ! -d "$clients/node_modules/ioredis" ] || ! cmp -s "$clients/package.json" "$clients/node_modules/.installed"; then
     echo "installing the Node.js test clients" >&2

@@ -915,6 +915,63 @@ pub fn lag(cluster: &Cluster, primary: SocketAddr) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// A writer on the application host, acknowledged by the primary thousands of times a
+/// second, with every link shaped to 4 Mbit/s so that the replicas fall behind.
+struct Writing {
+    old: SocketAddr,
+    stop: Arc<AtomicBool>,
+    acked: Arc<AtomicU64>,
+    writer: tokio::task::JoinHandle<anyhow::Result<Written>>,
+}
+
+async fn writing_behind_4mbit(cluster: &Cluster) -> anyhow::Result<Writing> {
+    start_shaped_at(cluster, "4mbit").await?;
+    let old = cluster.primary();
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let limit = Duration::from_secs(60);
+    let writer =
+        writer(&cluster.app, "ids", cluster.central_url(), stop.clone(), acked.clone(), limit);
+    until("the writer to write", Duration::from_secs(10), || async {
+        (acked.load(Ordering::SeqCst) > 500).then_some(())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    Ok(Writing { old, stop, acked, writer })
+}
+
+/// Until the writer stands still: the switchover's fence holds the primary.
+async fn fenced(acked: &AtomicU64) -> anyhow::Result<()> {
+    until("the switchover's fence", Duration::from_secs(10), || async {
+        let before = acked.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        (acked.load(Ordering::SeqCst) == before).then_some(())
+    })
+    .await
+}
+
+/// When a `SET key` sent straight to `node` from the application host was acknowledged
+/// (waiting up to 30 s: longer than any pause).
+async fn written_directly(
+    cluster: &Cluster,
+    node: SocketAddr,
+    key: &'static str,
+) -> anyhow::Result<tokio::time::Instant> {
+    in_ns(&cluster.app, move || async move {
+        let client = redis::Client::open(format!("redis://{node}/"))?;
+        // redis-rs's default response timeout (0.5 s) is shorter than a pause.
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(30)));
+        let mut conn = client.get_multiplexed_async_connection_with_config(&config).await?;
+        let mut set = redis::cmd("SET");
+        let set = set.arg(key).arg(1).query_async::<()>(&mut conn);
+        tokio::time::timeout(Duration::from_secs(30), set).await??;
+        Ok(tokio::time::Instant::now())
+    })
+    .await?
+}
+
 /// A polestar killed (SIGKILL) while its switchover holds the primary fenced, waiting for
 /// replicas too far behind to catch up soon (links at 4 Mbit/s), leaves no fence behind for
 /// longer than one pause (`drain.interval` 250 ms: 2 × 250 ms + 500 ms = 1 s): a write sent
@@ -931,45 +988,17 @@ async fn a_polestar_killed_mid_switchover_leaves_no_fence_past_its_lapse() {
 async fn killed_mid_switchover(cluster: &Cluster) -> anyhow::Result<()> {
     const LAPSE: Duration = Duration::from_secs(1);
     const MARGIN: Duration = Duration::from_secs(2);
-    start_shaped_at(cluster, "4mbit").await?;
-    let old = cluster.primary();
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(AtomicU64::new(0));
-    let limit = Duration::from_secs(60);
-    let writer =
-        writer(&cluster.app, "ids", cluster.central_url(), stop.clone(), acked.clone(), limit);
-    until("the writer to write", Duration::from_secs(10), || async {
-        (acked.load(Ordering::SeqCst) > 500).then_some(())
-    })
-    .await?;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let Writing { old, stop, acked, writer } = writing_behind_4mbit(cluster).await?;
     let url = failover_url(cluster, "max_wait=30s");
     let ctl = cluster.ctl.clone();
     let switchover = tokio::spawn(async move { post(&ctl, url).await });
     // Fenced: the writer, acknowledged thousands of times a second, stands still.
-    until("the switchover's fence", Duration::from_secs(10), || async {
-        let before = acked.load(Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        (acked.load(Ordering::SeqCst) == before).then_some(())
-    })
-    .await?;
+    fenced(&acked).await?;
     anyhow::ensure!(!switchover.is_finished(), "the switchover ended before the kill");
     cluster.net.signal("central", nix::sys::signal::Signal::SIGKILL)?;
     let killed = tokio::time::Instant::now();
     let held_at = acked.load(Ordering::SeqCst);
-    let accepted = in_ns(&cluster.app, move || async move {
-        let client = redis::Client::open(format!("redis://{old}/"))?;
-        // redis-rs's default response timeout (0.5 s) is shorter than a pause.
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(20)));
-        let mut conn = client.get_multiplexed_async_connection_with_config(&config).await?;
-        let mut set = redis::cmd("SET");
-        let set = set.arg("after-the-kill").arg(1).query_async::<()>(&mut conn);
-        tokio::time::timeout(Duration::from_secs(20), set).await??;
-        Ok(killed.elapsed())
-    })
-    .await??;
+    let accepted = written_directly(cluster, old, "after-the-kill").await? - killed;
     let _ = switchover.await;
     stop.store(true, Ordering::SeqCst);
     let written = writer.await??;
@@ -1012,18 +1041,7 @@ async fn a_switchover_whose_client_disconnects_leaves_no_fence_renewed() {
 async fn disconnected_mid_switchover(cluster: &Cluster) -> anyhow::Result<()> {
     const MAX_WAIT: Duration = Duration::from_secs(4);
     const MARGIN: Duration = Duration::from_secs(3);
-    start_shaped_at(cluster, "4mbit").await?;
-    let old = cluster.primary();
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(AtomicU64::new(0));
-    let limit = Duration::from_secs(60);
-    let writer =
-        writer(&cluster.app, "ids", cluster.central_url(), stop.clone(), acked.clone(), limit);
-    until("the writer to write", Duration::from_secs(10), || async {
-        (acked.load(Ordering::SeqCst) > 500).then_some(())
-    })
-    .await?;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let Writing { old, stop, acked, writer } = writing_behind_4mbit(cluster).await?;
     let url = failover_url(cluster, "max_wait=4s");
     // A client that gives up after 2 s, with the primary fenced.
     let client = in_ns(&cluster.ctl, move || async move {
@@ -1032,26 +1050,10 @@ async fn disconnected_mid_switchover(cluster: &Cluster) -> anyhow::Result<()> {
         anyhow::ensure!(answer.is_err(), "the switchover answered within 2 s: {answer:?}");
         Ok(tokio::time::Instant::now())
     });
-    until("the switchover's fence", Duration::from_secs(10), || async {
-        let before = acked.load(Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        (acked.load(Ordering::SeqCst) == before).then_some(())
-    })
-    .await?;
+    fenced(&acked).await?;
     let gave_up = client.await??;
     stop.store(true, Ordering::SeqCst);
-    let accepted = in_ns(&cluster.app, move || async move {
-        let client = redis::Client::open(format!("redis://{old}/"))?;
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(30)));
-        let mut conn = client.get_multiplexed_async_connection_with_config(&config).await?;
-        let mut set = redis::cmd("SET");
-        let set = set.arg("after-the-disconnect").arg(1).query_async::<()>(&mut conn);
-        tokio::time::timeout(Duration::from_secs(30), set).await??;
-        Ok(gave_up.elapsed())
-    })
-    .await??;
+    let accepted = written_directly(cluster, old, "after-the-disconnect").await? - gave_up;
     let written = writer.await??;
     let master =
         cluster.cli(&cluster.db[0], 26379, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"]);

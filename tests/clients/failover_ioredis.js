@@ -10,10 +10,17 @@
 //
 // `disconnect50`: `disconnectTimeout: 50` (ioredis's default is 2000 ms: how long a connection
 // it closes itself may wait for the peer's FIN before it is destroyed).
+//
+// `lib=NAME` (anywhere among the arguments) picks the library: `ioredis` (the current release,
+// the default), `ioredis5` (the previous major, an npm alias) or `iovalkey` (Valkey's fork, the
+// same API).
 "use strict";
-const Redis = require("ioredis");
+const argv = process.argv.slice(2);
+const libArg = argv.find((a) => a.startsWith("lib="));
+const LIB = libArg ? libArg.slice(4) : "ioredis";
+const Redis = require(LIB);
 
-const [mode, host, port, name, variant] = process.argv.slice(2);
+const [mode, host, port, name, variant] = argv.filter((a) => !a.startsWith("lib="));
 const options = variant === "disconnect50" ? { disconnectTimeout: 50 } : {};
 const log = (event) => process.stdout.write(JSON.stringify({ t: Date.now(), ...event }) + "\n");
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -66,7 +73,8 @@ async function blpop() {
 
 process.on("SIGTERM", () => process.exit(0));
 const runtime = `Node.js ${process.versions.node}`;
-log({ ev: "start", mode, lib: "ioredis", version: require("ioredis/package.json").version, runtime });
+const pkg = require(`${LIB}/package.json`);
+log({ ev: "start", mode, lib: pkg.name, version: pkg.version, runtime });
 (mode === "blpop" ? blpop() : writer()).catch((e) => {
   log({ ev: "crash", err: String(e) });
   process.exit(1);

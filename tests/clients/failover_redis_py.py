@@ -2,14 +2,15 @@
 through the system resolver (getaddrinfo), one write every 10-20 ms. Driven by
 tests/clients_netns.rs; every line on stdout is one JSON event.
 
-    python failover_redis_py.py HOST PORT NAME [fast] [pool]
+    python failover_redis_py.py HOST PORT NAME [fast] [pool] [lib=redis|redis6|valkey]
                                         RPUSH acked:NAME <seq>, logs each reply
 
 redis-py's default retry (3 retries, ExponentialWithJitterBackoff(base=1, cap=10)) sleeps up to
 2 s, then up to 4 s, between reconnects; `fast` retries the way docs/operating.md recommends for
 failover (ExponentialBackoff(cap=0.5, base=0.05), 10 retries). The client holds one connection
 (`single_connection_client=True`) unless `pool` is given: then it takes one from redis-py's
-connection pool for each command, as `redis.Redis(host=...)` does by default.
+connection pool for each command, as `redis.Redis(host=...)` does by default. `lib=` picks
+redis-py's current release, its previous major or valkey-py (tests/clients/pick_lib.py).
 """
 import json
 import platform
@@ -18,9 +19,11 @@ import signal
 import sys
 import time
 
-import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
+import pick_lib
+
+redis, LIB = pick_lib.pick()
+ExponentialBackoff = pick_lib.submodule(redis, "backoff").ExponentialBackoff
+Retry = pick_lib.submodule(redis, "retry").Retry
 
 
 def log(**event):
@@ -43,7 +46,7 @@ def main():
     host, port, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     flags = sys.argv[4:]
-    log(ev="start", lib="redis-py", version=redis.__version__,
+    log(ev="start", lib=LIB, version=redis.__version__,
         runtime=f"Python {platform.python_version()}")
     options = {}
     if "fast" in flags:

@@ -1,7 +1,7 @@
 // An ioredis `{sentinels, name}` application that writes every 15 ms (driven by
 // tests/sentinel_api.rs).
 //
-// usage: node sentinel_writer.js SENTINELS NAME KEY SECONDS [default-disconnect]
+// usage: node sentinel_writer.js SENTINELS NAME KEY SECONDS [default-disconnect] [lib=ioredis|ioredis5]
 //   SENTINELS  comma-separated host:port of the Sentinels (or of polestar's Sentinel endpoint)
 //   default-disconnect: the settings below without `disconnectTimeout` (ioredis's 2 s)
 //
@@ -9,9 +9,12 @@
 //   ack <seq> <unix-ms> <port of the node that acknowledged>
 //   err <seq> <unix-ms> <error>
 'use strict';
-const Redis = require('ioredis');
+const argv = process.argv.slice(2);
+const libArg = argv.find((a) => a.startsWith('lib='));
+const LIB = libArg ? libArg.slice(4) : 'ioredis';
+const Redis = require(LIB);
 
-const [sentinelsArg, name, key, seconds, variant] = process.argv.slice(2);
+const [sentinelsArg, name, key, seconds, variant] = argv.filter((a) => !a.startsWith('lib='));
 const sentinels = sentinelsArg.split(',').map((a) => {
   const i = a.lastIndexOf(':');
   return { host: a.slice(0, i), port: Number(a.slice(i + 1)) };
@@ -39,7 +42,7 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const line = (text) => process.stdout.write(text.replace(/\n/g, ' ') + '\n');
 
 async function main() {
-  line(`version ioredis ${require('ioredis/package.json').version}`);
+  line(`version ${require(`${LIB}/package.json`).name} ${require(`${LIB}/package.json`).version}`);
   line(`runtime Node.js ${process.versions.node}`);
   const end = Date.now() + Number(seconds) * 1000;
   let seq = 0;

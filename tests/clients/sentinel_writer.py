@@ -1,6 +1,6 @@
 """A redis-py `Sentinel` application that writes every 15 ms (driven by tests/sentinel_api.rs).
 
-usage: sentinel_writer.py SENTINELS NAME KEY SECONDS [SETTINGS]
+usage: sentinel_writer.py SENTINELS NAME KEY SECONDS [SETTINGS] [lib=redis|redis6]
   SENTINELS  comma-separated host:port of the Sentinels (or of polestar's Sentinel endpoint)
   SETTINGS   `tuned` (the default here: 0.5 s socket timeouts, no retry inside redis-py, the
              loop retries), `default` (`master_for(name)` with redis-py's own settings) or
@@ -8,6 +8,7 @@ usage: sentinel_writer.py SENTINELS NAME KEY SECONDS [SETTINGS]
              `redial` (that retry with a connection class that asks the Sentinels on every
              reconnect) or `single` (`Redis(connection_pool=master_for(name).connection_pool,
              single_connection_client=True)`)
+  lib=       redis-py's current release (the default) or its previous major (pick_lib.py)
 
 With PY_TRACE=1 it also prints `trace <unix-ms> ...` lines: each address a pooled connection
 is sent to by the Sentinels (`dial`), each socket it opens (`socket-connect`), each error reply
@@ -22,8 +23,12 @@ import platform
 import sys
 import time
 
-import redis
-import redis.retry
+import pick_lib
+
+if pick_lib.pick()[1] != "redis-py":  # `lib=redis6` puts the previous major first on the path
+    sys.exit("sentinel_writer.py drives redis-py: lib=redis or lib=redis6")
+import redis  # noqa: E402
+import redis.retry  # noqa: E402
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelManagedConnection

@@ -1,7 +1,7 @@
-// A node-redis 5 `createSentinel({name, sentinelRootNodes})` application that writes every
+// A node-redis `createSentinel({name, sentinelRootNodes})` application that writes every
 // 15 ms (driven by tests/clients_sentinel.rs), with node-redis's defaults.
 //
-// usage: node sentinel_writer_node_redis.js SENTINELS NAME KEY SECONDS
+// usage: node sentinel_writer_node_redis.js SENTINELS NAME KEY SECONDS [lib=redis|redis5]
 //   SENTINELS  comma-separated host:port of the Sentinels (or of polestar's Sentinel endpoint)
 //
 // NR_TRACE=1 also prints node-redis's own trace (`trace <unix-ms> ...`).
@@ -9,10 +9,13 @@
 // Each value is RPUSHed to KEY until a node acknowledges it, then the next one. Prints:
 //   ack <seq> <unix-ms> <port of the primary the client writes to>
 //   err <seq> <unix-ms> <error>
+//
+// A fifth argument `lib=NAME` picks the library: `redis` (node-redis's current release, the
+// default) or `redis5` (the previous major, an npm alias).
 'use strict';
-const { createSentinel } = require('redis');
-
-const [sentinelsArg, name, key, seconds] = process.argv.slice(2);
+const [sentinelsArg, name, key, seconds, libArg] = process.argv.slice(2);
+const LIB = libArg && libArg.startsWith('lib=') ? libArg.slice(4) : 'redis';
+const { createSentinel } = require(LIB);
 const sentinelRootNodes = sentinelsArg.split(',').map((a) => {
   const i = a.lastIndexOf(':');
   return { host: a.slice(0, i), port: Number(a.slice(i + 1)) };
@@ -22,7 +25,7 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const line = (text) => process.stdout.write(text.replace(/\n/g, ' ') + '\n');
 
 async function main() {
-  line(`version node-redis ${require('redis/package.json').version}`);
+  line(`version node-redis ${require(`${LIB}/package.json`).version}`);
   line(`runtime Node.js ${process.versions.node}`);
   const sentinel = createSentinel({ name, sentinelRootNodes });
   sentinel.on('error', (e) => line(`trace ${Date.now()} error ${e.message}`));
