@@ -39,7 +39,7 @@ use crate::config::{Config, Upstream};
 use crate::events::{EventLog, Kind};
 use crate::http::view::{MASTERS_HEADER, MasterView, MastersEvent};
 use crate::topology::{Publisher, Snapshot};
-use state::Labels;
+use state::{Label, Labels};
 
 /// The upstream sends a keep-alive every 15 s; three missed ones mean the stream is dead.
 const IDLE_LIMIT: Duration = Duration::from_secs(45);
@@ -87,17 +87,22 @@ enum UpstreamError {
     #[error(transparent)]
     Stream(#[from] sse::LineTooLong),
     #[error(transparent)]
-    Gap(#[from] feed::Gap),
+    Refused(#[from] feed::Refused),
+    #[error("{url}: {error}")]
+    TooMuch { url: String, error: feed::TooMuch },
 }
 
 /// Which masters this agent follows: its configured ones, or every one the upstream has.
 struct Followed(Option<Vec<crate::config::MasterConfig>>);
 
 impl Labels for Followed {
-    fn label(&self, master: &str, upstream_label: &str) -> Option<String> {
+    fn label(&self, master: &str) -> Label<'_> {
         match &self.0 {
-            None => Some(upstream_label.to_string()),
-            Some(list) => list.iter().find(|m| m.name == master).map(|m| m.label.clone()),
+            None => Label::Agreed,
+            Some(list) => match list.iter().find(|m| m.name == master) {
+                Some(m) => Label::Own(&m.label),
+                None => Label::Unfollowed,
+            },
         }
     }
 }
@@ -181,7 +186,15 @@ async fn run(
     }
     loop {
         tokio::select! {
-            Some((index, views)) = rx.recv() => merger.apply(index, views),
+            Some((index, views)) = rx.recv() => {
+                // Every answer waiting is taken before one merge: an upstream that sends
+                // changes faster than the merger merges costs merges, not a backlog.
+                merger.take(index, views);
+                while let Ok((index, views)) = rx.try_recv() {
+                    merger.take(index, views);
+                }
+                merger.apply();
+            }
             Some(done) = followers.tasks.join_next_with_id() => followers.restart(done),
             _ = shutdown.cancelled() => return,
         }
@@ -248,18 +261,24 @@ struct Merger {
 }
 
 impl Merger {
-    fn apply(&mut self, index: usize, views: Option<Vec<MasterView>>) {
+    /// Keeps upstream `index`'s latest answer (`None`: it is down) for the next [`Self::apply`].
+    fn take(&mut self, index: usize, views: Option<Vec<MasterView>>) {
         if let Some(slot) = self.latest.get_mut(index) {
             *slot = views;
         }
+    }
+
+    /// Merges the latest answer of every upstream and publishes the result.
+    fn apply(&mut self) {
         let current = self.writer.reader().borrow().clone();
         let up: Vec<Option<&[MasterView]>> = self.latest.iter().map(|v| v.as_deref()).collect();
-        let next = if up.iter().all(Option::is_none) {
+        // An upstream with no masters at all is still loading, as good as down here.
+        let next = if up.iter().all(|u| u.is_none_or(<[MasterView]>::is_empty)) {
             state::stale(&current)
         } else {
-            let (views, refused) = state::combine(&current, &up, &self.lineage);
+            let (views, refused) = state::combine(&current, &up, &self.lineage, &self.labels);
             self.log_refused(refused);
-            state::merge(&current, &views, &self.labels)
+            state::merge(&current, &views)
         };
         self.record_switches(&current, &next);
         self.lineage.record(&next, std::time::Instant::now());
@@ -481,6 +500,8 @@ impl Follower {
         let body = read_limited(&url, check(&url, response)?).await?;
         let views: Vec<MasterView> = serde_json::from_slice(&body)
             .map_err(|error| UpstreamError::Json { url: url.clone(), error })?;
+        feed::bounded(&views)
+            .map_err(|error| UpstreamError::TooMuch { url: url.clone(), error })?;
         self.send(views).await;
         Ok(())
     }
