@@ -12,12 +12,14 @@
 //! One merger (the single writer of the agent's topology) combines the latest answer of each
 //! upstream: per master, a change of primary needs a majority of the configured upstreams
 //! serving it (address and epoch), so one lying or lagging polestar moves nothing, and one
-//! down of three costs nothing. While no majority confirms it, a master keeps its primary,
-//! marked `stale`, so nothing is swept because of an outage.
+//! down of three costs nothing; the same majority decides which masters exist, their DNS
+//! labels and their replicas ([`state::combine`]). While no majority confirms it, a master
+//! keeps its primary, marked `stale`, so nothing is swept because of an outage.
 //!
 //! An agent may destroy sockets on its host (`sweep.remote`), so what it accepts is bounded:
 //! the bearer token on every request, https verified against `upstream.ca_file`, no redirects,
-//! a size limit on every answer, and the guards of [`state::decide`] (no majority, an equal
+//! a size limit on every answer, at most [`feed::MAX_MASTERS`] masters from one upstream,
+//! and the guards of [`state::decide`] (no majority, an equal
 //! epoch with another primary, a lower epoch that is no withdrawal, or a new primary that was
 //! not a replica of the master, is refused; how high an epoch is refuses nothing, see there).
 

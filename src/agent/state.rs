@@ -335,7 +335,6 @@ pub fn combine(
     labels: &dyn Labels,
 ) -> (Vec<MasterView>, Vec<String>) {
     let configured = upstreams.len();
-    let majority = configured / 2 + 1;
     let index: Vec<Option<HashMap<&str, &MasterView>>> =
         upstreams.iter().map(|u| u.map(by_name)).collect();
     // An upstream with no masters at all is still loading: it names nothing and removes nothing.
@@ -357,39 +356,52 @@ pub fn combine(
         }
         let old = current.master(name).map(|m| &**m);
         let published = old.is_some() && answering - named <= configured / 2;
-        if named < majority && !published {
+        if named <= configured / 2 && !published {
             minority.add(name, named);
             continue;
         }
         let slots: Vec<Option<&MasterView>> =
             index.iter().map(|u| u.as_ref().and_then(|names| names.get(name).copied())).collect();
-        let mut view = match decide(old, &slots, configured, &lineage.of(name)) {
-            Decision::Follow(view) => view,
-            Decision::Keep(why) => {
-                refused.extend(why.map(|why| format!("{name}: {why}")));
-                match old {
-                    Some(old) => kept(old),
-                    None => unknown(name, &slots, majority),
-                }
-            }
-        };
-        let label = match label {
-            Label::Own(own) => Some(own),
-            _ => agreed_label(&slots, majority).or(old.map(|m| m.label.as_str())),
-        };
-        let Some(label) = label else {
-            refused.push(format!(
-                "{name}: no DNS label is given by a majority of the {configured} configured \
-                 upstreams; not published"
-            ));
-            continue;
-        };
-        view.dns_name = label.to_string();
-        out.push(view);
+        out.extend(one_master(name, old, &slots, &lineage.of(name), label, &mut refused));
     }
     refused.extend(minority.reason(configured));
     refused.extend(unshared(&mut out));
     (out, refused)
+}
+
+/// The view of master `name` to publish (`slots`: each configured upstream's view of it), or
+/// `None` when no label may be given to it; why something offered was refused goes to
+/// `refused`.
+fn one_master(
+    name: &str,
+    old: Option<&Master>,
+    slots: &[Option<&MasterView>],
+    known: &[Node],
+    label: Label<'_>,
+    refused: &mut Vec<String>,
+) -> Option<MasterView> {
+    let configured = slots.len();
+    let majority = configured / 2 + 1;
+    let mut view = match decide(old, slots, configured, known) {
+        Decision::Follow(view) => view,
+        Decision::Keep(why) => {
+            refused.extend(why.map(|why| format!("{name}: {why}")));
+            old.map_or_else(|| unknown(name, slots, majority), kept)
+        }
+    };
+    let label = match label {
+        Label::Own(own) => Some(own),
+        _ => agreed_label(slots, majority).or(old.map(|m| m.label.as_str())),
+    };
+    let Some(label) = label else {
+        refused.push(format!(
+            "{name}: no DNS label is given by a majority of the {configured} configured \
+             upstreams; not published"
+        ));
+        return None;
+    };
+    view.dns_name = label.to_string();
+    Some(view)
 }
 
 /// The masters only a minority of the upstreams name, told in one line (one upstream may name
