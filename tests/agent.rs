@@ -490,7 +490,8 @@ async fn no_majority_moves_the_agent(kind: fake::Stream) {
         let m = wait_primary(&agent, "mymaster", &at(&p), Duration::from_secs(1)).await;
         assert_eq!(m["epoch"], 1, "{m}");
     }
-    assert!(agent.logged("not a majority"), "{}", agent.log_tail(40));
+    // (Said at the start, when the first upstream to answer named mymaster alone.)
+    assert!(agent.logged("fewer than a majority"), "{}", agent.log_tail(40));
 
     // The real failover, P to its replica Q, served by all three.
     for script in &scripts {
@@ -705,4 +706,137 @@ async fn an_agent_drops_a_stream_whose_change_does_not_follow_and_starts_again()
     assert_eq!(primary_of_view(&m).as_deref(), Some("127.0.0.1:16379"), "{m}");
     assert_eq!(counts.reads.load(Ordering::SeqCst), 0, "the agent read GET /v1/masters");
     server.abort();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 36, item 3: an agent took DNS labels from one upstream. Two real central polestars on
+// real Sentinels, and one liar listed first whose `/v1/masters` adds a master named `!` (sorted
+// before every real name) claiming the label `mymaster`, with one healthy replica at the
+// attacker's address; then gives the real master another label. Measured before: the agent's
+// `mymaster.<zone>` answered SERVFAIL and `replicas.mymaster.<zone>` the attacker's address.
+
+/// The attacker's address, which no lab node has.
+const ATTACKER: &str = "127.6.6.6";
+
+/// `name.redis.test.` asked of the agent's DNS over UDP.
+async fn ask(
+    agent: &Polestar,
+    name: &str,
+    rtype: hickory_proto::rr::RecordType,
+) -> hickory_proto::op::Message {
+    let dns = agent.dns.expect("the agent serves DNS");
+    crate::dns_support::ask_udp(dns, &format!("{name}.redis.test."), rtype).await
+}
+
+/// What the agent's DNS answers for `mymaster`: the rcode of the A query, the SRV port, and
+/// the addresses of `replicas.mymaster`.
+async fn mymaster_by_dns(agent: &Polestar) -> (String, Option<u16>, Vec<String>) {
+    use hickory_proto::rr::{RData, RecordType};
+    let a = ask(agent, "mymaster", RecordType::A).await;
+    let srv = ask(agent, "_redis._tcp.mymaster", RecordType::SRV).await;
+    let port = srv.answers.iter().find_map(|r| match &r.data {
+        RData::SRV(srv) => Some(srv.port),
+        _ => None,
+    });
+    let replicas = ask(agent, "replicas.mymaster", RecordType::A).await;
+    let ips = replicas.answers.iter().map(|r| r.data.to_string()).collect();
+    (format!("{:?}", a.metadata.response_code), port, ips)
+}
+
+/// For `watch`, the agent's DNS answers the lab's primary under `mymaster` (NOERROR, its SRV
+/// port), and `replicas.mymaster` lab addresses only.
+async fn dns_stays_right(agent: &Polestar, primary: std::net::SocketAddr, watch: Duration) {
+    let end = Instant::now() + watch;
+    while Instant::now() < end {
+        let (rcode, port, replicas) = mymaster_by_dns(agent).await;
+        assert_eq!(rcode, "NoError", "mymaster.redis.test:\n{}", agent.log_tail(30));
+        assert_eq!(port, Some(primary.port()), "the SRV port of mymaster");
+        assert!(!replicas.iter().any(|r| r == ATTACKER), "replicas.mymaster: {replicas:?}");
+        assert!(replicas.iter().all(|r| r == "127.0.0.1"), "replicas.mymaster: {replicas:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A lab, two central polestars on it, the liar (listed first) serving what `lie` makes of the
+/// real `GET /v1/masters`, and an agent of every master serving DNS, once it names the lab's
+/// primary and has read the liar a few times.
+struct Liar {
+    agent: Polestar,
+    primary: std::net::SocketAddr,
+    _centrals: [Polestar; 2],
+    _lab: Lab,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Liar {
+    async fn start(lie: impl FnOnce(Vec<Value>) -> Vec<Value>) -> Liar {
+        let lab = Lab::start(LabOptions::default()).await.expect("the lab starts");
+        let first = Polestar::start(&PolestarConfig::for_lab(&lab)).await;
+        let second = Polestar::start(&PolestarConfig::for_lab(&lab)).await;
+        let primary = lab.primary().await.expect("the lab's primary");
+        wait_primary(&first, "mymaster", &primary.to_string(), STARTUP).await;
+        wait_primary(&second, "mymaster", &primary.to_string(), STARTUP).await;
+        let (_, real) = first.get_json("/v1/masters").await.expect("GET /v1/masters");
+        let real = real.as_array().cloned().expect("a list of masters");
+        let script = Arc::new(fake::Script::default());
+        script.set(0, Some(Value::Array(lie(real))));
+        let (liar, task) = fake::start(script.clone()).await;
+        let mut config = PolestarConfig::agent("mymaster", &[liar, first.api(), second.api()]);
+        config.masters = Vec::new(); // every master, under the labels the upstreams give
+        config.dns = true;
+        let agent = Polestar::start(&config).await;
+        wait_primary(&agent, "mymaster", &primary.to_string(), STARTUP).await;
+        wait_reads(&script, 0, &agent).await;
+        Liar { agent, primary, _centrals: [first, second], _lab: lab, task }
+    }
+}
+
+impl Drop for Liar {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_liar_listed_first_adding_a_master_named_bang_with_the_label_mymaster_takes_no_dns_name()
+{
+    use serde_json::json;
+
+    let bang = json!({
+        "name": "!", "dns_name": "mymaster", "primary": null, "epoch": null, "since": null,
+        "state": "unknown",
+        "replicas": [{"ip": ATTACKER, "port": 6379, "healthy": true}],
+        "sentinels": {"configured": 3, "reachable": 3, "agreeing": 3},
+    });
+    let liar = Liar::start(|real| [vec![bang], real].concat()).await;
+    let agent = &liar.agent;
+    let (rcode, port, replicas) = mymaster_by_dns(agent).await;
+    eprintln!("LIAR `!`: mymaster.redis.test {rcode}, SRV port {port:?}, replicas {replicas:?}");
+    dns_stays_right(agent, liar.primary, Duration::from_secs(3)).await;
+    let (code, _) = agent.get_json("/v1/masters/!").await.expect("GET /v1/masters/!");
+    assert_eq!(code, 404, "a master only the liar names is published");
+    assert!(agent.logged("fewer than a majority"), "{}", agent.log_tail(30));
+}
+
+/// The liar, the first `ok` view of mymaster, gives it the label `beta` (with two masters, the
+/// label of the other: its clients would write into this one).
+#[tokio::test]
+async fn a_liar_listed_first_labelling_mymaster_beta_moves_no_dns_name() {
+    use hickory_proto::rr::RecordType;
+    use serde_json::json;
+
+    let relabel = |real: Vec<Value>| {
+        let relabelled = real.into_iter().map(|mut m| {
+            m["dns_name"] = json!("beta");
+            m
+        });
+        relabelled.collect()
+    };
+    let liar = Liar::start(relabel).await;
+    let agent = &liar.agent;
+    let beta = ask(agent, "beta", RecordType::A).await;
+    let rcode = format!("{:?}", beta.metadata.response_code);
+    eprintln!("LIAR relabel: beta.redis.test {rcode}");
+    dns_stays_right(agent, liar.primary, Duration::from_secs(2)).await;
+    assert_eq!(rcode, "NXDomain", "beta.redis.test: {beta:?}");
 }

@@ -12,12 +12,14 @@
 //! One merger (the single writer of the agent's topology) combines the latest answer of each
 //! upstream: per master, a change of primary needs a majority of the configured upstreams
 //! serving it (address and epoch), so one lying or lagging polestar moves nothing, and one
-//! down of three costs nothing. While no majority confirms it, a master keeps its primary,
-//! marked `stale`, so nothing is swept because of an outage.
+//! down of three costs nothing; the same majority decides which masters exist, their DNS
+//! labels and their replicas ([`state::combine`]). While no majority confirms it, a master
+//! keeps its primary, marked `stale`, so nothing is swept because of an outage.
 //!
 //! An agent may destroy sockets on its host (`sweep.remote`), so what it accepts is bounded:
 //! the bearer token on every request, https verified against `upstream.ca_file`, no redirects,
-//! a size limit on every answer, and the guards of [`state::decide`] (no majority, an equal
+//! a size limit on every answer, at most [`feed::MAX_MASTERS`] masters from one upstream,
+//! and the guards of [`state::decide`] (no majority, an equal
 //! epoch with another primary, a lower epoch that is no withdrawal, or a new primary that was
 //! not a replica of the master, is refused; how high an epoch is refuses nothing, see there).
 
@@ -39,7 +41,7 @@ use crate::config::{Config, Upstream};
 use crate::events::{EventLog, Kind};
 use crate::http::view::{MASTERS_HEADER, MasterView, MastersEvent};
 use crate::topology::{Publisher, Snapshot};
-use state::Labels;
+use state::{Label, Labels};
 
 /// The upstream sends a keep-alive every 15 s; three missed ones mean the stream is dead.
 const IDLE_LIMIT: Duration = Duration::from_secs(45);
@@ -87,17 +89,22 @@ enum UpstreamError {
     #[error(transparent)]
     Stream(#[from] sse::LineTooLong),
     #[error(transparent)]
-    Gap(#[from] feed::Gap),
+    Refused(#[from] feed::Refused),
+    #[error("{url}: {error}")]
+    TooMuch { url: String, error: feed::TooMuch },
 }
 
 /// Which masters this agent follows: its configured ones, or every one the upstream has.
 struct Followed(Option<Vec<crate::config::MasterConfig>>);
 
 impl Labels for Followed {
-    fn label(&self, master: &str, upstream_label: &str) -> Option<String> {
+    fn label(&self, master: &str) -> Label<'_> {
         match &self.0 {
-            None => Some(upstream_label.to_string()),
-            Some(list) => list.iter().find(|m| m.name == master).map(|m| m.label.clone()),
+            None => Label::Agreed,
+            Some(list) => match list.iter().find(|m| m.name == master) {
+                Some(m) => Label::Own(&m.label),
+                None => Label::Unfollowed,
+            },
         }
     }
 }
@@ -181,7 +188,15 @@ async fn run(
     }
     loop {
         tokio::select! {
-            Some((index, views)) = rx.recv() => merger.apply(index, views),
+            Some((index, views)) = rx.recv() => {
+                // Every answer waiting is taken before one merge: an upstream that sends
+                // changes faster than the merger merges costs merges, not a backlog.
+                merger.take(index, views);
+                while let Ok((index, views)) = rx.try_recv() {
+                    merger.take(index, views);
+                }
+                merger.apply();
+            }
             Some(done) = followers.tasks.join_next_with_id() => followers.restart(done),
             _ = shutdown.cancelled() => return,
         }
@@ -248,18 +263,24 @@ struct Merger {
 }
 
 impl Merger {
-    fn apply(&mut self, index: usize, views: Option<Vec<MasterView>>) {
+    /// Keeps upstream `index`'s latest answer (`None`: it is down) for the next [`Self::apply`].
+    fn take(&mut self, index: usize, views: Option<Vec<MasterView>>) {
         if let Some(slot) = self.latest.get_mut(index) {
             *slot = views;
         }
+    }
+
+    /// Merges the latest answer of every upstream and publishes the result.
+    fn apply(&mut self) {
         let current = self.writer.reader().borrow().clone();
         let up: Vec<Option<&[MasterView]>> = self.latest.iter().map(|v| v.as_deref()).collect();
-        let next = if up.iter().all(Option::is_none) {
+        // An upstream with no masters at all is still loading, as good as down here.
+        let next = if up.iter().all(|u| u.is_none_or(<[MasterView]>::is_empty)) {
             state::stale(&current)
         } else {
-            let (views, refused) = state::combine(&current, &up, &self.lineage);
+            let (views, refused) = state::combine(&current, &up, &self.lineage, &self.labels);
             self.log_refused(refused);
-            state::merge(&current, &views, &self.labels)
+            state::merge(&current, &views)
         };
         self.record_switches(&current, &next);
         self.lineage.record(&next, std::time::Instant::now());
@@ -481,6 +502,8 @@ impl Follower {
         let body = read_limited(&url, check(&url, response)?).await?;
         let views: Vec<MasterView> = serde_json::from_slice(&body)
             .map_err(|error| UpstreamError::Json { url: url.clone(), error })?;
+        feed::bounded(&views)
+            .map_err(|error| UpstreamError::TooMuch { url: url.clone(), error })?;
         self.send(views).await;
         Ok(())
     }

@@ -3,22 +3,35 @@
 //! No one upstream is believed: an agent may destroy sockets and send node credentials on
 //! what it publishes, so a primary is published only when a majority of the configured
 //! upstreams serve it ([`decide`]), the way the Sentinel side counts only a majority of its
-//! configured Sentinels. Against what is published: a known primary is never replaced by
-//! "unknown" (an upstream that has just restarted answers before it has a confirmed state),
-//! and a lower epoch only by an explicit withdrawal.
+//! configured Sentinels. The same majority decides everything else an upstream could point
+//! clients with ([`combine`]): whether a master exists at all, its DNS label, and its replicas.
+//! Against what is published: a known primary is never replaced by "unknown" (an upstream
+//! that has just restarted answers before it has a confirmed state), and a lower epoch only
+//! by an explicit withdrawal. One merge is linear in what the upstreams serve (each answer is
+//! indexed by name once), and what one upstream may serve is bounded ([`super::feed`]).
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::http::view::{MasterView, NodeView, ReplicaView};
 use crate::topology::{Master, MasterState, Node, Replica, SentinelCounts, Snapshot, Withdrawn};
 
-/// Which masters to follow and under which DNS labels (from this polestar's own config).
+/// Under which DNS label this agent publishes a master (from its own config).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Label<'a> {
+    /// Not followed (`masters:` does not list it).
+    Unfollowed,
+    /// The label a majority of the configured upstreams give it (no `masters:`).
+    Agreed,
+    /// This one (`masters[].dns_name`), whatever the upstreams call it.
+    Own(&'a str),
+}
+
+/// Which masters to follow and under which DNS labels.
 pub trait Labels {
-    /// `None`: not followed. `Some(label)`: followed under `label`.
-    fn label(&self, master: &str, upstream_label: &str) -> Option<String>;
+    fn label(&self, master: &str) -> Label<'_>;
 }
 
 /// How many nodes of a master [`Lineage`] remembers (the oldest are forgotten first).
@@ -48,7 +61,8 @@ impl Lineage {
     }
 
     /// Remembers what `snapshot` publishes `now`, and forgets what it has not for
-    /// [`LINEAGE_TTL`].
+    /// [`LINEAGE_TTL`]. Linear in the nodes published (each master's nodes are looked up by
+    /// address and by hostname), not their product with what is remembered.
     pub fn record(&mut self, snapshot: &Snapshot, now: Instant) {
         for (name, m) in &snapshot.masters {
             let known = self.0.entry(name.clone()).or_default();
@@ -57,16 +71,58 @@ impl Lineage {
                 port: r.port,
                 hostname: r.hostname.clone(),
             });
+            let mut index = Index::of(known);
             for node in m.primary.iter().cloned().chain(replicas) {
-                match known.iter_mut().find(|(n, _)| n.same_instance(&node)) {
-                    Some(entry) => *entry = (node, now),
-                    None => known.push((node, now)),
-                }
+                index.remember(known, node, now);
             }
             known.retain(|(_, seen)| now.saturating_duration_since(*seen) < LINEAGE_TTL);
             let excess = known.len().saturating_sub(LINEAGE_CAP);
             known.drain(..excess);
         }
+    }
+}
+
+/// Where each node of one master's lineage is, by address and by hostname and port.
+struct Index {
+    by_addr: HashMap<SocketAddr, usize>,
+    by_name: HashMap<(String, u16), usize>,
+}
+
+impl Index {
+    fn of(known: &[(Node, Instant)]) -> Self {
+        let mut index = Self { by_addr: HashMap::new(), by_name: HashMap::new() };
+        for (i, (node, _)) in known.iter().enumerate().rev() {
+            index.point(node, i);
+        }
+        index
+    }
+
+    fn point(&mut self, node: &Node, i: usize) {
+        self.by_addr.insert(node.addr(), i);
+        if let Some(h) = &node.hostname {
+            self.by_name.insert((h.clone(), node.port), i);
+        }
+    }
+
+    /// The entry of the same instance ([`Node::same_instance`]) is now `node`, seen `now`; a
+    /// new one is added.
+    fn remember(&mut self, known: &mut Vec<(Node, Instant)>, node: Node, now: Instant) {
+        let named = node.hostname.as_ref().and_then(|h| self.by_name.get(&(h.clone(), node.port)));
+        let i = match self.by_addr.get(&node.addr()).or(named).copied() {
+            Some(i) => {
+                let was = known[i].0.addr();
+                if was != node.addr() && self.by_addr.get(&was) == Some(&i) {
+                    self.by_addr.remove(&was);
+                }
+                known[i] = (node, now);
+                i
+            }
+            None => {
+                known.push((node, now));
+                known.len() - 1
+            }
+        };
+        self.point(&known[i].0, i);
     }
 }
 
@@ -199,67 +255,195 @@ fn agreed_view(agreeing: &[&MasterView], majority: usize) -> MasterView {
     // `decide` calls this with at least a majority (one or more) of views.
     let base = agreeing.iter().find(|v| v.state == "ok").unwrap_or(&agreeing[0]);
     let mut view = (*base).clone();
-    let listed = |r: &ReplicaView| {
-        agreeing
-            .iter()
-            .filter(|v| v.replicas.iter().any(|o| (o.ip, o.port) == (r.ip, r.port)))
-            .count()
-    };
-    let healthy = |r: &ReplicaView| {
-        agreeing
-            .iter()
-            .filter(|v| v.replicas.iter().any(|o| (o.ip, o.port) == (r.ip, r.port) && o.healthy))
-            .count()
-    };
-    let mut replicas: Vec<ReplicaView> = Vec::new();
-    for r in agreeing.iter().flat_map(|v| v.replicas.iter()) {
-        if listed(r) >= majority && !replicas.iter().any(|o| (o.ip, o.port) == (r.ip, r.port)) {
-            replicas.push(ReplicaView { healthy: healthy(r) >= majority, ..r.clone() });
-        }
-    }
-    view.replicas = replicas;
+    view.replicas = agreed_replicas(agreeing, majority);
     let same = |w: &Option<_>| agreeing.iter().filter(|v| v.withdrawn == *w).count();
     view.withdrawn = view.withdrawn.clone().filter(|_| same(&view.withdrawn) >= majority);
     view
 }
 
-/// The views to publish, one per master some upstream that answers has or this agent
-/// publishes: what [`decide`] follows, or what this agent published (`stale`), or `unknown`
-/// for a master it has none of. A master this agent publishes is dropped only when a majority
-/// of the configured upstreams answer without it (an upstream with no masters at all is still
-/// loading and says nothing). `upstreams` holds one slot per configured upstream (`None`:
-/// down); `lineage` is what this agent published before. Returns them and why offered changes
-/// were refused.
+/// A replica as the upstreams must agree on it: its address and the hostname it goes by.
+type ReplicaKey = (IpAddr, u16, Option<String>);
+
+/// The replicas at least `majority` of `views` list (each view counts once, however often it
+/// lists one), healthy where a majority says so, in the order they are first listed. Linear in
+/// the replicas listed.
+fn agreed_replicas(views: &[&MasterView], majority: usize) -> Vec<ReplicaView> {
+    // Each replica in the order first listed: that entry, the views listing it, and those
+    // calling it healthy.
+    let mut order: Vec<(ReplicaView, usize, usize)> = Vec::new();
+    let mut at: HashMap<ReplicaKey, usize> = HashMap::new();
+    for view in views {
+        // This view's replicas (where in `order`), and whether it calls each healthy.
+        let mut this: HashMap<usize, bool> = HashMap::with_capacity(view.replicas.len());
+        for r in &view.replicas {
+            let i = *at.entry((r.ip, r.port, r.hostname.clone())).or_insert_with(|| {
+                order.push((r.clone(), 0, 0));
+                order.len() - 1
+            });
+            *this.entry(i).or_default() |= r.healthy;
+        }
+        for (i, healthy) in this {
+            order[i].1 += 1;
+            order[i].2 += usize::from(healthy);
+        }
+    }
+    let agreed = order.into_iter().filter(|(_, listed, _)| *listed >= majority);
+    agreed.map(|(r, _, healthy)| ReplicaView { healthy: healthy >= majority, ..r }).collect()
+}
+
+/// The label a majority of the configured upstreams give a master (`slots`: each one's view
+/// of it), if any.
+fn agreed_label<'a>(slots: &[Option<&'a MasterView>], majority: usize) -> Option<&'a str> {
+    let mut votes: HashMap<&str, usize> = HashMap::new();
+    for view in slots.iter().flatten() {
+        let n = votes.entry(view.dns_name.as_str()).or_default();
+        *n += 1;
+        if *n >= majority {
+            return Some(view.dns_name.as_str());
+        }
+    }
+    None
+}
+
+/// One upstream's answer, by master name (a name it lists twice: its first view).
+fn by_name(views: &[MasterView]) -> HashMap<&str, &MasterView> {
+    let mut index = HashMap::with_capacity(views.len());
+    for view in views {
+        index.entry(view.name.as_str()).or_insert(view);
+    }
+    index
+}
+
+/// The views to publish, each under the DNS label to publish it by (its `dns_name`), and why
+/// what was offered was refused.
+///
+/// A master is published when a majority of the configured upstreams name it, or while this
+/// agent publishes it (it is dropped only when a majority of them answer without it; an
+/// upstream with no masters at all is still loading and says nothing): a master only a
+/// minority names is not published at all, so one upstream cannot add a name, nor take one
+/// from a real master (the DNS zone serves one master per label). Its primary is what
+/// [`decide`] follows, or what this agent published (`stale`), or `unknown`; its replicas those
+/// a majority lists; its label its own (`masters:`), or the one a majority gives it, or the
+/// one it is published under while no majority gives another (a master no majority labels is
+/// not published). A label two masters would be published under is published for neither.
+/// `upstreams` holds one slot per configured upstream (`None`: down); `lineage` is what this
+/// agent published before. Linear in what the upstreams serve.
 pub fn combine(
     current: &Snapshot,
     upstreams: &[Option<&[MasterView]>],
     lineage: &Lineage,
+    labels: &dyn Labels,
 ) -> (Vec<MasterView>, Vec<String>) {
-    let all = || upstreams.iter().flatten().flat_map(|views| views.iter());
-    let answering = || upstreams.iter().flatten().filter(|views| !views.is_empty());
-    let without = |name: &str| answering().filter(|vs| !vs.iter().any(|v| v.name == name)).count();
-    let removed = |name: &str| without(name) > upstreams.len() / 2;
-    let published = current.masters.keys().map(String::as_str).filter(|n| !removed(n));
-    let mut names: Vec<&str> = all().map(|v| v.name.as_str()).chain(published).collect();
-    names.sort_unstable();
-    names.dedup();
-    let mut refused = Vec::new();
-    let mut out = Vec::new();
-    for name in names {
-        let slots: Vec<Option<&MasterView>> =
-            upstreams.iter().map(|u| u.and_then(|vs| vs.iter().find(|v| v.name == name))).collect();
-        let old = current.master(name).map(|m| &**m);
-        match decide(old, &slots, upstreams.len(), &lineage.of(name)) {
-            Decision::Follow(view) => out.push(view),
-            Decision::Keep(why) => {
-                refused.extend(why.map(|why| format!("{name}: {why}")));
-                // A name listed here is in some slot, or published (and so kept).
-                let any = slots.iter().flatten().next().copied();
-                out.extend(old.map(kept).or_else(|| any.map(unknown)));
-            }
-        }
+    let configured = upstreams.len();
+    let index: Vec<Option<HashMap<&str, &MasterView>>> =
+        upstreams.iter().map(|u| u.map(by_name)).collect();
+    // An upstream with no masters at all is still loading: it names nothing and removes nothing.
+    let answering = index.iter().flatten().filter(|names| !names.is_empty()).count();
+    let mut naming: BTreeMap<&str, usize> = BTreeMap::new();
+    for name in index.iter().flatten().flat_map(|names| names.keys()) {
+        *naming.entry(name).or_default() += 1;
     }
+    for name in current.masters.keys() {
+        naming.entry(name.as_str()).or_default();
+    }
+    let mut refused = Vec::new();
+    let mut minority = Minority::default();
+    let mut out = Vec::new();
+    for (name, named) in naming {
+        let label = labels.label(name);
+        if label == Label::Unfollowed {
+            continue;
+        }
+        let old = current.master(name).map(|m| &**m);
+        let published = old.is_some() && answering - named <= configured / 2;
+        if named <= configured / 2 && !published {
+            minority.add(name, named);
+            continue;
+        }
+        let slots: Vec<Option<&MasterView>> =
+            index.iter().map(|u| u.as_ref().and_then(|names| names.get(name).copied())).collect();
+        out.extend(one_master(name, old, &slots, &lineage.of(name), label, &mut refused));
+    }
+    refused.extend(minority.reason(configured));
+    refused.extend(unshared(&mut out));
     (out, refused)
+}
+
+/// The view of master `name` to publish (`slots`: each configured upstream's view of it), or
+/// `None` when no label may be given to it; why something offered was refused goes to
+/// `refused`.
+fn one_master(
+    name: &str,
+    old: Option<&Master>,
+    slots: &[Option<&MasterView>],
+    known: &[Node],
+    label: Label<'_>,
+    refused: &mut Vec<String>,
+) -> Option<MasterView> {
+    let configured = slots.len();
+    let majority = configured / 2 + 1;
+    let mut view = match decide(old, slots, configured, known) {
+        Decision::Follow(view) => view,
+        Decision::Keep(why) => {
+            refused.extend(why.map(|why| format!("{name}: {why}")));
+            old.map_or_else(|| unknown(name, slots, majority), kept)
+        }
+    };
+    let label = match label {
+        Label::Own(own) => Some(own),
+        _ => agreed_label(slots, majority).or(old.map(|m| m.label.as_str())),
+    };
+    let Some(label) = label else {
+        refused.push(format!(
+            "{name}: no DNS label is given by a majority of the {configured} configured \
+             upstreams; not published"
+        ));
+        return None;
+    };
+    view.dns_name = label.to_string();
+    Some(view)
+}
+
+/// The masters only a minority of the upstreams name, told in one line (one upstream may name
+/// thousands).
+#[derive(Default)]
+struct Minority<'a> {
+    count: usize,
+    first: Option<(&'a str, usize)>,
+}
+
+impl<'a> Minority<'a> {
+    fn add(&mut self, name: &'a str, named: usize) {
+        self.count += 1;
+        self.first.get_or_insert((name, named));
+    }
+
+    fn reason(&self, configured: usize) -> Option<String> {
+        let (name, named) = self.first?;
+        Some(format!(
+            "{} master(s) named by fewer than a majority of the {configured} configured \
+             upstreams are not published (the first, {name:?}, by {named})",
+            self.count
+        ))
+    }
+}
+
+/// Removes every master whose label another master has too, and says so.
+fn unshared(views: &mut Vec<MasterView>) -> Vec<String> {
+    let mut holders: HashMap<String, Vec<String>> = HashMap::new();
+    for view in views.iter() {
+        holders.entry(view.dns_name.clone()).or_default().push(view.name.clone());
+    }
+    views.retain(|v| holders.get(&v.dns_name).is_some_and(|names| names.len() == 1));
+    let mut shared: Vec<String> = holders
+        .into_iter()
+        .filter(|(_, names)| names.len() > 1)
+        .map(|(label, names)| {
+            format!("label {label:?} is given to masters {names:?}: published for none of them")
+        })
+        .collect();
+    shared.sort();
+    shared
 }
 
 /// What this agent published for a master, kept while no majority moves it.
@@ -268,30 +452,37 @@ fn kept(old: &Master) -> MasterView {
     MasterView { state: state.as_str().into(), ..MasterView::from(old) }
 }
 
-/// A master no majority names a primary for yet.
-fn unknown(view: &MasterView) -> MasterView {
+/// A master no majority names a primary for yet: the replicas a majority lists, the rest of
+/// the first view of it.
+fn unknown(name: &str, slots: &[Option<&MasterView>], majority: usize) -> MasterView {
+    let views: Vec<&MasterView> = slots.iter().flatten().copied().collect();
+    let empty = crate::http::view::SentinelsView {
+        configured: 0,
+        reachable: 0,
+        agreeing: 0,
+        discovered: Vec::new(),
+    };
+    let sentinels = views.first().map_or(empty, |v| v.sentinels.clone());
     MasterView {
+        name: name.to_string(),
+        dns_name: String::new(),
         primary: None,
         epoch: None,
         since: None,
         state: MasterState::Unknown.as_str().into(),
+        replicas: agreed_replicas(&views, majority),
+        sentinels,
         withdrawn: None,
-        ..view.clone()
     }
 }
 
-/// The snapshot after reading `views` from the upstream, given the current one.
-pub fn merge(current: &Snapshot, views: &[MasterView], labels: &dyn Labels) -> Snapshot {
-    let mut masters = BTreeMap::new();
-    for view in views {
-        let Some(label) = labels.label(&view.name, &view.dns_name) else { continue };
-        let master = from_view(view, label);
-        masters.insert(view.name.clone(), Arc::new(master));
-    }
-    if views.is_empty() {
-        // An upstream with no masters at all is still loading: keep ours, marked stale.
-        return stale(current);
-    }
+/// The snapshot that publishes `views` (from [`combine`]: each under its `dns_name`), given
+/// the current one.
+pub fn merge(current: &Snapshot, views: &[MasterView]) -> Snapshot {
+    let masters = views
+        .iter()
+        .map(|view| (view.name.clone(), Arc::new(from_view(view, view.dns_name.clone()))))
+        .collect();
     next(current, masters, true)
 }
 

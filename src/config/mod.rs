@@ -391,6 +391,11 @@ fn sentinels(value: Value, base: &Path, p: &mut Problems) -> Option<Sentinels> {
     let mut s = Section::new("sentinels", value, p);
     let path = s.path("addresses");
     let addresses = s.take_list("addresses", p, |a: String| HostPort::parse(&a));
+    if let Some(a) = &addresses {
+        let items: Vec<(String, String)> =
+            a.iter().map(|h| (h.to_string().to_ascii_lowercase(), h.to_string())).collect();
+        twice(&path, &items, "each configured Sentinel counts once towards a majority", p);
+    }
     let auth = auth(s, base, p, true);
     match addresses {
         Some(a) if !a.is_empty() => Some(Sentinels { addresses: a, auth }),
@@ -497,6 +502,11 @@ fn upstream(value: Value, base: &Path, p: &mut Problems) -> Option<Upstream> {
     let mut s = Section::new("upstream", value, p);
     let urls_path = s.path("urls");
     let urls = s.take_list("urls", p, parse_upstream);
+    if let Some(urls) = &urls {
+        let items: Vec<(String, String)> =
+            urls.iter().map(|u| (upstream_key(u), u.clone())).collect();
+        twice(&urls_path, &items, "each configured upstream counts once towards a majority", p);
+    }
     let ca_path = s.path("ca_file");
     let ca_file = s.take::<PathBuf>("ca_file", p).map(|f| base.join(f));
     let token_path = s.path("token_file");
@@ -544,6 +554,31 @@ fn plaintext(upstream: &Upstream, sweep: Option<&Sweep>, p: &mut Problems) {
             ),
         );
     }
+}
+
+/// A problem at `path[i]` for every item (`(key, as given)`) whose key an earlier item has: a
+/// Sentinel or an upstream listed twice would count twice towards a majority (`why`).
+fn twice(path: &str, items: &[(String, String)], why: &str, p: &mut Problems) {
+    let mut first = std::collections::HashMap::new();
+    for (i, (key, given)) in items.iter().enumerate() {
+        match first.get(key.as_str()) {
+            Some(earlier) => p.push(
+                &format!("{path}[{i}]"),
+                format!("{given:?} is already {path}[{earlier}]: {why}"),
+            ),
+            None => {
+                first.insert(key.as_str(), i);
+            }
+        }
+    }
+}
+
+/// What makes two upstream URLs the same polestar: the host and port (whatever the scheme:
+/// one port serves one of them) and the path, the host in lower case.
+fn upstream_key(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    format!("{}/{path}", authority.to_ascii_lowercase())
 }
 
 fn parse_upstream(url: String) -> Result<String, String> {
@@ -673,6 +708,7 @@ fn http(value: Value, base: &Path, p: &mut Problems) -> Option<Http> {
     let mut s = Section::new("http", value, p);
     let listen_path = s.path("listen");
     let listen = s.take_with("listen", p, |a: String| parse_addr(&a));
+    let agent_path = s.path("agent_token_file");
     let mut token = |key: &str, p: &mut Problems| {
         let path = s.path(key);
         s.take::<PathBuf>(key, p).and_then(|f| secret_file(&base.join(f), &path, p))
@@ -683,6 +719,15 @@ fn http(value: Value, base: &Path, p: &mut Problems) -> Option<Http> {
     s.finish(p);
     if listen.is_none() {
         p.push_unless_reported(&listen_path, "missing");
+    }
+    if let (Some(admin), Some(agent)) = (&admin_token, &agent_token)
+        && admin.expose() == agent.expose()
+    {
+        p.push(
+            &agent_path,
+            "holds the same token as http.admin_token_file: every agent (and every host it \
+             runs on) could fail over, drain and hand off; give agents a token of their own",
+        );
     }
     Some(Http { listen: listen?, admin_token, agent_token, tls })
 }

@@ -341,3 +341,60 @@ fn a_configuration_that_does_nothing_is_refused_with_every_reason() {
     );
     assert!(!idle.summary().contains("sweeps"), "{}", idle.summary());
 }
+
+/// Issue 36, item 4: an agent token equal to the admin token was accepted, so every agent (and
+/// every host it runs on) could fail over, drain and hand off.
+#[test]
+fn an_agent_token_equal_to_the_admin_token_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (file, token) in [("admin", "s3cret"), ("agent", "s3cret\n"), ("other", "agents-only")] {
+        std::fs::write(dir.path().join(file), token).expect("write");
+    }
+    let with = |agent: &str| {
+        format!(
+            "sentinels: {{addresses: ['127.0.0.1:26379']}}\n\
+             http: {{listen: '127.0.0.1:0', admin_token_file: admin, agent_token_file: {agent}}}"
+        )
+    };
+    let problems = parse_in(dir.path(), &with("agent")).expect_err("the same token");
+    assert!(
+        problems.iter().any(|p| p.starts_with("http.agent_token_file: holds the same token")),
+        "{problems:?}"
+    );
+    parse_in(dir.path(), &with("other")).expect("tokens of their own");
+}
+
+/// Issue 36, item 4: a Sentinel address or an upstream URL listed twice counted twice towards
+/// a majority (two entries of one Sentinel out of three made its word alone a majority).
+#[test]
+fn a_sentinel_or_an_upstream_listed_twice_is_refused_with_its_path() {
+    #[rustfmt::skip]
+    let table: Vec<(&str, &str, Vec<&str>)> = vec![
+        ("the same address", "sentinels: {addresses: ['10.0.0.1:26379', '10.0.0.2:26379', '10.0.0.1:26379']}",
+            vec!["sentinels.addresses[2]: \"10.0.0.1:26379\" is already sentinels.addresses[0]"]),
+        ("a host name in another case", "sentinels: {addresses: ['s1.example:26379', 'S1.EXAMPLE:26379']}",
+            vec!["sentinels.addresses[1]: \"S1.EXAMPLE:26379\" is already sentinels.addresses[0]"]),
+        ("three times: two problems", "sentinels: {addresses: ['10.0.0.1:1', '10.0.0.1:1', '10.0.0.1:1']}",
+            vec!["sentinels.addresses[1]:", "sentinels.addresses[2]: \"10.0.0.1:1\" is already sentinels.addresses[0]"]),
+        ("the same URL with a trailing slash", "upstream: {urls: ['http://10.0.0.5:8053', 'http://10.0.0.5:8053/']}\ndns: {listen: ['127.0.0.1:0'], zone: redis.test.}",
+            vec!["upstream.urls[1]: \"http://10.0.0.5:8053\" is already upstream.urls[0]"]),
+        ("the same host and port over the other scheme", "upstream: {urls: ['https://ps.example:8053', 'http://PS.example:8053']}\ndns: {listen: ['127.0.0.1:0'], zone: redis.test.}",
+            vec!["upstream.urls[1]:"]),
+    ];
+    for (case, text, want) in table {
+        let problems = parse(text).expect_err(case);
+        for w in want {
+            assert!(problems.iter().any(|p| p.starts_with(w)), "{case}: {w} in {problems:?}");
+        }
+        assert!(
+            problems.iter().all(|p| p.ends_with("counts once towards a majority")),
+            "{case}: {problems:?}"
+        );
+    }
+    for ok in [
+        "sentinels: {addresses: ['10.0.0.1:26379', '10.0.0.1:26380']}",
+        "upstream: {urls: ['http://10.0.0.5:8053', 'http://10.0.0.6:8053']}\ndns: {listen: ['127.0.0.1:0'], zone: redis.test.}",
+    ] {
+        parse(ok).expect(ok);
+    }
+}

@@ -169,6 +169,15 @@ async fn read_framed(stream: &mut tokio::net::TcpStream) -> std::io::Result<Vec<
     Ok(buf)
 }
 
+/// One question to the DNS server at `addr` (a running daemon's listener) over UDP, its answer.
+pub async fn ask_udp(addr: SocketAddr, qname: &str, rtype: RecordType) -> Message {
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    socket.send_to(&query(qname, rtype).to_vec().unwrap(), addr).await.unwrap();
+    let mut buf = vec![0u8; 65535];
+    let len = timeout(ANSWER_TIMEOUT, socket.recv(&mut buf)).await.expect("no UDP answer").unwrap();
+    parse(&buf[..len])
+}
+
 pub fn query(qname: &str, rtype: RecordType) -> Message {
     let mut msg = Message::query();
     msg.add_query(Query::query(name(qname), rtype));
