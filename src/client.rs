@@ -77,8 +77,7 @@ pub async fn status_table(api: &str) -> anyhow::Result<String> {
     Ok(table(&masters) + &readiness_lines(&verdicts))
 }
 
-/// Below the table, whether each master can fail over now and what blocks it; then the risks
-/// to each master's data (`DATA AT RISK`), when there are any.
+/// Below the table, whether each master can fail over now and what blocks it.
 fn readiness_lines(verdicts: &[(String, Result<Verdict, String>)]) -> String {
     let width = verdicts.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
     let mut out = String::from("\nFAILOVER\n");
@@ -94,18 +93,7 @@ fn readiness_lines(verdicts: &[(String, Result<Verdict, String>)]) -> String {
         };
         let _ = writeln!(out, "{name:<width$}  {said}");
     }
-    out + &warning_lines(verdicts, width)
-}
-
-/// Below the failover lines, the risks to each master's data, when there are any.
-fn warning_lines(verdicts: &[(String, Result<Verdict, String>)], width: usize) -> String {
-    let mut out = String::new();
-    for (name, verdict) in verdicts {
-        for w in verdict.iter().flat_map(|v| &v.warnings) {
-            let _ = writeln!(out, "{name:<width$}  {}: {}", w.reason, w.detail);
-        }
-    }
-    if out.is_empty() { out } else { format!("\nDATA AT RISK\n{out}") }
+    out
 }
 
 /// What `wait` prints: the primary once the epoch has passed the floor.
@@ -467,23 +455,16 @@ x         -              -      ok     2/2       2/3
 
     #[test]
     fn the_failover_lines_say_what_blocks_each_master() {
-        use crate::readiness::{Blocker, Reason, Risk, Warning};
+        use crate::readiness::{Blocker, Reason};
         let blocked = Verdict {
             ready: false,
             blockers: vec![Blocker {
                 reason: Reason::SentinelTilt,
                 detail: "s1 is in TILT mode".into(),
             }],
-            warnings: vec![Warning {
-                reason: Risk::NoPersistence,
-                detail: "10.0.0.1:6379 has neither AOF nor RDB persistence".into(),
-            }],
         };
         let verdicts = [
-            (
-                "mymaster".to_owned(),
-                Ok(Verdict { ready: true, blockers: vec![], warnings: vec![] }),
-            ),
+            ("mymaster".to_owned(), Ok(Verdict { ready: true, blockers: vec![] })),
             ("x".to_owned(), Ok(blocked)),
             ("y".to_owned(), Err("not judged yet".to_owned())),
         ];
@@ -492,9 +473,6 @@ FAILOVER
 mymaster  possible
 x         NOT POSSIBLE: sentinel_tilt: s1 is in TILT mode
 y         unknown: not judged yet
-
-DATA AT RISK
-x         no_persistence: 10.0.0.1:6379 has neither AOF nor RDB persistence
 ";
         assert_eq!(readiness_lines(&verdicts), expected);
     }

@@ -139,13 +139,11 @@ impl Daemon {
         };
         let (readiness_tx, readiness) = crate::readiness::channel();
         let (live, reader, stop) = (self.live.clone(), self.reader.clone(), self.stop());
-        let events = self.events.clone();
         // Restarted in place if it ends (a bug): it reads untrusted replies from every
         // configured Sentinel and published node, and its end must cost the verdicts only.
         let poll = crate::supervise::restarting("the readiness poll", self.stop(), move || {
             let (live, reader, heard) = (live.clone(), reader.clone(), heard.clone());
-            let (writer, events) = (readiness_tx.clone(), events.clone());
-            crate::readiness::poll::run(live, reader, heard, writer, events, stop.clone())
+            crate::readiness::poll::run(live, reader, heard, readiness_tx.clone(), stop.clone())
         });
         self.tasks.spawn(poll.map(Ok));
         let events = self.events.clone();

@@ -60,16 +60,13 @@ pub enum Kind {
     HandoffRefused,
     /// A data node whose `default` user may publish Sentinel hellos.
     HelloAcl,
-    /// The published primary came back with a new `run_id` and nothing loaded while its
-    /// replicas held its data (`readiness::empty`).
-    PrimaryRestartedEmpty,
     /// An agent's upstream answering again, or not.
     UpstreamUp,
     UpstreamDown,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 28] = [
+    pub const ALL: [Kind; 27] = [
         Kind::Switch,
         Kind::Revert,
         Kind::Stale,
@@ -95,7 +92,6 @@ impl Kind {
         Kind::HandoffEnded,
         Kind::HandoffRefused,
         Kind::HelloAcl,
-        Kind::PrimaryRestartedEmpty,
         Kind::UpstreamUp,
         Kind::UpstreamDown,
     ];
@@ -127,7 +123,6 @@ impl Kind {
             Kind::HandoffEnded => "handoff_ended",
             Kind::HandoffRefused => "handoff_refused",
             Kind::HelloAcl => "hello_acl",
-            Kind::PrimaryRestartedEmpty => "primary_restarted_empty",
             Kind::UpstreamUp => "upstream_up",
             Kind::UpstreamDown => "upstream_down",
         }

@@ -32,8 +32,6 @@ pub const SENTINEL_API_PUBLISHED: &str = "polestar_sentinel_api_published_total"
 pub const FAILOVER_READY: &str = "polestar_failover_ready";
 pub const FAILOVER_BLOCKED: &str = "polestar_failover_blocked";
 pub const REPLICA_LAG: &str = "polestar_replica_lag_bytes";
-pub const READINESS_WARNING: &str = "polestar_readiness_warning";
-pub const EMPTY_RESTARTS: &str = "polestar_primary_empty_restarts_total";
 pub const OLD_PRIMARY_CLIENTS: &str = "polestar_old_primary_clients";
 pub const OLD_PRIMARY_STALE_CLIENTS: &str = "polestar_old_primary_stale_clients_total";
 pub const FAILOVER_SECONDS: &str = "polestar_failover_seconds";
@@ -184,14 +182,6 @@ fn describe() {
     describe_counter!(SENTINEL_API_PUBLISHED, "Messages published to Sentinel API subscribers");
     describe_gauge!(FAILOVER_READY, "1 while a failover of this master is possible now");
     describe_gauge!(FAILOVER_BLOCKED, "1 while this reason keeps a failover from being possible");
-    describe_gauge!(
-        READINESS_WARNING,
-        "1 while this risk to the data holds (no_persistence: the primary keeps nothing over a restart that the Sentinels would not fail over); it does not block a failover"
-    );
-    describe_counter!(
-        EMPTY_RESTARTS,
-        "Times the published primary came back with a new run_id and nothing loaded while its replicas held its data (they full-sync the empty dataset)"
-    );
     describe_gauge!(
         OLD_PRIMARY_CLIENTS,
         "Clients (not spared) found on the node being drained at the latest pass; 0 once its episode ends"

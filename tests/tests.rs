@@ -27,7 +27,6 @@ mod discovery;
 mod dns_cluster;
 mod dns_server;
 mod drain;
-mod empty_primary;
 mod examples;
 mod failover;
 mod fuzz_dns_socket;

@@ -354,15 +354,6 @@ async fn the_documented_acl_users_are_all_polestar_needs() {
         Ok(())
     })
     .await;
-    // The primary's `save` setting is read (`+config|get`): the lab's nodes run without
-    // persistence, and without that rule the warning waits for an hour of no saves.
-    env.wait_until(STARTUP, "the no_persistence warning", || async {
-        let (_, _, verdict) = blockers(&env).await?;
-        let warnings = verdict["warnings"].as_array().into_iter().flatten();
-        ensure!(warnings.into_iter().any(|w| w["reason"] == "no_persistence"), "{verdict}");
-        Ok(())
-    })
-    .await;
     let since = {
         let (_, events) = env.ps.get_json("/v1/events").await.expect("GET /v1/events");
         let ids = events.as_array().into_iter().flatten().filter_map(|e| e["id"].as_u64());

@@ -25,7 +25,7 @@ use metrics::{Metadata, SharedString, Unit};
 use metrics_exporter_prometheus::PrometheusRecorder;
 
 use super::*;
-use crate::readiness::{Reason, Risk};
+use crate::readiness::Reason;
 use crate::topology::MasterState;
 
 /// What a family's series hold.
@@ -98,7 +98,6 @@ impl Layout {
     fn new() -> Self {
         let fixed = |label, values: &[&'static str]| Other::Fixed(label, values.to_vec());
         let reasons: Vec<&'static str> = Reason::ALL.map(Reason::as_str).to_vec();
-        let risks: Vec<&'static str> = Risk::ALL.map(Risk::as_str).to_vec();
         let states: Vec<&'static str> = MasterState::ALL.map(MasterState::as_str).to_vec();
         let families = [
             (PRIMARY_CHANGES, Type::Counter, Other::None),
@@ -109,8 +108,6 @@ impl Layout {
             (SWITCHOVER_WAIT, Type::Histogram(&SWITCHOVER_WAIT_BUCKETS), Other::None),
             (FAILOVER_READY, Type::Gauge, Other::None),
             (FAILOVER_BLOCKED, Type::Gauge, Other::Fixed("reason", reasons)),
-            (READINESS_WARNING, Type::Gauge, Other::Fixed("reason", risks)),
-            (EMPTY_RESTARTS, Type::Counter, Other::None),
             (MASTER_EPOCH, Type::Gauge, Other::None),
             (MASTER_STATE, Type::Gauge, Other::Fixed("state", states)),
             (SENTINELS_DISCOVERED, Type::Gauge, Other::None),

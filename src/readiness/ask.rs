@@ -11,7 +11,7 @@ use futures::future::join_all;
 use redis::Value;
 use tokio::time::timeout;
 
-use super::facts::{PrimaryFacts, SentinelAnswer};
+use super::facts::SentinelAnswer;
 use super::heard::{Heard, Records};
 use super::{lag, parse};
 use crate::config::{Auth, HostPort};
@@ -77,13 +77,6 @@ impl Connections {
             timeout(DEADLINE, ask_node(&endpoint)).await.ok()?.ok()
         });
         join_all(asks).await
-    }
-
-    /// The published primary's answers (see [`ask_primary`]); `None` when it does not answer.
-    pub async fn primary(&self, node: &str, auth: &Auth) -> Option<(String, Option<PrimaryFacts>)> {
-        let hp = HostPort::parse(node).ok()?;
-        let endpoint = Endpoint::new(hp.host, hp.port, auth);
-        timeout(DEADLINE, ask_primary(&endpoint)).await.ok()?.ok()
     }
 
     fn keep<T>(&mut self, key: String, conn: Option<RawConn>, v: T) -> T {
@@ -206,49 +199,7 @@ fn questions<'a>(masters: &'a [String], heard: &[Option<Option<Records>>]) -> Ve
 async fn ask_node(endpoint: &Endpoint) -> Result<String, String> {
     let mut conn = RawConn::open(endpoint, CONNECTION_NAME).await.map_err(|e| e.to_string())?;
     let replies = conn.ask(&[vec!["INFO", "replication"]]).await.map_err(|e| e.to_string())?;
-    info_text(replies.iter().next())
-}
-
-/// The questions the published primary is asked each round, in one exchange: `INFO
-/// replication` for the lags, then what [`parse::primary`] reads (what it keeps over a restart
-/// and whether it just came back without its data). `CONFIG GET save` is the one question the
-/// ACL may refuse (docs/operating.md gives `+config|get`): the rest is read without it.
-const PRIMARY_QUESTIONS: [&[&str]; 5] = [
-    &["INFO", "replication"],
-    &["INFO", "server"],
-    &["INFO", "persistence"],
-    &["INFO", "keyspace"],
-    &["CONFIG", "GET", "save"],
-];
-
-/// The primary's `INFO replication`, and its facts when its other answers make sense.
-async fn ask_primary(endpoint: &Endpoint) -> Result<(String, Option<PrimaryFacts>), String> {
-    let mut conn = RawConn::open(endpoint, CONNECTION_NAME).await.map_err(|e| e.to_string())?;
-    let commands: Vec<Vec<&str>> = PRIMARY_QUESTIONS.iter().map(|q| q.to_vec()).collect();
-    let replies = conn.ask(&commands).await.map_err(|e| e.to_string())?;
-    let mut each = replies.iter();
-    let replication = info_text(each.next())?;
-    let mut next = || info_text(each.next()).ok();
-    let (server, persistence, keyspace) = (next(), next(), next());
-    let save = each.next().and_then(|r| r.record()?.get("save")?.text());
-    let facts = match (server, persistence, keyspace) {
-        (Some(server), Some(persistence), Some(keyspace)) => {
-            let info = parse::NodeInfo {
-                server: &server,
-                persistence: &persistence,
-                keyspace: &keyspace,
-                replication: &replication,
-            };
-            parse::primary(&endpoint.name(), &info, save)
-        }
-        _ => None,
-    };
-    Ok((replication, facts))
-}
-
-/// An `INFO` reply's text; a refusal's, or a reply that is no text, as the error.
-fn info_text(reply: Option<Reply<'_>>) -> Result<String, String> {
-    match reply {
+    match replies.iter().next() {
         Some(Reply::Error(e)) => Err(String::from_utf8_lossy(e).into_owned()),
         Some(reply) => {
             reply.text().map(str::to_string).ok_or_else(|| parse::quote(&reply.to_value()))
@@ -258,29 +209,27 @@ fn info_text(reply: Option<Reply<'_>>) -> Result<String, String> {
 }
 
 /// Lags of a master's replicas: from the primary's `INFO`, or when it does not answer (or is
-/// unknown) from the replicas' own offsets; and what the primary said of itself, when it
-/// answered. `replicas`: every replica a Sentinel lists; of those, only the ones `published`
-/// (named by a majority of the configured Sentinels, the rule of `sentinel::core`) are asked,
-/// since the question carries the node credentials.
+/// unknown) from the replicas' own offsets. `replicas`: every replica a Sentinel lists; of
+/// those, only the ones `published` (named by a majority of the configured Sentinels, the
+/// rule of `sentinel::core`) are asked, since the question carries the node credentials.
 pub async fn lags(
     conns: &mut Connections,
     primary: Option<&str>,
     replicas: &[String],
     published: &[Replica],
     auth: &Auth,
-) -> (BTreeMap<String, u64>, Option<PrimaryFacts>) {
+) -> BTreeMap<String, u64> {
     // No Sentinel lists a replica: no lag to learn, and no connection to the primary (at
     // 1,000 masters, most of them without replicas, that was 100 connections a second).
     if replicas.is_empty() {
-        return (BTreeMap::new(), None);
+        return BTreeMap::new();
     }
-    let mut facts = None;
-    if let Some(primary) = primary
-        && let Some((text, primary_facts)) = conns.primary(primary, auth).await
-    {
-        facts = primary_facts;
-        if let Ok(lags) = lag::from_primary(&text) {
-            return (lags, facts);
+    if let Some(primary) = primary {
+        let info = conns.infos(&[primary.to_string()], auth).await;
+        if let Some(Some(text)) = info.first()
+            && let Ok(lags) = lag::from_primary(text)
+        {
+            return lags;
         }
     }
     let askable = of_published(replicas, published);
@@ -290,7 +239,7 @@ pub async fn lags(
         .zip(infos)
         .filter_map(|(r, info)| Some((r.clone(), lag::replica_offset(&info?)?)))
         .collect();
-    (lag::from_replicas(&offsets), facts)
+    lag::from_replicas(&offsets)
 }
 
 /// The replicas of `listed` (`ip:port`, or `hostname:port` where the Sentinels announce

@@ -99,35 +99,6 @@ pub fn log(changed: Vec<(&str, &Verdict)>) {
     }
 }
 
-/// Logs the masters whose risks to the data changed (`changed`): one line each when a few
-/// do, one line naming a few of them when more do (at start-up every master is new).
-pub fn log_warnings(changed: Vec<(&str, &Verdict)>) {
-    if changed.len() > LINES_PER_PUBLISH {
-        let (risky, safe): (Vec<_>, Vec<_>) =
-            changed.iter().partition(|(_, v)| !v.warnings.is_empty());
-        let risky: Vec<&str> = risky.iter().map(|(m, _)| *m).collect();
-        let safe: Vec<&str> = safe.iter().map(|(m, _)| *m).collect();
-        let text = format!(
-            "{} masters at risk ({}), {} no longer ({})",
-            risky.len(),
-            examples(&risky),
-            safe.len(),
-            examples(&safe)
-        );
-        tracing::warn!(changes = %text, "risks to the data changed");
-        return;
-    }
-    for (master, verdict) in changed {
-        if verdict.warnings.is_empty() {
-            tracing::info!(%master, "no risk to the data any more");
-            continue;
-        }
-        let each = verdict.warnings.iter().map(|w| format!("{}: {}", w.reason, w.detail));
-        let warnings = each.collect::<Vec<_>>().join(" | ");
-        tracing::warn!(%master, %warnings, "data at risk");
-    }
-}
-
 /// One master's line; `quiet` when a summary stands for it.
 pub fn log_one(master: &str, verdict: &Verdict, quiet: bool) {
     let blockers = || {
@@ -148,12 +119,12 @@ mod tests {
     use crate::readiness::Blocker;
 
     fn ready() -> Verdict {
-        Verdict { ready: true, blockers: vec![], warnings: vec![] }
+        Verdict { ready: true, blockers: vec![] }
     }
 
     fn blocked(reasons: &[Reason]) -> Verdict {
         let blockers = reasons.iter().map(|r| Blocker { reason: *r, detail: "x".into() });
-        Verdict { ready: false, blockers: blockers.collect(), warnings: vec![] }
+        Verdict { ready: false, blockers: blockers.collect() }
     }
 
     #[test]

@@ -18,9 +18,6 @@ pub struct Facts {
     /// (zero when they agree, or just started to disagree): see
     /// [`super::verdict::DISAGREE_GRACE`].
     pub disagreeing_for: Duration,
-    /// What the published primary said of itself, when it was asked and answered (it is asked
-    /// with the lags: only when a Sentinel lists a replica).
-    pub primary: Option<PrimaryFacts>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,9 +46,6 @@ pub struct MasterFacts {
     /// `ip:port`.
     pub primary: String,
     pub epoch: u64,
-    /// `down-after-milliseconds`: how long the primary may not answer before this Sentinel
-    /// calls it down (`None` when the record does not say).
-    pub down_after: Option<Duration>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,38 +71,4 @@ impl ReplicaFacts {
     pub fn down(&self) -> bool {
         self.flagged("s_down") || self.flagged("o_down") || self.flagged("disconnected")
     }
-}
-
-/// What the published primary said of itself in a round (`INFO` and `CONFIG GET save`): what
-/// it keeps over a restart, and what would show that it came back without its data.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PrimaryFacts {
-    /// `ip:port`, as asked.
-    pub addr: String,
-    /// `role:master` (a node the Sentinels still name may already follow another).
-    pub master: bool,
-    /// `INFO server`'s `run_id`: new at every start of the process.
-    pub run_id: String,
-    pub uptime: Duration,
-    /// Keys in all its databases (`INFO keyspace`).
-    pub keys: u64,
-    /// `rdb_last_load_keys_loaded` (Redis and Valkey 7.0 on): the keys it loaded at its start.
-    pub loaded_keys: Option<u64>,
-    pub persistence: Persistence,
-    /// The replicas it lists with a replication offset above 0: they hold its data.
-    pub fed_replicas: Vec<String>,
-}
-
-/// What a node keeps over a restart, as far as it says.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Persistence {
-    /// `aof_enabled:1`.
-    pub aof: bool,
-    /// `CONFIG GET save` has save points (`Some(false)`: `save ""`); `None` when the node
-    /// refused the question (an ACL without `+config|get`) or its answer made no sense.
-    pub save_points: Option<bool>,
-    /// `rdb_saves`: RDB saves since it started (Redis and Valkey 7.0 on).
-    pub saves: Option<u64>,
-    /// `rdb_changes_since_last_save`.
-    pub changes: u64,
 }

@@ -152,7 +152,7 @@ mod tests {
 
     fn records(epoch: u64) -> Records {
         Records {
-            master: Ok(MasterFacts { primary: "10.0.0.1:6379".into(), epoch, down_after: None }),
+            master: Ok(MasterFacts { primary: "10.0.0.1:6379".into(), epoch }),
             replicas: Ok(Vec::new()),
         }
     }

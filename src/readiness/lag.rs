@@ -9,28 +9,23 @@ use super::parse::info_fields;
 
 /// Lag of every replica the primary lists, by `ip:port`.
 pub fn from_primary(info: &str) -> Result<BTreeMap<String, u64>, String> {
-    let offset: u64 = info_fields(info)
+    let fields = info_fields(info);
+    let offset: u64 = fields
         .get("master_repl_offset")
         .and_then(|o| o.parse().ok())
         .ok_or_else(|| "INFO replication has no master_repl_offset".to_string())?;
-    let acked = replica_offsets(info).into_iter();
-    Ok(acked.map(|(addr, acked)| (addr, offset.saturating_sub(acked))).collect())
-}
-
-/// The offset each replica the primary lists (its `slaveN:` lines) has acknowledged.
-pub fn replica_offsets(info: &str) -> BTreeMap<String, u64> {
-    let mut offsets = BTreeMap::new();
-    for (key, value) in &info_fields(info) {
+    let mut lags = BTreeMap::new();
+    for (key, value) in &fields {
         let is_replica_line =
             key.strip_prefix("slave").is_some_and(|n| n.chars().all(|c| c.is_ascii_digit()));
         if !is_replica_line || key.len() == "slave".len() {
             continue;
         }
         if let Some((addr, acked)) = replica_line(value) {
-            offsets.insert(addr, acked);
+            lags.insert(addr, offset.saturating_sub(acked));
         }
     }
-    offsets
+    Ok(lags)
 }
 
 /// `ip=10.0.0.2,port=6379,state=online,offset=1234,lag=0`.

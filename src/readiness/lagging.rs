@@ -107,7 +107,7 @@ mod tests {
     #[test]
     fn lagging_and_unknown_replicas_are_left_out_once_judged() {
         let lags = BTreeMap::from([("10.0.0.2:1".into(), 100), ("10.0.0.2:2".into(), 5000)]);
-        let verdict = Verdict { ready: true, blockers: vec![], warnings: vec![] };
+        let verdict = Verdict { ready: true, blockers: vec![] };
         let board = Board { masters: [("m".into(), MasterReadiness { verdict, lags })].into() };
         assert_eq!(healthy(&filter(&snapshot(), &board, 1000)), [1]);
         assert_eq!(healthy(&filter(&snapshot(), &board, 5000)), [1, 2]);

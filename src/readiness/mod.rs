@@ -12,7 +12,6 @@
 
 mod ask;
 mod changes;
-pub mod empty;
 pub mod facts;
 pub mod heard;
 pub mod lag;
@@ -79,40 +78,6 @@ impl fmt::Display for Reason {
     }
 }
 
-/// A risk to the data that does not keep a failover from being possible. The `as_str` names
-/// are the `reason` label of `polestar_readiness_warning` and the `reason` field of the API's
-/// `warnings`: stable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Risk {
-    /// The primary keeps nothing over a restart, and a quick one is no failover
-    /// ([`empty::no_persistence`]).
-    NoPersistence,
-}
-
-impl Risk {
-    pub const ALL: [Risk; 1] = [Self::NoPersistence];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::NoPersistence => "no_persistence",
-        }
-    }
-}
-
-impl fmt::Display for Risk {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// One risk to the data, with what shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Warning {
-    pub reason: Risk,
-    pub detail: String,
-}
-
 /// One reason a failover is not possible, with what shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Blocker {
@@ -125,18 +90,11 @@ pub struct Blocker {
 pub struct Verdict {
     pub ready: bool,
     pub blockers: Vec<Blocker>,
-    /// Risks to the data that do not make the master unready (absent from older polestars).
-    #[serde(default)]
-    pub warnings: Vec<Warning>,
 }
 
 impl Verdict {
     pub fn blocked_by(&self, reason: Reason) -> bool {
         self.blockers.iter().any(|b| b.reason == reason)
-    }
-
-    pub fn warns(&self, reason: Risk) -> bool {
-        self.warnings.iter().any(|w| w.reason == reason)
     }
 }
 

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::facts::{MasterFacts, Persistence, PrimaryFacts, ReplicaFacts};
-use super::lag;
+use super::facts::{MasterFacts, ReplicaFacts};
 use crate::sentinel::message::Fields;
 
 /// Replies are quoted in blockers at most this long.
@@ -72,9 +71,7 @@ pub fn master(reply: &Value) -> Result<MasterFacts, String> {
 /// One master's record (of `SENTINEL MASTER`, or one of `SENTINEL MASTERS`, read in place).
 pub fn master_record(r: &impl Fields) -> Option<MasterFacts> {
     let epoch = r.field("config-epoch")?.parse().ok()?;
-    let down_after = r.field("down-after-milliseconds").and_then(|ms| ms.parse().ok());
-    let primary = join(&r.field("ip")?, &r.field("port")?)?;
-    Some(MasterFacts { primary, epoch, down_after: down_after.map(Duration::from_millis) })
+    Some(MasterFacts { primary: join(&r.field("ip")?, &r.field("port")?)?, epoch })
 }
 
 /// `SENTINEL REPLICAS <name>`; one unreadable record makes the whole answer unreadable.
@@ -109,46 +106,6 @@ fn addr(r: &HashMap<String, String>) -> Option<String> {
 fn join(ip: &str, port: &str) -> Option<String> {
     let port: u16 = port.parse().ok()?;
     Some(if ip.contains(':') { format!("[{ip}]:{port}") } else { format!("{ip}:{port}") })
-}
-
-/// The answers of the published primary `addr` (its `INFO server`, `persistence`,
-/// `keyspace` and `replication`, and the value of `CONFIG GET save`, `None` when refused).
-/// `None` when the `INFO` sections lack what every supported server reports.
-pub fn primary(addr: &str, info: &NodeInfo<'_>, save: Option<&str>) -> Option<PrimaryFacts> {
-    let server = info_fields(info.server);
-    let persistence = info_fields(info.persistence);
-    let number = |key: &str| persistence.get(key).and_then(|v| v.parse::<u64>().ok());
-    let uptime = server.get("uptime_in_seconds")?.parse().ok().map(Duration::from_secs)?;
-    let offsets = lag::replica_offsets(info.replication);
-    Some(PrimaryFacts {
-        addr: addr.to_string(),
-        master: info_fields(info.replication).get("role") == Some(&"master"),
-        run_id: server.get("run_id")?.to_string(),
-        uptime,
-        keys: keys(info.keyspace),
-        loaded_keys: number("rdb_last_load_keys_loaded"),
-        persistence: Persistence {
-            aof: *persistence.get("aof_enabled")? == "1",
-            save_points: save.map(|s| !s.trim().is_empty()),
-            saves: number("rdb_saves"),
-            changes: number("rdb_changes_since_last_save").unwrap_or_default(),
-        },
-        fed_replicas: offsets.into_iter().filter(|(_, o)| *o > 0).map(|(r, _)| r).collect(),
-    })
-}
-
-/// The `INFO` sections a primary is asked each round, as text.
-pub struct NodeInfo<'a> {
-    pub server: &'a str,
-    pub persistence: &'a str,
-    pub keyspace: &'a str,
-    pub replication: &'a str,
-}
-
-/// The keys of every database in `INFO keyspace` (`db0:keys=120,expires=0,avg_ttl=0`).
-pub fn keys(keyspace: &str) -> u64 {
-    let each = keyspace.lines().filter_map(|l| l.split_once(":keys=")?.1.split(',').next());
-    each.filter_map(|n| n.trim_end().parse::<u64>().ok()).sum()
 }
 
 /// One instance record: a RESP3 map or a RESP2 flat list of alternating keys and values.
@@ -215,16 +172,7 @@ mod tests {
     #[test]
     fn master_and_replicas_read_resp3_and_resp2() {
         let m = map(&[("name", "m"), ("ip", "10.0.0.1"), ("port", "6379"), ("config-epoch", "7")]);
-        let want = MasterFacts { primary: "10.0.0.1:6379".into(), epoch: 7, down_after: None };
-        assert_eq!(master(&m), Ok(want.clone()));
-        let m = map(&[
-            ("ip", "10.0.0.1"),
-            ("port", "6379"),
-            ("config-epoch", "7"),
-            ("down-after-milliseconds", "5000"),
-        ]);
-        let down_after = Some(Duration::from_secs(5));
-        assert_eq!(master(&m), Ok(MasterFacts { down_after, ..want }));
+        assert_eq!(master(&m), Ok(MasterFacts { primary: "10.0.0.1:6379".into(), epoch: 7 }));
         let flat = Value::Array(
             [
                 "ip",
@@ -256,50 +204,5 @@ mod tests {
             }]
         );
         assert_eq!(replicas(&Value::Array(vec![])), Ok(vec![]));
-    }
-
-    /// What a Redis 7.0 primary without persistence answers, as the poll reads it.
-    #[test]
-    fn a_primary_reads_its_run_id_keys_persistence_and_fed_replicas() {
-        let info = NodeInfo {
-            server: "# Server\r\nredis_version:7.0.15\r\nrun_id:3f3b6cbb7e11bf12a7bb35b50a0f747ae80901d8\r\n\
-                     tcp_port:6379\r\nuptime_in_seconds:42\r\n",
-            persistence: "# Persistence\r\nloading:0\r\nrdb_changes_since_last_save:9000\r\n\
-                          rdb_saves:0\r\nrdb_last_load_keys_expired:0\r\n\
-                          rdb_last_load_keys_loaded:0\r\naof_enabled:0\r\n",
-            keyspace: "# Keyspace\r\ndb0:keys=120,expires=0,avg_ttl=0\r\ndb3:keys=3,expires=1,avg_ttl=9\r\n",
-            replication: "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n\
-                          slave0:ip=127.0.0.1,port=6380,state=online,offset=900,lag=0\r\n\
-                          slave1:ip=127.0.0.1,port=6381,state=wait_bgsave,offset=0,lag=0\r\n\
-                          master_repl_offset:1000\r\n",
-        };
-        let got = primary("127.0.0.1:6379", &info, Some("")).expect("a primary");
-        assert_eq!(
-            got,
-            PrimaryFacts {
-                addr: "127.0.0.1:6379".into(),
-                master: true,
-                run_id: "3f3b6cbb7e11bf12a7bb35b50a0f747ae80901d8".into(),
-                uptime: Duration::from_secs(42),
-                keys: 123,
-                loaded_keys: Some(0),
-                persistence: Persistence {
-                    aof: false,
-                    save_points: Some(false),
-                    saves: Some(0),
-                    changes: 9000,
-                },
-                fed_replicas: vec!["127.0.0.1:6380".into()],
-            }
-        );
-        let saves = primary("127.0.0.1:6379", &info, Some("3600 1 300 100")).expect("a primary");
-        assert_eq!(saves.persistence.save_points, Some(true));
-        let refused = primary("127.0.0.1:6379", &info, None).expect("a primary");
-        assert_eq!(refused.persistence.save_points, None);
-        let older = NodeInfo { persistence: "aof_enabled:1\r\n", keyspace: "", ..info };
-        let older = primary("127.0.0.1:6379", &older, None).expect("a primary");
-        assert_eq!((older.keys, older.loaded_keys, older.persistence.aof), (0, None, true));
-        assert_eq!(primary("x", &NodeInfo { server: "run_id:x", ..info }, None), None);
-        assert_eq!(primary("x", &NodeInfo { persistence: "", ..info }, None), None);
     }
 }

@@ -18,12 +18,10 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::ask::{self, Connections, SentinelReplies};
-use super::empty::{self, EmptyRestart};
-use super::facts::{Facts, PrimaryFacts, SentinelFacts};
+use super::facts::{Facts, SentinelFacts};
 use super::heard::Records;
 use super::{Board, Heard, MasterReadiness, Writer, changes, series, verdict};
 use crate::config::{Config, Readiness, Sentinels};
-use crate::events::{EventLog, Kind};
 use crate::reload::ConfigReader;
 use crate::topology::{Replica, Snapshot, TopologyReader};
 
@@ -34,7 +32,6 @@ pub async fn run(
     topology: TopologyReader,
     heard: Heard,
     writer: Writer,
-    events: Arc<EventLog>,
     shutdown: CancellationToken,
 ) {
     let mut conns = Connections::default();
@@ -56,18 +53,11 @@ pub async fn run(
             let lags = ask_lags(&mut conns, &config, &snapshot, known);
             let news = Judging { memory: &mut memory, heard: &heard, writer: &writer, settings };
             let Some((lags, _)) = news.until(lags, &shutdown).await else { return };
-            let looks = lags.iter().map(|(m, asked)| (m.as_str(), asked.primary.as_ref()));
-            sight(&mut memory, &events, looks);
             rejudge_lags(&mut memory, &writer, settings, &lags);
             let round = ask_all(&mut conns, &heard, &config, sentinels, &snapshot, &masters, lags);
             let news = Judging { memory: &mut memory, heard: &heard, writer: &writer, settings };
             let Some((mut facts, judged)) = news.until(round, &shutdown).await else { return };
             refresh_judged(&heard, &mut facts, &judged);
-            sight(
-                &mut memory,
-                &events,
-                facts.iter().map(|(m, f)| (m.as_str(), f.primary.as_ref())),
-            );
             publish(&writer, memory.round(facts, settings));
         }
         let news = Judging { memory: &mut memory, heard: &heard, writer: &writer, settings };
@@ -157,24 +147,14 @@ impl Disagreements {
 }
 
 /// What the poll keeps between judgements: the facts each master was last judged on (for
-/// judging it again when its records change), how long its Sentinels have disagreed, and the
-/// last answer of each master's primary (kept through rounds it does not answer: a crashed
-/// primary is compared, once back, with what it was before).
+/// judging it again when its records change) and how long its Sentinels have disagreed.
 #[derive(Default)]
 struct Memory {
     facts: BTreeMap<String, Facts>,
     disagreeing: Disagreements,
-    sightings: BTreeMap<String, PrimaryFacts>,
 }
 
 impl Memory {
-    /// Notes what `master`'s primary answered now: an empty restart when it came back so
-    /// since its last answer ([`empty::restarted_empty`]).
-    fn sight(&mut self, master: &str, now: &PrimaryFacts) -> Option<EmptyRestart> {
-        let before = self.sightings.insert(master.to_string(), now.clone())?;
-        empty::restarted_empty(&before, now)
-    }
-
     fn judge(&mut self, master: &str, mut facts: Facts, settings: &Readiness) -> MasterReadiness {
         facts.disagreeing_for = self.disagreeing.lasting(master, verdict::disagreeing(&facts));
         let verdict = verdict::judge(&facts, settings);
@@ -192,7 +172,6 @@ impl Memory {
     /// Judges a round: only its masters are remembered.
     fn round(&mut self, facts: Vec<(String, Facts)>, settings: &Readiness) -> Board {
         self.facts.clear();
-        self.sightings.retain(|m, _| facts.iter().any(|(f, _)| f == m));
         let judged = facts.into_iter().map(|(m, f)| {
             let judged = self.judge(&m, f, settings);
             (m, judged)
@@ -201,17 +180,8 @@ impl Memory {
     }
 }
 
-/// What each master's nodes were asked at the start of a round, by master.
-type Lags = BTreeMap<String, Asked>;
-
-/// The lags of a master's replicas, the replicas they were asked of, and what its primary
-/// said of itself (when it answered).
-#[derive(Clone, Debug, Default, PartialEq)]
-struct Asked {
-    replicas: Vec<String>,
-    lags: BTreeMap<String, u64>,
-    primary: Option<PrimaryFacts>,
-}
+/// Lags of each master's replicas, by master, with the replicas they were asked of.
+type Lags = BTreeMap<String, (Vec<String>, BTreeMap<String, u64>)>;
 
 /// Asks each master's primary (or replicas) for the lags of `known` replicas.
 async fn ask_lags(
@@ -224,9 +194,8 @@ async fn ask_lags(
     for (master, replicas) in known {
         let primary = primary_of(snapshot, &master);
         let published = published_of(snapshot, &master);
-        let (got, facts) =
-            ask::lags(conns, primary.as_deref(), &replicas, published, &config.nodes).await;
-        lags.insert(master, Asked { replicas, lags: got, primary: facts });
+        let got = ask::lags(conns, primary.as_deref(), &replicas, published, &config.nodes).await;
+        lags.insert(master, (replicas, got));
     }
     lags
 }
@@ -241,15 +210,14 @@ fn published_of<'a>(snapshot: &'a Snapshot, master: &str) -> &'a [Replica] {
     snapshot.master(master).map_or(&[][..], |m| &m.replicas)
 }
 
-/// Judges again, with their new lags and primary's answer, the masters whose lags or answer
-/// changed; publishes when anything did.
+/// Judges again, with their new lags, the masters whose lags changed; publishes when anything
+/// did.
 fn rejudge_lags(memory: &mut Memory, writer: &Writer, settings: &Readiness, lags: &Lags) {
     let before = writer.borrow().clone();
     let mut board = (*before).clone();
-    for (master, Asked { lags, primary, .. }) in lags {
-        let changed = |f: &&Facts| f.lags != *lags || f.primary != *primary;
-        let Some(facts) = memory.facts.get(master).filter(changed) else { continue };
-        let facts = Facts { lags: lags.clone(), primary: primary.clone(), ..facts.clone() };
+    for (master, (_, lags)) in lags {
+        let Some(facts) = memory.facts.get(master).filter(|f| f.lags != *lags) else { continue };
+        let facts = Facts { lags: lags.clone(), ..facts.clone() };
         board.masters.insert(master.clone(), memory.judge(master, facts, settings));
     }
     if board != *before {
@@ -273,8 +241,8 @@ async fn ask_all(
     for master in masters {
         let mut facts = facts_of(master, sentinels, &replies);
         let replicas = replica_addrs(&facts);
-        (facts.lags, facts.primary) = match lags.remove(master) {
-            Some(asked) if asked.replicas == replicas => (asked.lags, asked.primary),
+        facts.lags = match lags.remove(master) {
+            Some((asked, known)) if asked == replicas => known,
             _ => {
                 let primary = primary_of(snapshot, master);
                 let published = published_of(snapshot, master);
@@ -284,41 +252,6 @@ async fn ask_all(
         all.push((master.clone(), facts));
     }
     all
-}
-
-/// Notes each master's primary's answer (`looks`: `None` where it did not answer); an empty
-/// restart is an event, a metric and a log line at once.
-fn sight<'a>(
-    memory: &mut Memory,
-    events: &EventLog,
-    looks: impl Iterator<Item = (&'a str, Option<&'a PrimaryFacts>)>,
-) {
-    for (master, look) in looks {
-        if let Some(restart) = look.and_then(|now| memory.sight(master, now)) {
-            tell_empty(events, master, &restart);
-        }
-    }
-}
-
-fn tell_empty(events: &EventLog, master: &str, r: &EmptyRestart) {
-    series::restarted_empty(master);
-    let data = serde_json::json!({
-        "node": r.primary,
-        "run_id_before": r.run_id_before,
-        "run_id": r.run_id,
-        "keys_before": r.keys_before,
-        "keys": r.keys,
-        "replicas": r.replicas,
-    });
-    events.push(Kind::PrimaryRestartedEmpty, Some(master), data);
-    tracing::error!(
-        %master,
-        primary = %r.primary,
-        keys_before = r.keys_before,
-        keys = r.keys,
-        replicas = %r.replicas.join(","),
-        "the primary restarted empty: no failover, and its replicas full-sync the empty dataset"
-    );
 }
 
 /// Judges again each master in `news` that the last round judged, on the records the links
@@ -377,7 +310,6 @@ fn facts_of(master: &str, sentinels: &Sentinels, replies: &[SentinelReplies]) ->
         sentinels: answers.collect(),
         lags: BTreeMap::new(),
         disagreeing_for: Duration::ZERO,
-        primary: None,
     }
 }
 
@@ -394,8 +326,7 @@ fn replica_addrs(facts: &Facts) -> Vec<String> {
 fn publish(writer: &Writer, board: Board) {
     let before = writer.borrow().clone();
     let reasons = |v: &super::Verdict| v.blockers.iter().map(|b| b.reason).collect::<Vec<_>>();
-    let risks = |v: &super::Verdict| v.warnings.iter().map(|w| w.reason).collect::<Vec<_>>();
-    let (mut changed, mut risked) = (Vec::new(), Vec::new());
+    let mut changed = Vec::new();
     for (name, now) in &board.masters {
         let was = before.masters.get(name);
         if was == Some(now) {
@@ -406,14 +337,8 @@ fn publish(writer: &Writer, board: Board) {
         if was.map(|m| reasons(&m.verdict)) != Some(reasons(&now.verdict)) {
             changed.push((name.as_str(), &now.verdict));
         }
-        // A master first judged without a risk has nothing to say.
-        let risks_were = was.map_or_else(Vec::new, |m| risks(&m.verdict));
-        if risks_were != risks(&now.verdict) {
-            risked.push((name.as_str(), &now.verdict));
-        }
     }
     changes::log(changed);
-    changes::log_warnings(risked);
     writer.send_replace(Arc::new(board));
 }
 
@@ -432,7 +357,7 @@ mod tests {
             down_for: None,
         };
         Records {
-            master: Ok(MasterFacts { primary: "10.0.0.1:6379".into(), epoch: 1, down_after: None }),
+            master: Ok(MasterFacts { primary: "10.0.0.1:6379".into(), epoch: 1 }),
             replicas: Ok(vec![replica]),
         }
     }
@@ -456,7 +381,6 @@ mod tests {
             ],
             lags: BTreeMap::from([("10.0.0.2:6379".into(), 0)]),
             disagreeing_for: Duration::ZERO,
-            primary: None,
         }
     }
 
@@ -472,10 +396,6 @@ mod tests {
         let gone = refreshed(&was, [None, Some(None), None].into_iter());
         let answer = gone.sentinels[1].answer.as_ref().expect("still reachable");
         assert!(answer.master.as_ref().is_err_and(|e| e.contains("does not list")), "{answer:?}");
-    }
-
-    fn asked(replicas: &[String], lags: BTreeMap<String, u64>) -> Asked {
-        Asked { replicas: replicas.to_vec(), lags, primary: None }
     }
 
     fn settings() -> Readiness {
@@ -525,55 +445,16 @@ mod tests {
         reader.borrow_and_update();
         let replicas = memory.replicas(&["m".to_string(), "gone".to_string()]);
         assert_eq!(replicas, BTreeMap::from([("m".into(), vec!["10.0.0.2:6379".to_string()])]));
-        let same = Lags::from([("m".into(), asked(&replicas["m"], facts(&records(100)).lags))]);
+        let same = Lags::from([("m".into(), (replicas["m"].clone(), facts(&records(100)).lags))]);
         rejudge_lags(&mut memory, &writer, &settings(), &same);
         assert!(!reader.has_changed().expect("a writer"), "unchanged lags publish nothing");
         let behind = BTreeMap::from([("10.0.0.2:6379".to_string(), 2 << 20)]);
-        let lags = Lags::from([("m".into(), asked(&replicas["m"], behind.clone()))]);
+        let lags = Lags::from([("m".into(), (replicas["m"].clone(), behind.clone()))]);
         rejudge_lags(&mut memory, &writer, &settings(), &lags);
         let board = reader.borrow().clone();
         let verdict = &board.masters["m"].verdict;
         assert!(verdict.blocked_by(Reason::NoPromotableReplica), "{verdict:?}");
         assert_eq!(board.masters["m"].lags, behind);
-    }
-
-    /// The crash-restart the poll sees: the primary answers, then not (it is down), then with a
-    /// new run id and nothing loaded. One event, however many rounds see the same process
-    /// again, and none for a primary that was never seen before it came back.
-    #[test]
-    fn an_empty_restart_is_told_once_across_rounds_the_primary_missed() {
-        use crate::readiness::facts::Persistence;
-        let look = |run_id: &str, keys: u64| PrimaryFacts {
-            addr: "10.0.0.1:6379".into(),
-            master: true,
-            run_id: run_id.into(),
-            uptime: Duration::from_secs(1),
-            keys,
-            loaded_keys: Some(0),
-            persistence: Persistence {
-                aof: false,
-                save_points: Some(false),
-                saves: None,
-                changes: 0,
-            },
-            fed_replicas: vec!["10.0.0.2:6379".into()],
-        };
-        let (mut memory, events) = (Memory::default(), EventLog::new());
-        let (before, after) = (look("a", 5000), look("b", 40));
-        let rounds = [Some(&before), None, None, Some(&after), Some(&after)];
-        for primary in rounds {
-            sight(&mut memory, &events, [("m", primary)].into_iter());
-        }
-        let told = events.since(None);
-        assert_eq!(told.len(), 1, "{told:?}");
-        assert_eq!(told[0].kind, Kind::PrimaryRestartedEmpty);
-        assert_eq!(
-            (told[0].data["keys_before"].as_u64(), told[0].data["keys"].as_u64()),
-            (Some(5000), Some(40))
-        );
-        let (mut fresh, events) = (Memory::default(), EventLog::new());
-        sight(&mut fresh, &events, [("m", Some(&after))].into_iter());
-        assert!(events.since(None).is_empty(), "nothing seen before it");
     }
 
     /// News is judged while a round is under way (a round held by a silent Sentinel's deadline

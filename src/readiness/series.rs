@@ -1,14 +1,11 @@
 //! The readiness series: `polestar_failover_ready{master}`,
-//! `polestar_failover_blocked{master,reason}` (one series per reason, from the start),
-//! `polestar_readiness_warning{master,reason}` (one per risk, from the start),
-//! `polestar_primary_empty_restarts_total{master}` and
+//! `polestar_failover_blocked{master,reason}` (one series per reason, from the start) and
 //! `polestar_replica_lag_bytes{master,replica}`.
 
 use std::collections::BTreeMap;
 
-use super::{MasterReadiness, Reason, Risk};
-use crate::metrics::REPLICA_LAG;
-use crate::metrics::{EMPTY_RESTARTS, FAILOVER_BLOCKED, FAILOVER_READY, READINESS_WARNING};
+use super::{MasterReadiness, Reason};
+use crate::metrics::{FAILOVER_BLOCKED, FAILOVER_READY, REPLICA_LAG};
 
 /// Registers every readiness series of `master`: not ready, no blocker, until judged.
 pub fn register_master(master: &str) {
@@ -16,15 +13,6 @@ pub fn register_master(master: &str) {
     for reason in Reason::ALL {
         blocked(master, reason).set(0.0);
     }
-    for risk in Risk::ALL {
-        warning(master, risk).set(0.0);
-    }
-    empty_restarts(master).increment(0);
-}
-
-/// Counts an empty restart of `master`'s primary ([`super::empty::restarted_empty`]).
-pub fn restarted_empty(master: &str) {
-    empty_restarts(master).increment(1);
 }
 
 /// Sets the series of one judged master; a replica whose lag is no longer known (gone, or
@@ -34,9 +22,6 @@ pub fn set(master: &str, now: &MasterReadiness, before: Option<&BTreeMap<String,
     metrics::gauge!(FAILOVER_READY, "master" => master.to_string()).set(ready);
     for reason in Reason::ALL {
         blocked(master, reason).set(if now.verdict.blocked_by(reason) { 1.0 } else { 0.0 });
-    }
-    for risk in Risk::ALL {
-        warning(master, risk).set(if now.verdict.warns(risk) { 1.0 } else { 0.0 });
     }
     for (replica, lag) in &now.lags {
         let labels = [("master", master.to_string()), ("replica", replica.clone())];
@@ -52,13 +37,4 @@ pub fn set(master: &str, now: &MasterReadiness, before: Option<&BTreeMap<String,
 /// series: there are six per master).
 fn blocked(master: &str, reason: Reason) -> metrics::Gauge {
     metrics::gauge!(FAILOVER_BLOCKED, "master" => master.to_string(), "reason" => reason.as_str())
-}
-
-/// `polestar_readiness_warning{master,reason}`.
-fn warning(master: &str, risk: Risk) -> metrics::Gauge {
-    metrics::gauge!(READINESS_WARNING, "master" => master.to_string(), "reason" => risk.as_str())
-}
-
-fn empty_restarts(master: &str) -> metrics::Counter {
-    metrics::counter!(EMPTY_RESTARTS, "master" => master.to_string())
 }

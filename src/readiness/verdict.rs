@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::facts::{Facts, ReplicaFacts, SentinelAnswer};
-use super::{Blocker, Reason, Risk, Verdict, Warning, empty};
+use super::{Blocker, Reason, Verdict};
 use crate::config::{Readiness, size};
 
 /// Sentinels disagree for a moment after every failover: the leader switches first and the
@@ -32,17 +32,7 @@ pub fn judge(facts: &Facts, settings: &Readiness) -> Verdict {
         .into_iter()
         .filter_map(|(reason, detail)| detail.map(|detail| Blocker { reason, detail }))
         .collect();
-    Verdict { ready: blockers.is_empty(), blockers, warnings: warnings(&answers, facts) }
-}
-
-/// Every risk to the data found, in [`Risk::ALL`] order. The Sentinels' `down-after` is the
-/// shortest any reachable one has: the soonest a restart could be noticed.
-fn warnings(answers: &[(&str, &SentinelAnswer)], facts: &Facts) -> Vec<Warning> {
-    let down_after = answers.iter().filter_map(|(_, a)| a.master.as_ref().ok()?.down_after).min();
-    let primary = facts.primary.as_ref();
-    let found = [(Risk::NoPersistence, primary.and_then(|p| empty::no_persistence(p, down_after)))];
-    let found = found.into_iter().filter_map(|(reason, d)| d.map(|detail| (reason, detail)));
-    found.map(|(reason, detail)| Warning { reason, detail }).collect()
+    Verdict { ready: blockers.is_empty(), blockers }
 }
 
 fn unreachable(facts: &Facts, reachable: usize) -> Option<String> {

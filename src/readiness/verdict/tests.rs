@@ -17,7 +17,7 @@ fn answer(replicas: Vec<ReplicaFacts>) -> SentinelAnswer {
     SentinelAnswer {
         tilt: Ok(false),
         ckquorum: Ok(()),
-        master: Ok(MasterFacts { primary: "10.0.0.1:6379".into(), epoch: 3, down_after: None }),
+        master: Ok(MasterFacts { primary: "10.0.0.1:6379".into(), epoch: 3 }),
         replicas: Ok(replicas),
     }
 }
@@ -35,7 +35,6 @@ fn healthy() -> Facts {
             .collect(),
         lags: [("10.0.0.2:6379".into(), 0), ("10.0.0.3:6379".into(), 10)].into(),
         disagreeing_for: Duration::ZERO,
-        primary: None,
     }
 }
 
@@ -72,7 +71,7 @@ fn detail(facts: &Facts, reason: Reason) -> String {
 #[test]
 fn a_healthy_master_is_ready() {
     let verdict = judge(&healthy(), &settings());
-    assert_eq!(verdict, Verdict { ready: true, blockers: vec![], warnings: vec![] });
+    assert_eq!(verdict, Verdict { ready: true, blockers: vec![] });
 }
 
 #[test]
@@ -84,11 +83,7 @@ fn each_condition_sets_its_reason_alone() {
             |f| {
                 f.disagreeing_for = DISAGREE_GRACE - Duration::from_millis(1);
                 if let Ok(a) = &mut f.sentinels[1].answer {
-                    a.master = Ok(MasterFacts {
-                        primary: "10.0.0.2:6379".into(),
-                        epoch: 4,
-                        down_after: None,
-                    });
+                    a.master = Ok(MasterFacts { primary: "10.0.0.2:6379".into(), epoch: 4 });
                 }
             },
             &[],
@@ -140,11 +135,7 @@ fn each_condition_sets_its_reason_alone() {
             |f| {
                 f.disagreeing_for = DISAGREE_GRACE;
                 if let Ok(a) = &mut f.sentinels[1].answer {
-                    a.master = Ok(MasterFacts {
-                        primary: "10.0.0.2:6379".into(),
-                        epoch: 3,
-                        down_after: None,
-                    });
+                    a.master = Ok(MasterFacts { primary: "10.0.0.2:6379".into(), epoch: 3 });
                 }
             },
             &[Reason::SentinelsDisagree],
@@ -154,11 +145,7 @@ fn each_condition_sets_its_reason_alone() {
             |f| {
                 f.disagreeing_for = DISAGREE_GRACE;
                 if let Ok(a) = &mut f.sentinels[1].answer {
-                    a.master = Ok(MasterFacts {
-                        primary: "10.0.0.1:6379".into(),
-                        epoch: 4,
-                        down_after: None,
-                    });
+                    a.master = Ok(MasterFacts { primary: "10.0.0.1:6379".into(), epoch: 4 });
                 }
             },
             &[Reason::SentinelsDisagree],
@@ -302,45 +289,4 @@ fn no_sentinel_reachable_is_one_blocker_not_six() {
     let mut facts = healthy();
     facts.sentinels.iter_mut().for_each(|s| s.answer = Err("refused".into()));
     assert_eq!(reasons(&facts), [Reason::SentinelsUnreachable]);
-}
-
-/// A primary that keeps nothing over a restart is a warning, never a blocker; its detail
-/// names the shortest `down-after` of the reachable Sentinels (the soonest a restart could be
-/// noticed), and a primary with AOF has none.
-#[test]
-fn a_primary_without_persistence_is_a_warning_not_a_blocker() {
-    use crate::readiness::facts::{Persistence, PrimaryFacts};
-    use crate::readiness::{Risk, Warning};
-    let mut facts = healthy();
-    let persistence = Persistence { aof: false, save_points: Some(false), saves: None, changes: 0 };
-    facts.primary = Some(PrimaryFacts {
-        addr: "10.0.0.1:6379".into(),
-        master: true,
-        run_id: "r".into(),
-        uptime: Duration::from_secs(5),
-        keys: 10,
-        loaded_keys: Some(0),
-        persistence,
-        fed_replicas: vec!["10.0.0.2:6379".into()],
-    });
-    for (i, s) in facts.sentinels.iter_mut().enumerate() {
-        if let Ok(a) = &mut s.answer
-            && let Ok(m) = &mut a.master
-        {
-            m.down_after = Some(Duration::from_secs(30 - i as u64 * 5));
-        }
-    }
-    facts.sentinels[2].answer = Err("refused".into());
-    let verdict = judge(&facts, &settings());
-    assert!(verdict.ready && verdict.blockers.is_empty(), "{verdict:?}");
-    let [Warning { reason: Risk::NoPersistence, detail }] = verdict.warnings.as_slice() else {
-        panic!("one no_persistence warning: {verdict:?}");
-    };
-    assert!(detail.contains("(25s)"), "the shortest reachable down-after: {detail}");
-    let mut safe = facts.clone();
-    if let Some(p) = &mut safe.primary {
-        p.persistence.aof = true;
-    }
-    assert_eq!(judge(&safe, &settings()).warnings, []);
-    assert_eq!(judge(&healthy(), &settings()).warnings, [], "a primary not asked");
 }
