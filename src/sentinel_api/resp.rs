@@ -630,24 +630,8 @@ mod fuzz {
             sizes in proptest::collection::vec(1usize..30, 1..64),
         ) {
             let wire = [encode_request(&args), b"PING x\r\n".to_vec()].concat();
-            let mut parser = Parser::default();
-            let (mut input, mut got, mut fed) = (Vec::new(), Vec::new(), 0);
-            for size in sizes.iter().cycle() {
-                if fed == wire.len() {
-                    break;
-                }
-                let end = (fed + size).min(wire.len());
-                input.extend_from_slice(&wire[fed..end]);
-                fed = end;
-                loop {
-                    let (used, request) = parser.next(&input, &LIMITS).expect("a well-formed request");
-                    input.drain(..used);
-                    match request {
-                        Some(r) => got.push(r),
-                        None => break,
-                    }
-                }
-            }
+            let (got, error) = feed(&wire, &sizes, &LIMITS);
+            prop_assert_eq!(error, None, "a well-formed request");
             let ping = vec![b"PING".to_vec(), b"x".to_vec()];
             prop_assert_eq!(got, vec![args, ping]);
         }
