@@ -109,7 +109,7 @@ fn check_event(event: &Event) {
         Event::FailoverStarted { master, .. }
         | Event::FailoverEnded { master, .. }
         | Event::Changed { master } => assert!(!master.is_empty()),
-        Event::NewEpoch(_) | Event::Topology => {}
+        Event::NewEpoch(_) | Event::Voted(_) | Event::Topology => {}
     }
 }
 

@@ -28,8 +28,13 @@ impl Addr {
 /// The events polestar acts on, from the channel name and payload of a `PSUBSCRIBE *` message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// `+new-epoch <epoch>` (also the epoch of `+vote-for-leader <runid> <epoch>`).
+    /// `+new-epoch <epoch>`: the Sentinel's current epoch grew (it starts a failover, right
+    /// before its `+try-failover`, or it learnt of a higher epoch).
     NewEpoch(u64),
+    /// `+vote-for-leader <runid> <epoch>`: it voted in the election of `epoch`, for any of its
+    /// masters (the payload names none), so the epoch bounds what may be published but is
+    /// never bound to a failover.
+    Voted(u64),
     /// This Sentinel started a failover (`+try-failover`) or won its election and leads it
     /// (`+elected-leader`, `elected`: it selects the replica at its next timer tick).
     FailoverStarted { master: String, elected: bool },
@@ -113,9 +118,7 @@ impl Event {
     pub fn parse(channel: &str, payload: &str) -> Option<Self> {
         match channel {
             "+new-epoch" => payload.trim().parse().ok().map(Event::NewEpoch),
-            "+vote-for-leader" => {
-                payload.split_whitespace().nth(1)?.parse().ok().map(Event::NewEpoch)
-            }
+            "+vote-for-leader" => payload.split_whitespace().nth(1)?.parse().ok().map(Event::Voted),
             "+switch-master" => switched(payload),
             "+monitor" | "-monitor" | "+reset-master" => Some(Event::Topology),
             _ => instance_event(channel, payload, instance(payload)?),
@@ -377,7 +380,7 @@ mod tests {
             })
         );
         assert_eq!(Event::parse("+new-epoch", "7"), Some(Event::NewEpoch(7)));
-        assert_eq!(Event::parse("+vote-for-leader", "6a4e12b3c 8"), Some(Event::NewEpoch(8)));
+        assert_eq!(Event::parse("+vote-for-leader", "6a4e12b3c 8"), Some(Event::Voted(8)));
     }
 
     #[test]

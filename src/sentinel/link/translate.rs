@@ -43,7 +43,12 @@ pub struct Told {
 /// Reads `event` with what the session remembers (the last epoch, each failover's epoch);
 /// `wanted`: the masters this polestar serves (`None`: all). One arm per kind of event: as
 /// long as the list of [`Event`]s.
+///
+/// A failover's epoch is the `+new-epoch` that comes right before its `+try-failover`
+/// (Sentinel announces the two in one go), never an earlier one: an epoch heard before any
+/// other event, a vote in another master's election among them, is no failover's.
 pub fn translate(event: Event, session: &mut Session, wanted: Option<&HashSet<String>>) -> Told {
+    let just_before = session.last_epoch.take();
     let scope = |master: &str| {
         let served = wanted.is_none_or(|names| names.contains(master));
         served.then(|| Scope::Masters(BTreeSet::from([master.to_owned()])))
@@ -54,8 +59,9 @@ pub fn translate(event: Event, session: &mut Session, wanted: Option<&HashSet<St
             session.last_epoch = Some(epoch);
             told(Tell::NewEpoch(epoch))
         }
+        Event::Voted(epoch) => told(Tell::NewEpoch(epoch)),
         Event::FailoverStarted { master, elected } => {
-            if let Some(epoch) = session.last_epoch {
+            if let Some(epoch) = just_before {
                 session.remember(&master, epoch);
             }
             told(Tell::FailoverStarted { master, elected })
@@ -146,6 +152,37 @@ mod tests {
             assert_eq!(translate(event, &mut session, None), Told { tell, reconcile }, "{why}");
         }
         assert!(session.failover_epoch.is_empty(), "the failover's epoch is forgotten");
+    }
+
+    /// Two masters fail over at once: the leader of `a` votes in `b`'s election (a later
+    /// epoch) between its `+try-failover` and its `+elected-leader`. `a`'s failover keeps the
+    /// epoch announced with its start; a vote, or an epoch heard before some other event, is
+    /// bound to no failover.
+    #[test]
+    fn a_failover_keeps_its_own_epoch_whatever_else_is_voted() {
+        let mut session = Session::default();
+        let name = |m: &str| m.to_string();
+        let started = |m: &str, elected| Event::FailoverStarted { master: name(m), elected };
+        let promoted = |m: &str| Event::Promoted { master: name(m), replica: addr(2) };
+        for event in [
+            Event::NewEpoch(7),
+            started("a", false),
+            Event::Voted(8),
+            started("a", true),
+            Event::NewEpoch(9),
+            promoted("x"),
+            started("b", true),
+        ] {
+            translate(event, &mut session, None);
+        }
+        let told = translate(promoted("a"), &mut session, None);
+        let tell = Tell::Promoted { master: name("a"), replica: addr(2), epoch: Some(7) };
+        assert_eq!(told.tell, Some(tell), "a's failover took another epoch");
+        let told = translate(promoted("b"), &mut session, None);
+        let tell = Tell::Promoted { master: name("b"), replica: addr(2), epoch: None };
+        assert_eq!(told.tell, Some(tell), "b's epoch is asked of the Sentinel, not guessed");
+        let told = translate(Event::Voted(10), &mut session, None);
+        assert_eq!(told.tell, Some(Tell::NewEpoch(10)), "a vote still bounds what is published");
     }
 
     /// A `+promoted-slave` without a `+try-failover` heard (the link came up in between) asks
